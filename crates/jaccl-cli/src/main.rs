@@ -1,0 +1,3 @@
+//! The `jaccl` command.
+
+fn main() {}

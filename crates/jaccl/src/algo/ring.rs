@@ -1,0 +1,599 @@
+//! The ring: every rank talks to its left and right neighbour over `wires` parallel channels.
+//!
+//! Data is cut into lanes, one per (direction, wire): direction 0 moves data to the right
+//! (rank r sends to r + 1 and receives from r − 1), direction 1 to the left. Within every block
+//! (a chunk of the all-reduce, a rank's block of the all-gather or reduce-scatter), lane
+//! `l = dir · wires + wire` owns the `l`-th of `dirs · wires` equal slices. Messages too small
+//! to split use one direction on one wire. See docs/algorithms.md for the steps and the bytes on
+//! the wire.
+
+use std::ops::Range;
+
+use super::engine::{self, Buffers, Call, Channel};
+use super::{Merge, Plan, Span, Step, Transfer};
+use crate::error::Result;
+use crate::reduce::Reducer;
+
+/// Messages up to this many bytes use one direction on one wire (as upstream).
+const SMALL_MESSAGE: usize = 32 * 1024;
+/// Frames are `MIN_FRAME << k` bytes, k = 0..=7 (4 KiB to 512 KiB).
+const MIN_FRAME: usize = 4096;
+const MAX_FRAME: usize = MIN_FRAME << 7;
+
+/// How many directions and wires a message uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lanes {
+    pub(crate) dirs: usize,
+    pub(crate) wires: usize,
+}
+
+impl Lanes {
+    /// Both directions on every wire, unless the message is too small to split: then one
+    /// direction on one wire. `units` is the number of indivisible units (elements).
+    pub(crate) fn for_message(bytes: usize, units: usize, ranks: usize, wires: usize) -> Lanes {
+        if bytes <= SMALL_MESSAGE || units < ranks * 2 * wires {
+            Lanes { dirs: 1, wires: 1 }
+        } else {
+            Lanes { dirs: 2, wires }
+        }
+    }
+
+    fn count(self) -> usize {
+        self.dirs * self.wires
+    }
+}
+
+/// The units of a `block`-unit block that lane `lane` of `lanes` owns.
+pub(crate) fn lane_slice(block: usize, lanes: usize, lane: usize) -> Range<usize> {
+    let per_lane = block.div_ceil(lanes.max(1));
+    let start = (lane * per_lane).min(block);
+    start..(start + per_lane).min(block)
+}
+
+/// The frame for a lane moving `bytes` per step: 4 KiB × 2^k, about a quarter of the step so
+/// consecutive steps overlap, at most 512 KiB.
+pub(crate) fn frame_bytes(bytes: usize) -> usize {
+    let mut frame = MIN_FRAME;
+    while frame < MAX_FRAME && frame * 2 <= bytes / 4 {
+        frame *= 2;
+    }
+    frame
+}
+
+/// `(rank + delta) mod size` for any signed delta.
+fn ring_index(rank: usize, delta: isize, size: usize) -> usize {
+    let size_i = size as isize;
+    ((rank as isize + delta).rem_euclid(size_i)) as usize
+}
+
+/// The ring's geometry: which channel index is which wire to which neighbour.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) wires: usize,
+}
+
+impl Geometry {
+    pub(crate) fn left(&self) -> usize {
+        ring_index(self.rank, -1, self.size)
+    }
+
+    pub(crate) fn right(&self) -> usize {
+        ring_index(self.rank, 1, self.size)
+    }
+
+    /// Channel index of wire `w` to the left neighbour (the one it opened to us).
+    fn left_channel(&self, w: usize) -> usize {
+        w
+    }
+
+    /// Channel index of wire `w` to the right neighbour (the one we opened).
+    fn right_channel(&self, w: usize) -> usize {
+        self.wires + w
+    }
+
+    /// `(send channel, receive channel, step direction)` of direction `dir` on wire `w`:
+    /// direction 0 sends right and receives from the left, so block indices step by −1.
+    fn lane_channels(&self, dir: usize, w: usize) -> (usize, usize, isize) {
+        if dir == 0 {
+            (self.right_channel(w), self.left_channel(w), 1)
+        } else {
+            (self.left_channel(w), self.right_channel(w), -1)
+        }
+    }
+
+    fn block(&self, delta: isize) -> usize {
+        ring_index(self.rank, delta, self.size)
+    }
+
+    /// All-reduce of `count` elements of `elem` bytes: reduce-scatter over `size` chunks, then
+    /// all-gather. Rank r ends the reduce-scatter holding chunk r + 1 (direction 0) or r − 1
+    /// (direction 1) fully reduced.
+    pub(crate) fn all_reduce(&self, count: usize, elem: usize, in_place: bool) -> Plan {
+        let n = self.size;
+        let lanes = Lanes::for_message(count * elem, count, n, self.wires);
+        let chunk = count.div_ceil(n);
+        let mut plan = self.collective_plan();
+        for dir in 0..lanes.dirs {
+            for w in 0..lanes.wires {
+                let (tx, rx, d) = self.lane_channels(dir, w);
+                let slice = lane_slice(chunk, lanes.count(), dir * lanes.wires + w);
+                // Byte span of this lane's slice of chunk c (chunks near the end may be short).
+                let span = |c: usize| {
+                    let start = (c * chunk + slice.start).min(count);
+                    let end = (c * chunk + slice.end).min(count);
+                    (start * elem, (end - start) * elem)
+                };
+                let mut steps = Vec::with_capacity(2 * (n - 1));
+                for s in 0..n as isize - 1 {
+                    let (send_off, send_len) = span(self.block(-d * s));
+                    let (recv_off, recv_len) = span(self.block(-d * (s + 1)));
+                    steps.push(Step {
+                        send: if s == 0 {
+                            Span::input(send_off, send_len)
+                        } else {
+                            Span::output(send_off, send_len)
+                        },
+                        recv: Span::output(recv_off, recv_len),
+                        merge: Merge::Reduce {
+                            own: (!in_place).then_some(recv_off),
+                        },
+                    });
+                }
+                for t in 0..n as isize - 1 {
+                    let (send_off, send_len) = span(self.block(d * (1 - t)));
+                    let (recv_off, recv_len) = span(self.block(-d * t));
+                    steps.push(Step {
+                        send: Span::output(send_off, send_len),
+                        recv: Span::output(recv_off, recv_len),
+                        merge: Merge::Copy,
+                    });
+                }
+                plan.transfers.push(Transfer {
+                    tx: Some(tx),
+                    rx: Some(rx),
+                    steps,
+                    frame: frame_bytes(slice.len() * elem),
+                    merge_after_send: false,
+                });
+            }
+        }
+        plan
+    }
+
+    /// All-gather of `block` bytes per rank into an output of `size` blocks, whose own block
+    /// the caller has already filled.
+    pub(crate) fn all_gather(&self, block: usize) -> Plan {
+        let n = self.size;
+        let lanes = Lanes::for_message(block, block, n, self.wires);
+        let mut plan = self.collective_plan();
+        for dir in 0..lanes.dirs {
+            for w in 0..lanes.wires {
+                let (tx, rx, d) = self.lane_channels(dir, w);
+                let slice = lane_slice(block, lanes.count(), dir * lanes.wires + w);
+                let span = |b: usize| Span::output(b * block + slice.start, slice.len());
+                let steps = (0..n as isize - 1)
+                    .map(|t| Step {
+                        send: span(self.block(-d * t)),
+                        recv: span(self.block(-d * (t + 1))),
+                        merge: Merge::Copy,
+                    })
+                    .collect();
+                plan.transfers.push(Transfer {
+                    tx: Some(tx),
+                    rx: Some(rx),
+                    steps,
+                    frame: frame_bytes(slice.len()),
+                    merge_after_send: false,
+                });
+            }
+        }
+        plan
+    }
+
+    /// Reduce-scatter of an input of `size` blocks of `count` elements into this rank's block.
+    /// The output is the accumulator: each lane's partial sums pass through its slice of it.
+    pub(crate) fn reduce_scatter(&self, count: usize, elem: usize) -> Plan {
+        let n = self.size;
+        let lanes = Lanes::for_message(count * elem, count, n, self.wires);
+        let block_bytes = count * elem;
+        let mut plan = self.collective_plan();
+        for dir in 0..lanes.dirs {
+            for w in 0..lanes.wires {
+                let (tx, rx, d) = self.lane_channels(dir, w);
+                let slice = lane_slice(count, lanes.count(), dir * lanes.wires + w);
+                let (off, len) = (slice.start * elem, slice.len() * elem);
+                let input_of = |b: usize| b * block_bytes + off;
+                let steps = (0..n as isize - 1)
+                    .map(|s| Step {
+                        send: if s == 0 {
+                            Span::input(input_of(self.block(-d)), len)
+                        } else {
+                            Span::output(off, len)
+                        },
+                        recv: Span::output(off, len),
+                        merge: Merge::Reduce {
+                            own: Some(input_of(self.block(-d * (s + 2)))),
+                        },
+                    })
+                    .collect();
+                plan.transfers.push(Transfer {
+                    tx: Some(tx),
+                    rx: Some(rx),
+                    steps,
+                    frame: frame_bytes(len),
+                    merge_after_send: true,
+                });
+            }
+        }
+        plan
+    }
+
+    /// Send of `bytes` to neighbour `dst`, split across wires. With two ranks both neighbours
+    /// are the same rank: sends then use the left channels and receives the right ones, which
+    /// the peer sees the other way round.
+    pub(crate) fn send(&self, bytes: usize, dst: usize) -> Plan {
+        let lanes = Lanes::for_message(bytes, bytes, 1, self.wires);
+        self.one_way(
+            bytes,
+            lanes.wires,
+            |w| {
+                if dst == self.left() {
+                    self.left_channel(w)
+                } else {
+                    self.right_channel(w)
+                }
+            },
+            true,
+        )
+    }
+
+    /// Receive of `bytes` from neighbour `src`, the mirror of [`Geometry::send`].
+    pub(crate) fn recv(&self, bytes: usize, src: usize) -> Plan {
+        let lanes = Lanes::for_message(bytes, bytes, 1, self.wires);
+        self.one_way(
+            bytes,
+            lanes.wires,
+            |w| {
+                if src == self.right() {
+                    self.right_channel(w)
+                } else {
+                    self.left_channel(w)
+                }
+            },
+            false,
+        )
+    }
+
+    fn one_way(
+        &self,
+        bytes: usize,
+        wires: usize,
+        channel: impl Fn(usize) -> usize,
+        sending: bool,
+    ) -> Plan {
+        let transfers = (0..wires)
+            .map(|w| {
+                let slice = lane_slice(bytes, wires, w);
+                let (off, len) = (slice.start, slice.len());
+                Transfer {
+                    tx: sending.then(|| channel(w)),
+                    rx: (!sending).then(|| channel(w)),
+                    steps: vec![Step {
+                        send: if sending {
+                            Span::input(off, len)
+                        } else {
+                            Span::EMPTY
+                        },
+                        recv: if sending {
+                            Span::EMPTY
+                        } else {
+                            Span::output(off, len)
+                        },
+                        merge: Merge::Copy,
+                    }],
+                    frame: frame_bytes(len),
+                    merge_after_send: false,
+                }
+            })
+            .collect();
+        Plan {
+            transfers,
+            headers_both_ways: Vec::new(),
+        }
+    }
+
+    /// Barrier: one-byte tokens in both directions, each forwarded on arrival. After `k` steps
+    /// a rank knows the `k` ranks on each side have arrived, so ⌈(n − 1)/2⌉ steps cover all.
+    /// Uses a 2-byte scratch output: byte 0 is sent, byte 1 receives.
+    pub(crate) fn barrier(&self) -> Plan {
+        let n = self.size;
+        let (dirs, steps) = if n == 2 {
+            (1, 1)
+        } else {
+            (2, (n - 1).div_ceil(2))
+        };
+        let transfers = (0..dirs)
+            .map(|dir| {
+                let (tx, rx, _) = self.lane_channels(dir, 0);
+                Transfer {
+                    tx: Some(tx),
+                    rx: Some(rx),
+                    steps: vec![
+                        Step {
+                            send: Span::output(0, 1),
+                            recv: Span::output(1, 1),
+                            merge: Merge::Copy,
+                        };
+                        steps
+                    ],
+                    frame: MIN_FRAME,
+                    merge_after_send: false,
+                }
+            })
+            .collect();
+        Plan {
+            transfers,
+            ..self.collective_plan()
+        }
+    }
+
+    /// An empty plan for a collective: headers go both ways to both neighbours on wire 0.
+    fn collective_plan(&self) -> Plan {
+        Plan {
+            transfers: Vec::new(),
+            headers_both_ways: vec![self.left_channel(0), self.right_channel(0)],
+        }
+    }
+}
+
+/// A ring's channels: `channels[w]` is wire w to the left neighbour, `channels[wires + w]` wire
+/// w to the right one.
+pub(crate) struct Ring {
+    pub(crate) geometry: Geometry,
+    channels: Vec<Channel>,
+}
+
+impl Ring {
+    pub(crate) fn new(geometry: Geometry, left: Vec<Channel>, right: Vec<Channel>) -> Ring {
+        let mut channels = left;
+        channels.extend(right);
+        Ring { geometry, channels }
+    }
+
+    /// Runs `plan` for `call` over this ring's channels.
+    pub(crate) fn run(
+        &mut self,
+        plan: &Plan,
+        bufs: Buffers<'_>,
+        reducer: Option<&Reducer>,
+        call: &Call,
+    ) -> Result<()> {
+        engine::run(&mut self.channels, plan, bufs, reducer, call)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Buf;
+
+    #[test]
+    fn lanes_fall_back_for_small_messages() {
+        assert_eq!(
+            Lanes::for_message(100, 25, 4, 4),
+            Lanes { dirs: 1, wires: 1 }
+        );
+        assert_eq!(
+            Lanes::for_message(32 * 1024, 8192, 4, 4),
+            Lanes { dirs: 1, wires: 1 }
+        );
+        assert_eq!(
+            Lanes::for_message(64 * 1024, 8192, 4, 4),
+            Lanes { dirs: 2, wires: 4 }
+        );
+        // Many bytes but too few elements to give every lane one.
+        assert_eq!(
+            Lanes::for_message(1 << 20, 31, 4, 4),
+            Lanes { dirs: 1, wires: 1 }
+        );
+    }
+
+    #[test]
+    fn lane_slices_tile_the_block() {
+        for block in [0usize, 1, 2, 7, 8, 13, 97, 4096, 65537] {
+            for lanes in 1..=8 {
+                let mut next = 0;
+                for lane in 0..lanes {
+                    let s = lane_slice(block, lanes, lane);
+                    assert_eq!(s.start, next.min(block), "block {block} lanes {lanes}");
+                    assert!(s.end <= block);
+                    next = s.end.max(next);
+                }
+                assert_eq!(next, block, "block {block} lanes {lanes}");
+            }
+        }
+    }
+
+    #[test]
+    fn frames_are_4k_times_a_power_of_two() {
+        assert_eq!(frame_bytes(0), 4096);
+        assert_eq!(frame_bytes(1), 4096);
+        assert_eq!(frame_bytes(64 * 1024), 16 * 1024);
+        assert_eq!(frame_bytes(1 << 20), 256 * 1024);
+        assert_eq!(frame_bytes(1 << 30), 512 * 1024);
+        for b in [0, 5000, 123_456, 9_999_999] {
+            let f = frame_bytes(b);
+            assert!(f.is_power_of_two() && (4096..=512 * 1024).contains(&f));
+        }
+    }
+
+    /// Simulates a plan's data movement on every rank (in lockstep, step by step) and checks
+    /// that each rank ends with the expected blocks. This checks the index arithmetic without
+    /// any network; the multi-rank tests check the real thing.
+    fn simulate(
+        size: usize,
+        wires: usize,
+        plan_of: impl Fn(&Geometry) -> Plan,
+        init: impl Fn(usize) -> (Vec<i64>, Vec<i64>),
+        combine: bool,
+    ) -> Vec<Vec<i64>> {
+        let geos: Vec<Geometry> = (0..size)
+            .map(|rank| Geometry { rank, size, wires })
+            .collect();
+        let plans: Vec<Plan> = geos.iter().map(&plan_of).collect();
+        let mut state: Vec<(Vec<i64>, Vec<i64>)> = (0..size).map(&init).collect();
+        let steps = plans[0].transfers.first().map_or(0, |t| t.steps.len());
+        for s in 0..steps {
+            // Everything sent in step s, keyed by (receiver, receiver's channel).
+            let mut inbox = std::collections::HashMap::new();
+            for (r, plan) in plans.iter().enumerate() {
+                for t in &plan.transfers {
+                    let step = t.steps[s];
+                    // As in the engine, an in-place call (no input) reads its input spans from the output.
+                    let src = match step.send.buf {
+                        Buf::Input if !state[r].0.is_empty() => &state[r].0,
+                        _ => &state[r].1,
+                    };
+                    let data: Vec<i64> = src[step.send.off..step.send.off + step.send.len].to_vec();
+                    let tx = t.tx.unwrap();
+                    // My right channel (index >= wires) is the right neighbour's left one.
+                    let (peer, their) = if tx >= wires {
+                        ((r + 1) % size, tx - wires)
+                    } else {
+                        ((r + size - 1) % size, tx + wires)
+                    };
+                    inbox.insert((peer, their), data);
+                }
+            }
+            for (r, plan) in plans.iter().enumerate() {
+                for t in &plan.transfers {
+                    let step = t.steps[s];
+                    let data = &inbox[&(r, t.rx.unwrap())];
+                    assert_eq!(data.len(), step.recv.len, "rank {r} step {s}");
+                    for (i, v) in data.iter().enumerate() {
+                        let at = step.recv.off + i;
+                        state[r].1[at] = match step.merge {
+                            Merge::Copy => *v,
+                            Merge::Reduce { own: Some(o) } if combine => state[r].0[o + i] + v,
+                            Merge::Reduce { .. } => state[r].1[at] + v,
+                        };
+                    }
+                }
+            }
+        }
+        state.into_iter().map(|(_, out)| out).collect()
+    }
+
+    #[test]
+    fn all_reduce_plan_sums_every_element_on_every_rank() {
+        for size in 2..=5 {
+            for wires in 1..=3 {
+                for count in [1usize, 2, 3, 5, 16, 17, 64, 257, 10_000] {
+                    for in_place in [false, true] {
+                        let init = |r: usize| {
+                            let v: Vec<i64> = (0..count).map(|i| (r * 1000 + i) as i64).collect();
+                            if in_place {
+                                (vec![], v)
+                            } else {
+                                (v, vec![0; count])
+                            }
+                        };
+                        let outs = simulate(
+                            size,
+                            wires,
+                            |g| g.all_reduce(count, 1, in_place),
+                            init,
+                            true,
+                        );
+                        let expect: Vec<i64> = (0..count)
+                            .map(|i| (0..size).map(|r| (r * 1000 + i) as i64).sum())
+                            .collect();
+                        for (r, out) in outs.iter().enumerate() {
+                            assert_eq!(
+                                out, &expect,
+                                "size {size} wires {wires} count {count} in_place {in_place} rank {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_gather_plan_gathers_every_block() {
+        for size in 2..=5 {
+            for wires in 1..=3 {
+                for block in [1usize, 3, 8, 100, 40_000] {
+                    let init = |r: usize| {
+                        let mut out = vec![-1i64; size * block];
+                        for i in 0..block {
+                            out[r * block + i] = (r * 100_000 + i) as i64;
+                        }
+                        (vec![], out)
+                    };
+                    let outs = simulate(size, wires, |g| g.all_gather(block), init, false);
+                    let expect: Vec<i64> = (0..size)
+                        .flat_map(|r| (0..block).map(move |i| (r * 100_000 + i) as i64))
+                        .collect();
+                    for out in &outs {
+                        assert_eq!(out, &expect, "size {size} wires {wires} block {block}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reduce_scatter_plan_leaves_each_rank_its_block() {
+        for size in 2..=5 {
+            for wires in 1..=3 {
+                for count in [1usize, 2, 7, 64, 20_000] {
+                    let value = |r: usize, b: usize, i: usize| (r * 7 + b * 1000 + i) as i64;
+                    let init = |r: usize| {
+                        let input: Vec<i64> = (0..size)
+                            .flat_map(|b| (0..count).map(move |i| value(r, b, i)))
+                            .collect();
+                        (input, vec![0; count])
+                    };
+                    let outs = simulate(size, wires, |g| g.reduce_scatter(count, 1), init, true);
+                    for (r, out) in outs.iter().enumerate() {
+                        let expect: Vec<i64> = (0..count)
+                            .map(|i| (0..size).map(|q| value(q, r, i)).sum())
+                            .collect();
+                        assert_eq!(
+                            out, &expect,
+                            "size {size} wires {wires} count {count} rank {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn two_rank_send_uses_the_channel_the_peer_receives_on() {
+        for wires in 1..=4 {
+            let a = Geometry {
+                rank: 0,
+                size: 2,
+                wires,
+            };
+            let b = Geometry {
+                rank: 1,
+                size: 2,
+                wires,
+            };
+            let send = a.send(1 << 20, 1);
+            let recv = b.recv(1 << 20, 0);
+            assert_eq!(send.transfers.len(), recv.transfers.len());
+            for (s, r) in send.transfers.iter().zip(&recv.transfers) {
+                // a's left wire w is b's right wire w.
+                assert_eq!(s.tx.unwrap() + wires, r.rx.unwrap());
+                assert_eq!(s.steps[0].send.len, r.steps[0].recv.len);
+            }
+        }
+    }
+}

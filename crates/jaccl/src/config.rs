@@ -1,0 +1,627 @@
+//! Group configuration: the [`Config`] builder and [`Config::from_env`].
+//!
+//! # Environment
+//!
+//! Each setting is read from the first variable of its row that is set to a non-empty value.
+//! jaccl's own names come first, then MLX's, torchrun's, Open MPI's, PMI's and Slurm's, so a
+//! program runs unchanged under `jaccl launch`, `mlx.launch`, `torchrun`, `mpirun` or `srun`.
+//!
+//! | setting | variables, first set wins | default |
+//! |---|---|---|
+//! | rank | `JACCL_RANK`, `MLX_RANK`, `RANK`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID` | 0 when no size is set either |
+//! | size | `JACCL_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` | 1 when no rank is set either |
+//! | coordinator | `JACCL_COORDINATOR`, `MLX_JACCL_COORDINATOR`, `MASTER_ADDR` with `MASTER_PORT` | required when size > 1 |
+//! | topology | `JACCL_TOPOLOGY` (`auto`, `ring`, `mesh`); else `ring` if `JACCL_RING` or `MLX_JACCL_RING` is set | `auto` |
+//! | transport | `JACCL_TRANSPORT` (`auto`, `tcp`, `shm`, `rdma`) | `auto` |
+//! | wires | `JACCL_WIRES` (1 to 4) | measured default, [`Config::DEFAULT_WIRES`] |
+//! | timeout | `JACCL_TIMEOUT` (seconds, `2.5`, or with a unit: `500ms`, `30s`, `5m`) | [`Config::DEFAULT_TIMEOUT`] |
+//! | job token | `JACCL_JOB_TOKEN` (decimal or `0x` hex; set by `jaccl launch`) | 0 |
+//!
+//! With nothing set, [`crate::init`] gives a group of size 1 that needs no network. A rank
+//! without a size (or the reverse) is an error, as is any value that does not parse: the error
+//! names the variable and the value.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Which transport carries data between two ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Transport {
+    /// The best transport for each peer (today: TCP).
+    #[default]
+    Auto,
+    /// TCP sockets: works everywhere, across machines.
+    Tcp,
+    /// Shared memory between ranks on one host (not built yet).
+    Shm,
+    /// RDMA verbs: InfiniBand, RoCE, Thunderbolt (not built yet).
+    Rdma,
+}
+
+impl Transport {
+    /// `auto`, `tcp`, `shm` or `rdma`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
+            Transport::Rdma => "rdma",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Transport {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Transport::Auto),
+            "tcp" => Ok(Transport::Tcp),
+            "shm" => Ok(Transport::Shm),
+            "rdma" => Ok(Transport::Rdma),
+            _ => Err(format!(
+                "unknown transport '{s}' (expected auto, tcp, shm or rdma)"
+            )),
+        }
+    }
+}
+
+/// How ranks are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Topology {
+    /// The best topology for the job (today: the ring).
+    #[default]
+    Auto,
+    /// Each rank talks to its two neighbours over 1 to 4 wires.
+    Ring,
+    /// Each rank talks to every other rank (not built yet).
+    Mesh,
+}
+
+impl Topology {
+    /// `auto`, `ring` or `mesh`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Auto => "auto",
+            Topology::Ring => "ring",
+            Topology::Mesh => "mesh",
+        }
+    }
+}
+
+impl fmt::Display for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Topology {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Topology::Auto),
+            "ring" => Ok(Topology::Ring),
+            "mesh" => Ok(Topology::Mesh),
+            _ => Err(format!(
+                "unknown topology '{s}' (expected auto, ring or mesh)"
+            )),
+        }
+    }
+}
+
+/// Everything a rank needs to join a group. Build it with [`Config::new`] and the chainable
+/// setters, or read it from the environment with [`Config::from_env`]; the fields are public for
+/// reading. [`crate::init_with`] validates it.
+///
+/// ```
+/// use std::time::Duration;
+/// let cfg = jaccl::Config::new(0, 4)
+///     .coordinator("127.0.0.1:29500")
+///     .wires(2)
+///     .timeout(Duration::from_secs(30));
+/// assert_eq!(cfg.size, 4);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// This process's rank, `0..size`.
+    pub rank: usize,
+    /// The number of ranks.
+    pub size: usize,
+    /// `host:port` where rank 0 listens for the others at start-up (`[v6]:port` for IPv6).
+    pub coordinator: Option<String>,
+    /// The transport; [`Transport::Auto`] picks per peer.
+    pub transport: Transport,
+    /// The topology; [`Topology::Auto`] picks for the job.
+    pub topology: Topology,
+    /// Parallel connections to each ring neighbour, 1 to 4; `None` means
+    /// [`Config::DEFAULT_WIRES`].
+    pub wires: Option<usize>,
+    /// How long any operation may wait without progress before it fails with
+    /// [`Error::Timeout`]. Also bounds start-up.
+    pub timeout: Duration,
+    /// Ranks only join a group whose token matches theirs, so a stray process of another job
+    /// cannot join. `jaccl launch` sets a random one per job.
+    pub job_token: u64,
+}
+
+impl Config {
+    /// The default of [`Config::timeout`]: long enough for a slow rank to catch up, short enough
+    /// that a stopped one is noticed.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+    /// The default number of wires per ring neighbour, chosen by measurement (`jaccl bench`
+    /// with `--wires 1,2,4`; see docs/algorithms.md).
+    pub const DEFAULT_WIRES: usize = 1;
+    /// The most wires per ring neighbour.
+    pub const MAX_WIRES: usize = 4;
+
+    /// A configuration for `rank` of `size` with every other setting at its default.
+    pub fn new(rank: usize, size: usize) -> Config {
+        Config {
+            rank,
+            size,
+            coordinator: None,
+            transport: Transport::Auto,
+            topology: Topology::Auto,
+            wires: None,
+            timeout: Config::DEFAULT_TIMEOUT,
+            job_token: 0,
+        }
+    }
+
+    /// Sets the coordinator address, `host:port`.
+    pub fn coordinator(mut self, addr: impl Into<String>) -> Config {
+        self.coordinator = Some(addr.into());
+        self
+    }
+
+    /// Sets the transport.
+    pub fn transport(mut self, transport: Transport) -> Config {
+        self.transport = transport;
+        self
+    }
+
+    /// Sets the topology.
+    pub fn topology(mut self, topology: Topology) -> Config {
+        self.topology = topology;
+        self
+    }
+
+    /// Sets the number of wires (parallel connections) per ring neighbour, 1 to 4.
+    pub fn wires(mut self, wires: usize) -> Config {
+        self.wires = Some(wires);
+        self
+    }
+
+    /// Sets the timeout: the longest any operation waits without progress.
+    pub fn timeout(mut self, timeout: Duration) -> Config {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the job token (see [`Config::job_token`](#structfield.job_token)).
+    pub fn job_token(mut self, token: u64) -> Config {
+        self.job_token = token;
+        self
+    }
+
+    /// The wires in use: the configured number or the default.
+    pub fn wire_count(&self) -> usize {
+        self.wires.unwrap_or(Config::DEFAULT_WIRES)
+    }
+
+    /// Reads the configuration from the environment; see the [module docs](self) for the
+    /// variables and their precedence.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the variable and value when a value does not parse, or when a
+    /// rank is set without a size (or the reverse).
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|name| match std::env::var(name) {
+            Ok(v) => Ok(Some(v)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => Err(Error::Config(format!(
+                "{name}={} is not valid UTF-8",
+                v.to_string_lossy()
+            ))),
+        })
+    }
+
+    /// [`Config::from_env`] over any variable lookup (tests use a map).
+    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Result<Option<String>>) -> Result<Config> {
+        let env = Env { lookup };
+        let rank = env.first(&RANK_VARS)?;
+        let size = env.first(&SIZE_VARS)?;
+        let (rank, size) = match (rank, size) {
+            (None, None) => (0, 1),
+            (Some((var, value)), None) => {
+                return Err(Error::Config(format!(
+                    "{var}={value} sets a rank but no variable sets the size; set JACCL_SIZE \
+                     (or WORLD_SIZE)"
+                )));
+            }
+            (None, Some((var, value))) => {
+                return Err(Error::Config(format!(
+                    "{var}={value} sets a size but no variable sets the rank; set JACCL_RANK \
+                     (or RANK)"
+                )));
+            }
+            (Some((rvar, rval)), Some((svar, sval))) => (
+                parse_number(rvar, &rval, "a rank")?,
+                parse_number(svar, &sval, "a size")?,
+            ),
+        };
+        let mut cfg = Config::new(rank, size);
+        cfg.coordinator = match env.first(&["JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"])? {
+            Some((_, addr)) => Some(addr),
+            None => match (env.get("MASTER_ADDR")?, env.get("MASTER_PORT")?) {
+                (Some(host), Some(port)) => {
+                    parse_number::<u16>("MASTER_PORT", &port, "a port")?;
+                    Some(join_host_port(&host, &port))
+                }
+                (Some(host), None) => {
+                    return Err(Error::Config(format!(
+                        "MASTER_ADDR={host} is set but MASTER_PORT is not"
+                    )));
+                }
+                (None, Some(port)) => {
+                    return Err(Error::Config(format!(
+                        "MASTER_PORT={port} is set but MASTER_ADDR is not"
+                    )));
+                }
+                (None, None) => None,
+            },
+        };
+        if let Some(value) = env.get("JACCL_TOPOLOGY")? {
+            cfg.topology = parse_with("JACCL_TOPOLOGY", &value)?;
+        } else if env.present("JACCL_RING")? || env.present("MLX_JACCL_RING")? {
+            cfg.topology = Topology::Ring;
+        }
+        if let Some(value) = env.get("JACCL_TRANSPORT")? {
+            cfg.transport = parse_with("JACCL_TRANSPORT", &value)?;
+        }
+        if let Some(value) = env.get("JACCL_WIRES")? {
+            let wires = parse_number("JACCL_WIRES", &value, "a number of wires")?;
+            if !(1..=Config::MAX_WIRES).contains(&wires) {
+                return Err(Error::Config(format!(
+                    "JACCL_WIRES={value}: must be 1 to {}",
+                    Config::MAX_WIRES
+                )));
+            }
+            cfg.wires = Some(wires);
+        }
+        if let Some(value) = env.get("JACCL_TIMEOUT")? {
+            cfg.timeout = parse_duration(&value)
+                .map_err(|why| Error::Config(format!("JACCL_TIMEOUT={value}: {why}")))?;
+        }
+        if let Some(value) = env.get("JACCL_JOB_TOKEN")? {
+            cfg.job_token = parse_token(&value).ok_or_else(|| {
+                Error::Config(format!(
+                    "JACCL_JOB_TOKEN={value} is not a 64-bit number (decimal or 0x hex)"
+                ))
+            })?;
+        }
+        Ok(cfg)
+    }
+
+    /// Checks the values that do not need the network.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the setting and value.
+    pub fn validate(&self) -> Result<()> {
+        if self.size == 0 {
+            return Err(Error::Config("size must be at least 1, got 0".into()));
+        }
+        if self.rank >= self.size {
+            return Err(Error::Config(format!(
+                "rank {} is out of range for size {} (ranks are 0..{})",
+                self.rank, self.size, self.size
+            )));
+        }
+        if let Some(wires) = self.wires
+            && !(1..=Config::MAX_WIRES).contains(&wires)
+        {
+            return Err(Error::Config(format!(
+                "wires must be 1 to {}, got {wires}",
+                Config::MAX_WIRES
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::Config("timeout must be greater than zero".into()));
+        }
+        if self.size > 1 {
+            let Some(addr) = &self.coordinator else {
+                return Err(Error::Config(format!(
+                    "rank {} of {}: a group of more than one rank needs a coordinator address \
+                     (Config::coordinator, JACCL_COORDINATOR or MASTER_ADDR/MASTER_PORT)",
+                    self.rank, self.size
+                )));
+            };
+            split_host_port(addr)
+                .map_err(|why| Error::Config(format!("coordinator '{addr}': {why}")))?;
+        }
+        Ok(())
+    }
+}
+
+const RANK_VARS: [&str; 6] = [
+    "JACCL_RANK",
+    "MLX_RANK",
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "SLURM_PROCID",
+];
+const SIZE_VARS: [&str; 5] = [
+    "JACCL_SIZE",
+    "WORLD_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "SLURM_NTASKS",
+];
+
+/// Variable lookup where an empty value counts as unset.
+struct Env<F> {
+    lookup: F,
+}
+
+impl<F: Fn(&str) -> Result<Option<String>>> Env<F> {
+    fn get(&self, name: &str) -> Result<Option<String>> {
+        Ok((self.lookup)(name)?
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty()))
+    }
+
+    /// Set at all, even to an empty value (MLX's `MLX_JACCL_RING` convention).
+    fn present(&self, name: &str) -> Result<bool> {
+        Ok((self.lookup)(name)?.is_some())
+    }
+
+    fn first<'a>(&self, names: &[&'a str]) -> Result<Option<(&'a str, String)>> {
+        for name in names {
+            if let Some(value) = self.get(name)? {
+                return Ok(Some((name, value)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn parse_number<T: FromStr>(var: &str, value: &str, what: &str) -> Result<T> {
+    value.parse().map_err(|_| {
+        Error::Config(format!(
+            "{var}={value} is not {what} (expected a non-negative integer)"
+        ))
+    })
+}
+
+fn parse_with<T: FromStr<Err = String>>(var: &str, value: &str) -> Result<T> {
+    value
+        .parse()
+        .map_err(|why| Error::Config(format!("{var}={value}: {why}")))
+}
+
+/// Seconds as a plain number (`30`, `2.5`), or a duration with units (`500ms`, `1m 30s`).
+pub(crate) fn parse_duration(value: &str) -> std::result::Result<Duration, String> {
+    let duration = match value.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e9 => Duration::from_secs_f64(secs),
+        Ok(_) => return Err("must be a positive number of seconds".into()),
+        Err(_) => humantime::parse_duration(value).map_err(|e| {
+            format!("not a duration ({e}); use seconds (30, 2.5) or units (500ms, 30s, 5m)")
+        })?,
+    };
+    if duration.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(duration)
+}
+
+fn parse_token(value: &str) -> Option<u64> {
+    match value
+        .strip_prefix("0x")
+        .or_else(|| value.strip_prefix("0X"))
+    {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => value.parse().ok(),
+    }
+}
+
+fn join_host_port(host: &str, port: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Splits `host:port` (or `[v6]:port`) into its parts, checking the port.
+pub(crate) fn split_host_port(addr: &str) -> std::result::Result<(&str, u16), String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or("expected host:port, e.g. 127.0.0.1:29500")?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err("the host is empty (expected host:port)".into());
+    }
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| format!("'{port}' is not a port number (0 to 65535)"))?;
+    Ok((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Config> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|name| Ok(map.get(name).cloned()))
+    }
+
+    fn config_error(vars: &[(&str, &str)]) -> String {
+        match from(vars) {
+            Err(Error::Config(msg)) => msg,
+            other => panic!("expected a Config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_set_is_a_single_rank() {
+        let cfg = from(&[]).unwrap();
+        assert_eq!((cfg.rank, cfg.size), (0, 1));
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn jaccl_names_win_over_mlx_torch_and_mpi() {
+        let cfg = from(&[
+            ("JACCL_RANK", "2"),
+            ("MLX_RANK", "3"),
+            ("RANK", "1"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("JACCL_SIZE", "4"),
+            ("WORLD_SIZE", "8"),
+            ("JACCL_COORDINATOR", "10.0.0.1:5000"),
+            ("MLX_JACCL_COORDINATOR", "10.0.0.2:5000"),
+            ("MASTER_ADDR", "10.0.0.3"),
+            ("MASTER_PORT", "6000"),
+        ])
+        .unwrap();
+        assert_eq!((cfg.rank, cfg.size), (2, 4));
+        assert_eq!(cfg.coordinator.as_deref(), Some("10.0.0.1:5000"));
+    }
+
+    #[test]
+    fn torchrun_mpi_pmi_slurm_variables() {
+        let cfg = from(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "::1"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap();
+        assert_eq!((cfg.rank, cfg.size), (1, 2));
+        assert_eq!(cfg.coordinator.as_deref(), Some("[::1]:29500"));
+        cfg.validate().unwrap();
+        for (r, s) in [
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+            ("PMI_RANK", "PMI_SIZE"),
+            ("SLURM_PROCID", "SLURM_NTASKS"),
+        ] {
+            let cfg = from(&[(r, "3"), (s, "5")]).unwrap();
+            assert_eq!((cfg.rank, cfg.size), (3, 5), "{r}/{s}");
+        }
+    }
+
+    #[test]
+    fn mlx_names() {
+        let cfg = from(&[
+            ("MLX_RANK", "1"),
+            ("JACCL_SIZE", "3"),
+            ("MLX_JACCL_COORDINATOR", "127.0.0.1:7"),
+            ("MLX_JACCL_RING", ""),
+        ])
+        .unwrap();
+        assert_eq!((cfg.rank, cfg.size), (1, 3));
+        assert_eq!(cfg.topology, Topology::Ring);
+        assert_eq!(cfg.coordinator.as_deref(), Some("127.0.0.1:7"));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_value() {
+        let msg = config_error(&[("JACCL_RANK", "abc"), ("JACCL_SIZE", "2")]);
+        assert!(msg.contains("JACCL_RANK=abc"), "{msg}");
+        let msg = config_error(&[("JACCL_WIRES", "7")]);
+        assert!(msg.contains("JACCL_WIRES=7"), "{msg}");
+        let msg = config_error(&[("JACCL_TIMEOUT", "soon")]);
+        assert!(msg.contains("JACCL_TIMEOUT=soon"), "{msg}");
+        let msg = config_error(&[("JACCL_TIMEOUT", "-1")]);
+        assert!(msg.contains("JACCL_TIMEOUT=-1"), "{msg}");
+        let msg = config_error(&[("JACCL_TRANSPORT", "pigeon")]);
+        assert!(msg.contains("JACCL_TRANSPORT=pigeon"), "{msg}");
+        let msg = config_error(&[("JACCL_TOPOLOGY", "star")]);
+        assert!(msg.contains("JACCL_TOPOLOGY=star"), "{msg}");
+        let msg = config_error(&[("JACCL_RANK", "1")]);
+        assert!(
+            msg.contains("JACCL_RANK=1") && msg.contains("size"),
+            "{msg}"
+        );
+        let msg = config_error(&[("WORLD_SIZE", "4")]);
+        assert!(
+            msg.contains("WORLD_SIZE=4") && msg.contains("rank"),
+            "{msg}"
+        );
+        let msg = config_error(&[("MASTER_ADDR", "h")]);
+        assert!(msg.contains("MASTER_PORT"), "{msg}");
+        let msg = config_error(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "x")]);
+        assert!(msg.contains("MASTER_PORT=x"), "{msg}");
+        let msg = config_error(&[("JACCL_JOB_TOKEN", "0xzz")]);
+        assert!(msg.contains("JACCL_JOB_TOKEN=0xzz"), "{msg}");
+    }
+
+    #[test]
+    fn settings_parse() {
+        let cfg = from(&[
+            ("JACCL_WIRES", "3"),
+            ("JACCL_TIMEOUT", "1.5"),
+            ("JACCL_TRANSPORT", "TCP"),
+            ("JACCL_TOPOLOGY", "ring"),
+            ("JACCL_JOB_TOKEN", "0xff"),
+        ])
+        .unwrap();
+        assert_eq!(cfg.wires, Some(3));
+        assert_eq!(cfg.timeout, Duration::from_millis(1500));
+        assert_eq!(cfg.transport, Transport::Tcp);
+        assert_eq!(cfg.topology, Topology::Ring);
+        assert_eq!(cfg.job_token, 255);
+        let cfg = from(&[("JACCL_TIMEOUT", "250ms")]).unwrap();
+        assert_eq!(cfg.timeout, Duration::from_millis(250));
+        let cfg = from(&[("JACCL_RANK", ""), ("JACCL_SIZE", " ")]).unwrap();
+        assert_eq!(cfg.size, 1, "empty values count as unset");
+    }
+
+    #[test]
+    fn validate_checks_ranges_and_coordinator() {
+        let err = |cfg: Config| match cfg.validate() {
+            Err(Error::Config(msg)) => msg,
+            other => panic!("{other:?}"),
+        };
+        assert!(err(Config::new(4, 4)).contains("rank 4"));
+        assert!(err(Config::new(0, 0)).contains("size"));
+        assert!(err(Config::new(0, 2)).contains("coordinator"));
+        assert!(err(Config::new(0, 2).coordinator("nohost")).contains("nohost"));
+        assert!(err(Config::new(0, 2).coordinator("h:99999")).contains("99999"));
+        assert!(err(Config::new(0, 1).wires(0)).contains("wires"));
+        assert!(err(Config::new(0, 1).wires(5)).contains("wires"));
+        assert!(err(Config::new(0, 1).timeout(Duration::ZERO)).contains("timeout"));
+        Config::new(1, 2)
+            .coordinator("[::1]:80")
+            .wires(4)
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn host_port_split() {
+        assert_eq!(split_host_port("a.b:1"), Ok(("a.b", 1)));
+        assert_eq!(split_host_port("[fe80::1]:22"), Ok(("fe80::1", 22)));
+        assert!(split_host_port(":22").is_err());
+    }
+}

@@ -1,0 +1,152 @@
+//! The one error type of the library, grouped by whose fault it is.
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The operation during which an error happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// Group creation: configuration, bootstrap, connection set-up.
+    Init,
+    /// `all_sum`, `all_max`, `all_min`, `all_reduce*`.
+    AllReduce,
+    /// `all_gather`.
+    AllGather,
+    /// `reduce_scatter`.
+    ReduceScatter,
+    /// `send`.
+    Send,
+    /// `recv`.
+    Recv,
+    /// `barrier`.
+    Barrier,
+}
+
+impl Op {
+    /// The name used in messages, e.g. `all_reduce`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Init => "init",
+            Op::AllReduce => "all_reduce",
+            Op::AllGather => "all_gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::Send => "send",
+            Op::Recv => "recv",
+            Op::Barrier => "barrier",
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Everything that can go wrong. Each variant says whose fault it is and carries the rank that
+/// reports it, so a log line from any rank is self-explanatory.
+///
+/// After an error that happened while data was moving (`PeerLost`, `Timeout`, `Mismatch`,
+/// `Protocol`, `Io`) the group is *poisoned*: it has closed its connections (so its peers fail
+/// promptly too) and every later call returns the same error at once. Create a new group to go on.
+/// Argument errors are found before any data moves and leave the group usable.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A peer closed its connections (it exited, crashed, or its group failed) while this rank
+    /// still needed it.
+    #[error("rank {rank}: {op}: lost rank {peer}: {cause}")]
+    PeerLost {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The rank whose connection went away.
+        peer: usize,
+        /// The operation that was running.
+        op: Op,
+        /// What the transport saw (end of stream, connection reset, ...).
+        cause: String,
+    },
+    /// No data moved for the configured timeout: a peer is stopped, far too slow, or waiting in
+    /// another operation.
+    #[error(
+        "rank {rank}: {op}: no progress for {after:?} (a peer is stopped, overloaded, or not in this operation; see Config::timeout / JACCL_TIMEOUT)"
+    )]
+    Timeout {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The operation that was running.
+        op: Op,
+        /// How long the operation waited without progress.
+        after: Duration,
+    },
+    /// Ranks called different collectives, or the same one with different types, reductions or
+    /// lengths. Found from the small header every operation sends before its data.
+    #[error("rank {rank}: {op}: rank {peer} disagrees: {detail}")]
+    Mismatch {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The rank whose call differs.
+        peer: usize,
+        /// The operation this rank called.
+        op: Op,
+        /// Both calls, side by side.
+        detail: String,
+    },
+    /// A peer sent bytes that are not jaccl's protocol (corruption, a foreign program, or a
+    /// stream that lost its framing).
+    #[error("rank {rank}: {op}: malformed data from rank {peer}: {detail}")]
+    Protocol {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The rank that sent the bytes.
+        peer: usize,
+        /// The operation that was running.
+        op: Op,
+        /// What was wrong.
+        detail: String,
+    },
+    /// Start-up failed: the coordinator is unreachable or refused us, a rank did not join in
+    /// time, ranks disagree on the configuration, or data connections could not be made.
+    #[error("bootstrap failed: {0}")]
+    Bootstrap(String),
+    /// The configuration is invalid: a bad environment variable, builder value or file. The
+    /// message names the variable (or setting) and the value.
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// The caller passed arguments that cannot work (buffer lengths, ranks). Nothing was sent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The request is valid but not available here (e.g. a transport this build or machine lacks).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// An operating-system error that is not a lost peer.
+    #[error("rank {rank}: I/O error: {source}")]
+    Io {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The underlying error, with context in its message.
+        #[source]
+        source: Arc<io::Error>,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with a context message (`what` failed on `rank`).
+    pub(crate) fn io(rank: usize, what: impl fmt::Display, err: io::Error) -> Error {
+        Error::Io {
+            rank,
+            source: Arc::new(io::Error::new(err.kind(), format!("{what}: {err}"))),
+        }
+    }
+
+    /// True for errors found before any data moved; they do not poison the group.
+    pub(crate) fn is_local_argument_error(&self) -> bool {
+        matches!(self, Error::InvalidArgument(_) | Error::Unsupported(_))
+    }
+}
+
+/// `Result` with jaccl's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,533 @@
+//! [`Group`]: validates each call, dispatches it to the algorithm, and poisons itself when an
+//! operation fails half-way.
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::algo::engine::{Buffers, Call, Channel};
+use crate::algo::ring::{Geometry, Ring};
+use crate::bootstrap::SideChannel;
+use crate::config::{Config, Topology, Transport};
+use crate::dtype::{Dtype, Element, ReduceOp};
+use crate::error::{Error, Op, Result};
+use crate::reduce::Reducer;
+use crate::transport::tcp::{self, Identity};
+
+/// A set of ranks that run collectives together. Create one per process with [`crate::init`]
+/// or [`crate::init_with`]; every rank must call the same operations, in the same order, with
+/// matching lengths, types and reductions.
+///
+/// All operations block until this rank's part is done. They take `&mut self`: one operation at
+/// a time per group.
+pub struct Group {
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    state: State,
+}
+
+enum State {
+    /// A group of one: every collective is a local copy.
+    Alone,
+    Ring {
+        ring: Ring,
+        /// Kept open for the life of the group (liveness will use it).
+        _side: SideChannel,
+    },
+    /// An operation failed while data was moving; the connections are closed.
+    Failed(Error),
+}
+
+/// What each rank publishes at start-up.
+#[derive(Debug, Serialize, Deserialize)]
+struct PeerInfo {
+    /// Where this rank accepts data connections.
+    addr: SocketAddr,
+    wires: usize,
+    topology: String,
+    transport: String,
+}
+
+impl Group {
+    pub(crate) fn new(config: Config) -> Result<Group> {
+        config.validate()?;
+        match config.transport {
+            Transport::Auto | Transport::Tcp => {}
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "the {other} transport is not available in this build yet; use tcp (or auto)"
+                )));
+            }
+        }
+        if config.topology == Topology::Mesh {
+            return Err(Error::Unsupported(
+                "the mesh topology is not available yet; use ring (or auto)".into(),
+            ));
+        }
+        let state = if config.size == 1 {
+            State::Alone
+        } else {
+            connect_ring(&config)?
+        };
+        tracing::debug!(rank = config.rank, size = config.size, "jaccl group ready");
+        Ok(Group {
+            rank: config.rank,
+            size: config.size,
+            timeout: config.timeout,
+            state,
+        })
+    }
+
+    /// This process's rank, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Element-wise sum over all ranks of `input` into `output` (same length).
+    ///
+    /// # Errors
+    /// See [`Group::all_reduce`].
+    pub fn all_sum<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.all_reduce(input, output, ReduceOp::Sum)
+    }
+
+    /// Element-wise maximum over all ranks of `input` into `output` (same length).
+    ///
+    /// # Errors
+    /// See [`Group::all_reduce`].
+    pub fn all_max<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.all_reduce(input, output, ReduceOp::Max)
+    }
+
+    /// Element-wise minimum over all ranks of `input` into `output` (same length).
+    ///
+    /// # Errors
+    /// See [`Group::all_reduce`].
+    pub fn all_min<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.all_reduce(input, output, ReduceOp::Min)
+    }
+
+    /// Reduces `input` element-wise over all ranks with `op`; every rank receives the same
+    /// result, bit for bit, in `output`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the lengths differ; otherwise the transport errors of
+    /// [`Error`] (`PeerLost`, `Timeout`, `Mismatch`, ...), after which the group is poisoned.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_usable()?;
+        if input.len() != output.len() {
+            return Err(self.invalid(
+                Op::AllReduce,
+                format!(
+                    "input has {} elements but output has {} (they must be equal)",
+                    input.len(),
+                    output.len()
+                ),
+            ));
+        }
+        let input = T::as_bytes(input);
+        T::with_bytes_mut(output, |out| {
+            self.all_reduce_bytes(Some(&input), out, T::DTYPE, op)
+        })
+    }
+
+    /// [`Group::all_reduce`] with the result written over `data`.
+    ///
+    /// # Errors
+    /// The transport errors of [`Error`], after which the group is poisoned.
+    pub fn all_reduce_in_place<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        self.check_usable()?;
+        T::with_bytes_mut(data, |bytes| {
+            self.all_reduce_bytes(None, bytes, T::DTYPE, op)
+        })
+    }
+
+    /// [`Group::all_reduce`] over raw bytes holding elements of `dtype`, for bindings to other
+    /// languages. `bool` bytes other than 0 and 1 count as true; the output holds 0 or 1.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the lengths differ or are not a whole number of elements;
+    /// otherwise as [`Group::all_reduce`].
+    pub fn all_reduce_raw(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: Dtype,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_usable()?;
+        if input.len() != output.len() || !input.len().is_multiple_of(dtype.size()) {
+            return Err(self.invalid(
+                Op::AllReduce,
+                format!(
+                    "input has {} bytes and output {}; both must be the same whole number of \
+                     {}-byte {dtype} elements",
+                    input.len(),
+                    output.len(),
+                    dtype.size()
+                ),
+            ));
+        }
+        self.all_reduce_bytes(Some(input), output, dtype, op)?;
+        if dtype == Dtype::Bool {
+            output.iter_mut().for_each(|b| *b = u8::from(*b != 0));
+        }
+        Ok(())
+    }
+
+    /// Gathers every rank's `input` into `output`, which holds `size()` blocks of
+    /// `input.len()` elements: block `r` is rank r's input.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `output.len() == size() * input.len()`; otherwise the
+    /// transport errors of [`Error`], after which the group is poisoned.
+    pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.check_usable()?;
+        if Some(output.len()) != input.len().checked_mul(self.size) {
+            return Err(self.invalid(
+                Op::AllGather,
+                format!(
+                    "output has {} elements but must have size × input = {} × {}",
+                    output.len(),
+                    self.size,
+                    input.len()
+                ),
+            ));
+        }
+        let (rank, count) = (self.rank, input.len());
+        let input = T::as_bytes(input);
+        T::with_bytes_mut(output, |out| {
+            let block = input.len();
+            out[rank * block..(rank + 1) * block].copy_from_slice(&input);
+            let call = self.call(Op::AllGather, T::DTYPE, ReduceOp::Sum, count);
+            self.on_ring(call, |ring, call| {
+                let plan = ring.geometry.all_gather(block);
+                ring.run(
+                    &plan,
+                    Buffers {
+                        input: None,
+                        output: out,
+                    },
+                    None,
+                    call,
+                )
+            })
+        })
+    }
+
+    /// Reduces `input` (`size()` blocks of `output.len()` elements) over all ranks with `op`
+    /// and leaves block `rank()` of the result in `output`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `input.len() == size() * output.len()`; otherwise the
+    /// transport errors of [`Error`], after which the group is poisoned.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_usable()?;
+        if Some(input.len()) != output.len().checked_mul(self.size) {
+            return Err(self.invalid(
+                Op::ReduceScatter,
+                format!(
+                    "input has {} elements but must have size × output = {} × {}",
+                    input.len(),
+                    self.size,
+                    output.len()
+                ),
+            ));
+        }
+        let count = output.len();
+        let input = T::as_bytes(input);
+        T::with_bytes_mut(output, |out| {
+            if matches!(self.state, State::Alone) {
+                out.copy_from_slice(&input);
+                return Ok(());
+            }
+            let call = self.call(Op::ReduceScatter, T::DTYPE, op, count);
+            self.on_ring(call, |ring, call| {
+                let plan = ring.geometry.reduce_scatter(count, T::DTYPE.size());
+                let reducer = Reducer::new(T::DTYPE, op);
+                let bufs = Buffers {
+                    input: Some(&input),
+                    output: out,
+                };
+                ring.run(&plan, bufs, Some(&reducer), call)
+            })
+        })
+    }
+
+    /// Sends `data` to rank `dst`, which must call [`Group::recv`] with the same length and
+    /// type. With the ring topology `dst` must be a neighbour (`rank ± 1`). Returns once the
+    /// data is handed to the transport.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `dst` that is this rank, out of range, or not a
+    /// neighbour; otherwise the transport errors of [`Error`], after which the group is
+    /// poisoned.
+    pub fn send<T: Element>(&mut self, data: &[T], dst: usize) -> Result<()> {
+        self.check_usable()?;
+        self.check_peer(Op::Send, dst)?;
+        let bytes = T::as_bytes(data);
+        let call = self.call(Op::Send, T::DTYPE, ReduceOp::Sum, data.len());
+        self.on_ring(call, |ring, call| {
+            let plan = ring.geometry.send(bytes.len(), dst);
+            let mut nothing = [0u8; 0];
+            let bufs = Buffers {
+                input: Some(&bytes),
+                output: &mut nothing,
+            };
+            ring.run(&plan, bufs, None, call)
+        })
+    }
+
+    /// Receives into `out` what rank `src` sends with [`Group::send`] (same length and type).
+    ///
+    /// # Errors
+    /// As [`Group::send`]; a sender whose length or type differs gives [`Error::Mismatch`].
+    pub fn recv<T: Element>(&mut self, out: &mut [T], src: usize) -> Result<()> {
+        self.check_usable()?;
+        self.check_peer(Op::Recv, src)?;
+        let call = self.call(Op::Recv, T::DTYPE, ReduceOp::Sum, out.len());
+        T::with_bytes_mut(out, |bytes| {
+            self.on_ring(call, |ring, call| {
+                let plan = ring.geometry.recv(bytes.len(), src);
+                ring.run(
+                    &plan,
+                    Buffers {
+                        input: None,
+                        output: bytes,
+                    },
+                    None,
+                    call,
+                )
+            })
+        })
+    }
+
+    /// Returns once every rank has entered the barrier.
+    ///
+    /// # Errors
+    /// The transport errors of [`Error`], after which the group is poisoned.
+    pub fn barrier(&mut self) -> Result<()> {
+        self.check_usable()?;
+        let call = self.call(Op::Barrier, Dtype::UInt8, ReduceOp::Sum, 0);
+        self.on_ring(call, |ring, call| {
+            let plan = ring.geometry.barrier();
+            let mut token = [0u8; 2];
+            ring.run(
+                &plan,
+                Buffers {
+                    input: None,
+                    output: &mut token,
+                },
+                None,
+                call,
+            )
+        })
+    }
+
+    fn all_reduce_bytes(
+        &mut self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: Dtype,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if matches!(self.state, State::Alone) {
+            if let Some(input) = input {
+                output.copy_from_slice(input);
+            }
+            return Ok(());
+        }
+        let count = output.len() / dtype.size();
+        let call = self.call(Op::AllReduce, dtype, op, count);
+        self.on_ring(call, |ring, call| {
+            let plan = ring
+                .geometry
+                .all_reduce(count, dtype.size(), input.is_none());
+            let reducer = Reducer::new(dtype, op);
+            ring.run(&plan, Buffers { input, output }, Some(&reducer), call)
+        })
+    }
+
+    fn call(&self, op: Op, dtype: Dtype, reduce: ReduceOp, count: usize) -> Call {
+        Call {
+            rank: self.rank,
+            op,
+            dtype,
+            reduce,
+            count,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Runs `f` on the ring (nothing to do when alone) and poisons the group if it fails.
+    fn on_ring(
+        &mut self,
+        call: Call,
+        f: impl FnOnce(&mut Ring, &Call) -> Result<()>,
+    ) -> Result<()> {
+        let result = match &mut self.state {
+            State::Alone => return Ok(()),
+            State::Failed(e) => return Err(e.clone()),
+            State::Ring { ring, .. } => f(ring, &call),
+        };
+        if let Err(e) = &result
+            && !e.is_local_argument_error()
+        {
+            tracing::debug!(rank = self.rank, error = %e, "jaccl group poisoned");
+            // Dropping the ring closes every connection, so the peers fail promptly too.
+            self.state = State::Failed(e.clone());
+        }
+        result
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        match &self.state {
+            State::Failed(e) => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_peer(&self, op: Op, peer: usize) -> Result<()> {
+        let what = if op == Op::Send {
+            "send to"
+        } else {
+            "receive from"
+        };
+        if peer >= self.size {
+            return Err(self.invalid(
+                op,
+                format!(
+                    "rank {peer} does not exist (the group has {} ranks)",
+                    self.size
+                ),
+            ));
+        }
+        if peer == self.rank {
+            return Err(self.invalid(op, format!("a rank cannot {what} itself")));
+        }
+        if let State::Ring { ring, .. } = &self.state {
+            let (left, right) = (ring.geometry.left(), ring.geometry.right());
+            if peer != left && peer != right {
+                return Err(self.invalid(
+                    op,
+                    format!(
+                        "rank {peer} is not a neighbour of rank {} (its neighbours are {left} and \
+                         {right}); the ring topology can only {what} neighbours",
+                        self.rank
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, op: Op, what: String) -> Error {
+        Error::InvalidArgument(format!("rank {}: {op}: {what}", self.rank))
+    }
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Alone => "alone",
+            State::Ring { .. } => "ring",
+            State::Failed(_) => "failed",
+        };
+        f.debug_struct("Group")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+/// Start-up of a ring: join the side channel, publish where this rank listens, check that all
+/// ranks agree, open the wires to both neighbours, and wait for everyone.
+fn connect_ring(config: &Config) -> Result<State> {
+    let (rank, size) = (config.rank, config.size);
+    let deadline = Instant::now() + config.timeout;
+    let mut side = SideChannel::join(config, deadline)?;
+    let listener = TcpListener::bind((side.local_ip(), 0))
+        .map_err(|e| Error::io(rank, "listening for data connections", e))?;
+    let me = PeerInfo {
+        addr: listener
+            .local_addr()
+            .map_err(|e| Error::io(rank, "data listener address", e))?,
+        wires: config.wire_count(),
+        topology: Topology::Ring.to_string(),
+        transport: Transport::Tcp.to_string(),
+    };
+    let mine = serde_json::to_vec(&me).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    let infos = side
+        .all_gather(&mine, deadline)?
+        .iter()
+        .enumerate()
+        .map(|(r, bytes)| {
+            serde_json::from_slice::<PeerInfo>(bytes).map_err(|e| {
+                Error::Bootstrap(format!(
+                    "rank {rank}: rank {r} published unreadable start-up data: {e}"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (r, info) in infos.iter().enumerate() {
+        if info.wires != me.wires {
+            return Err(Error::Bootstrap(format!(
+                "ranks disagree on the number of wires: rank {rank} uses {}, rank {r} uses {}; \
+                 set JACCL_WIRES (or Config::wires) the same on every rank",
+                me.wires, info.wires
+            )));
+        }
+    }
+    let geometry = Geometry {
+        rank,
+        size,
+        wires: me.wires,
+    };
+    let (left, right) = (geometry.left(), geometry.right());
+    let identity = Identity {
+        rank,
+        size,
+        token: config.job_token,
+    };
+    let links = tcp::establish(
+        &listener,
+        identity,
+        &[(right, infos[right].addr)],
+        &[left],
+        me.wires,
+        deadline,
+    )?;
+    drop(listener);
+    let channels = |links: Vec<Vec<tcp::TcpLink>>, peer: usize| -> Vec<Channel> {
+        links
+            .into_iter()
+            .flatten()
+            .map(|link| Channel::new(Box::new(link), peer))
+            .collect()
+    };
+    let ring = Ring::new(
+        geometry,
+        channels(links.incoming, left),
+        channels(links.outgoing, right),
+    );
+    side.barrier(deadline)?;
+    Ok(State::Ring { ring, _side: side })
+}

@@ -1,0 +1,81 @@
+//! # jaccl: collective communication for machine-learning processes
+//!
+//! All-reduce, all-gather, reduce-scatter, send/recv and barrier between processes on one or
+//! many machines, after the design of Apple MLX's JACCL: a bidirectional, multi-wire,
+//! pipelined ring over TCP (shared memory and RDMA verbs to come).
+//!
+//! ```no_run
+//! # fn main() -> jaccl::Result<()> {
+//! let mut group = jaccl::init()?; // rank and size from the environment (jaccl launch, torchrun, mpirun...)
+//! let grads = vec![group.rank() as f32; 1024];
+//! let mut sum = vec![0.0f32; 1024];
+//! group.all_sum(&grads, &mut sum)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! - **Every rank calls the same operations in the same order**, with the same element type,
+//!   reduction and lengths. Each operation sends a small header first, so a rank that calls
+//!   something else fails with [`Error::Mismatch`] instead of receiving garbage or hanging.
+//! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
+//!   inputs give the same output on every run: each element is reduced once, in a fixed order,
+//!   and the result is copied to the other ranks.
+//! - **Integers** wrap on overflow. **`bool`** travels as one byte: sum and max are OR, min is
+//!   AND; received bytes are normalised, never turned into an invalid `bool`.
+//! - **Floats**: max and min propagate NaN (like `numpy.maximum`), and order `-0 < +0`, so the
+//!   result does not depend on the order ranks are combined in. **f16 and bf16** arithmetic is
+//!   done in f32 and rounded back after each step, as upstream does. **Complex** max and min
+//!   compare (re, im) lexicographically.
+//! - **Any length works**, including 0 and lengths not divisible by anything; a group of size 1
+//!   needs no network and its collectives are copies.
+//! - **Nothing blocks forever.** Every wait has a deadline ([`Config::timeout`]): an operation
+//!   that moves no data for that long fails with [`Error::Timeout`]. A peer that goes away makes
+//!   its neighbours fail with [`Error::PeerLost`] at once.
+//! - **Failure poisons the group.** After an error while data was moving, the group closes its
+//!   connections (so the failure reaches every rank promptly) and every later call returns the
+//!   same error. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent
+//!   and leave the group usable.
+//! - `send`/`recv` with the ring topology only reach the two neighbours.
+//!
+//! # Configuration
+//!
+//! [`init`] reads the environment (see [`config`] for the variables: `JACCL_*`, MLX's,
+//! torchrun's, Open MPI's, PMI's and Slurm's); [`init_with`] takes a [`Config`].
+
+mod algo;
+mod bootstrap;
+pub mod config;
+mod dtype;
+mod error;
+mod group;
+mod reduce;
+mod transport;
+mod wire;
+
+pub use config::{Config, Topology, Transport};
+pub use dtype::{Dtype, Element, ReduceOp};
+pub use error::{Error, Op, Result};
+pub use group::Group;
+/// The crate providing [`half::f16`] and [`half::bf16`].
+pub use half;
+/// The crate providing [`num_complex::Complex32`].
+pub use num_complex;
+
+/// Joins the group described by the environment; a group of size 1 when nothing is set.
+///
+/// # Errors
+/// [`Error::Config`] for a bad environment, [`Error::Bootstrap`] when the other ranks cannot be
+/// reached or disagree, [`Error::Unsupported`] for a transport or topology this build lacks.
+pub fn init() -> Result<Group> {
+    init_with(Config::from_env()?)
+}
+
+/// Joins the group described by `config`. Blocks until every rank has joined, or the timeout.
+///
+/// # Errors
+/// As [`init`].
+pub fn init_with(config: Config) -> Result<Group> {
+    Group::new(config)
+}

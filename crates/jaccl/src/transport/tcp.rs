@@ -1,0 +1,364 @@
+//! TCP links, and opening them with a hello/ack handshake.
+//!
+//! Sockets stay in blocking mode (handy for set-up); the data path passes `MSG_DONTWAIT` on
+//! every call, and `MSG_NOSIGNAL` so a closed peer is an error, not a `SIGPIPE` that kills a
+//! host program which did not ignore it.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
+
+use super::{Link, LinkError};
+use crate::error::{Error, Result};
+use crate::wire::{HELLO_LEN, Hello};
+
+/// Size of the receive staging buffer. Receiving into a small buffer that stays in cache and
+/// copying out of it was ~2× cheaper on loopback than receiving into large caller buffers.
+const STAGING_BYTES: usize = 128 * 1024;
+/// Staged bytes are kept at this alignment so kernels can view them as any element type.
+const STAGING_ALIGN: usize = 16;
+
+/// A TCP connection to one peer.
+pub(crate) struct TcpLink {
+    socket: TcpStream,
+    /// Received bytes not yet consumed are `staging[head..tail]`.
+    staging: Box<[u128]>,
+    head: usize,
+    tail: usize,
+}
+
+impl TcpLink {
+    pub(crate) fn new(socket: TcpStream) -> io::Result<TcpLink> {
+        socket.set_nodelay(true)?;
+        socket.set_nonblocking(false)?;
+        socket.set_read_timeout(None)?;
+        socket.set_write_timeout(None)?;
+        Ok(TcpLink {
+            socket,
+            staging: vec![0u128; STAGING_BYTES / size_of::<u128>()].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+        })
+    }
+}
+
+impl Link for TcpLink {
+    fn try_send(&mut self, parts: &[&[u8]]) -> Result<usize, LinkError> {
+        let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        let mut slices = [IoSlice::new(&[]); 4];
+        let mut n = 0;
+        for part in parts.iter().filter(|p| !p.is_empty()) {
+            if n == slices.len() {
+                break;
+            }
+            slices[n] = IoSlice::new(part);
+            n += 1;
+        }
+        loop {
+            let sent = match n {
+                0 => return Ok(0),
+                1 => rustix::net::send(&self.socket, &slices[0], flags),
+                _ => rustix::net::sendmsg(
+                    &self.socket,
+                    &slices[..n],
+                    &mut SendAncillaryBuffer::default(),
+                    flags,
+                ),
+            };
+            match sent {
+                Ok(sent) => return Ok(sent),
+                Err(Errno::AGAIN) => return Ok(0),
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+
+    fn try_recv(
+        &mut self,
+        max: usize,
+        consume: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<usize, LinkError> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut self.staging);
+        loop {
+            if self.head < self.tail {
+                if !self.head.is_multiple_of(STAGING_ALIGN) {
+                    buf.copy_within(self.head..self.tail, 0);
+                    self.tail -= self.head;
+                    self.head = 0;
+                }
+                let offered = (self.tail - self.head).min(max);
+                let used = consume(&buf[self.head..self.head + offered]).min(offered);
+                self.head += used;
+                if self.head == self.tail {
+                    self.head = 0;
+                    self.tail = 0;
+                }
+                if used > 0 || offered == max {
+                    return Ok(used);
+                }
+            }
+            // The consumer needs more bytes than are staged: read what the kernel has.
+            if self.tail == buf.len() {
+                buf.copy_within(self.head..self.tail, 0);
+                self.tail -= self.head;
+                self.head = 0;
+            }
+            match rustix::net::recv(&self.socket, &mut buf[self.tail..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
+                    return Err(LinkError::Closed(
+                        "the connection was closed (end of stream)".into(),
+                    ));
+                }
+                Ok((n, _)) => self.tail += n,
+                Err(Errno::AGAIN) => return Ok(0),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+fn classify(e: Errno) -> LinkError {
+    match e {
+        Errno::PIPE | Errno::CONNRESET | Errno::CONNABORTED | Errno::NOTCONN | Errno::TIMEDOUT => {
+            LinkError::Closed(format!("the connection was reset ({e})"))
+        }
+        _ => LinkError::Io(e.into()),
+    }
+}
+
+/// Who this process is, for hellos.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Identity {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) token: u64,
+}
+
+/// The links of one set-up: `outgoing[i][w]` is wire `w` to `connect_to[i]`, and
+/// `incoming[i][w]` is wire `w` from `accept_from[i]`.
+pub(crate) struct Established {
+    pub(crate) outgoing: Vec<Vec<TcpLink>>,
+    pub(crate) incoming: Vec<Vec<TcpLink>>,
+}
+
+/// Opens `wires` connections to each peer of `connect_to` and accepts `wires` from each peer of
+/// `accept_from` on `listener`. Every rank connects first and accepts second; connecting never
+/// waits for the other side's accept (the kernel's backlog completes it), so there is no
+/// ordering deadlock.
+pub(crate) fn establish(
+    listener: &TcpListener,
+    me: Identity,
+    connect_to: &[(usize, SocketAddr)],
+    accept_from: &[usize],
+    wires: usize,
+    deadline: Instant,
+) -> Result<Established> {
+    let fail = |what: String| Error::Bootstrap(format!("rank {}: {what}", me.rank));
+    let mut outgoing = Vec::with_capacity(connect_to.len());
+    for &(peer, addr) in connect_to {
+        let mut links = Vec::with_capacity(wires);
+        for wire in 0..wires {
+            let mut stream = connect_with_retry(addr, deadline).map_err(|e| {
+                fail(format!(
+                    "cannot open data connection {wire} to rank {peer} at {addr}: {e}"
+                ))
+            })?;
+            let hello = Hello {
+                token: me.token,
+                rank: wire_u32(me.rank),
+                size: wire_u32(me.size),
+                wire: u16::try_from(wire).unwrap_or(u16::MAX),
+            };
+            stream
+                .set_write_timeout(Some(remaining(deadline)))
+                .and_then(|()| stream.write_all(&hello.encode()))
+                .map_err(|e| fail(format!("cannot greet rank {peer} at {addr}: {e}")))?;
+            links.push(stream);
+        }
+        outgoing.push(links);
+    }
+
+    let incoming = accept_all(listener, me, accept_from, wires, deadline)?;
+
+    // Every accepted connection was acknowledged with one byte; wait for ours.
+    for (links, &(peer, addr)) in outgoing.iter_mut().zip(connect_to) {
+        for (wire, stream) in links.iter_mut().enumerate() {
+            let mut ack = [0u8; 1];
+            stream
+                .set_read_timeout(Some(remaining(deadline)))
+                .and_then(|()| stream.read_exact(&mut ack))
+                .map_err(|e| {
+                    fail(format!(
+                        "rank {peer} at {addr} did not accept data connection {wire}: {e}"
+                    ))
+                })?;
+        }
+    }
+
+    let to_links = |streams: Vec<Vec<TcpStream>>| -> Result<Vec<Vec<TcpLink>>> {
+        streams
+            .into_iter()
+            .map(|v| v.into_iter().map(TcpLink::new).collect::<io::Result<_>>())
+            .collect::<io::Result<_>>()
+            .map_err(|e| Error::io(me.rank, "configuring a data connection", e))
+    };
+    Ok(Established {
+        outgoing: to_links(outgoing)?,
+        incoming: to_links(incoming)?,
+    })
+}
+
+/// Accepts until every (peer, wire) of `accept_from` × `wires` has connected. Connections that
+/// are not ours (another job, a port scanner) are closed and ignored.
+fn accept_all(
+    listener: &TcpListener,
+    me: Identity,
+    accept_from: &[usize],
+    wires: usize,
+    deadline: Instant,
+) -> Result<Vec<Vec<TcpStream>>> {
+    let fail = |what: String| Error::Bootstrap(format!("rank {}: {what}", me.rank));
+    let mut slots: Vec<Vec<Option<TcpStream>>> = accept_from
+        .iter()
+        .map(|_| (0..wires).map(|_| None).collect())
+        .collect();
+    let mut missing = accept_from.len() * wires;
+    while missing > 0 {
+        let wait = remaining(deadline);
+        let ready = wait_readable(listener.as_fd(), wait)
+            .map_err(|e| Error::io(me.rank, "waiting for data connections", e))?;
+        if !ready {
+            let absent: Vec<String> = accept_from
+                .iter()
+                .zip(&slots)
+                .flat_map(|(peer, wires)| {
+                    wires
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| s.is_none())
+                        .map(move |(w, _)| format!("rank {peer} wire {w}"))
+                })
+                .collect();
+            return Err(fail(format!(
+                "timed out waiting for data connections from {} (is that rank running and \
+                 reachable?)",
+                absent.join(", ")
+            )));
+        }
+        let (mut stream, from) = listener
+            .accept()
+            .map_err(|e| Error::io(me.rank, "accepting a data connection", e))?;
+        let mut bytes = [0u8; HELLO_LEN];
+        let read = stream
+            .set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1))))
+            .and_then(|()| stream.read_exact(&mut bytes));
+        let hello = match read
+            .map_err(|e| e.to_string())
+            .and_then(|()| Hello::decode(&bytes))
+        {
+            Ok(hello) => hello,
+            Err(why) => {
+                tracing::debug!(rank = me.rank, %from, %why, "ignoring a data connection");
+                continue;
+            }
+        };
+        let peer = hello.rank as usize;
+        let (Some(index), true) = (
+            accept_from.iter().position(|&p| p == peer),
+            hello.token == me.token && hello.size as usize == me.size,
+        ) else {
+            tracing::debug!(rank = me.rank, %from, ?hello, "ignoring a data connection of another job");
+            continue;
+        };
+        let wire = usize::from(hello.wire);
+        let Some(slot) = slots[index].get_mut(wire) else {
+            return Err(fail(format!(
+                "rank {peer} opened data connection {wire}, but this rank uses {wires} wires \
+                 (ranks disagree on JACCL_WIRES)"
+            )));
+        };
+        if slot.is_some() {
+            return Err(fail(format!(
+                "rank {peer} opened data connection {wire} twice (two processes claim rank {peer}?)"
+            )));
+        }
+        stream
+            .set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(1))))
+            .and_then(|()| stream.write_all(&[1]))
+            .map_err(|e| fail(format!("cannot acknowledge rank {peer}: {e}")))?;
+        *slot = Some(stream);
+        missing -= 1;
+    }
+    Ok(slots
+        .into_iter()
+        .map(|wires| wires.into_iter().flatten().collect())
+        .collect())
+}
+
+/// Connects to `addr`, retrying (with back-off up to half a second) until `deadline`: the other
+/// side may not be listening yet.
+pub(crate) fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let left = remaining(deadline);
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "timed out before a connection was made",
+            ));
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => {
+                let left = remaining(deadline);
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("{e} (retried until the timeout)"),
+                    ));
+                }
+                std::thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// Waits until `fd` is readable or `timeout` passes; returns whether it is readable.
+pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    let timeout = rustix::time::Timespec::try_from(timeout).unwrap_or(rustix::time::Timespec {
+        tv_sec: i64::MAX,
+        tv_nsec: 0,
+    });
+    loop {
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(n) => return Ok(n > 0),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Time left until `deadline` (zero once it passed).
+pub(crate) fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+fn wire_u32(x: usize) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}

@@ -1,0 +1,275 @@
+//! Byte formats of the data connections: the hello that opens a connection and the header that
+//! starts every operation on every connection it uses. Pure encode/decode, no I/O; decoding
+//! never trusts the bytes (fuzzed in `fuzz/`).
+
+use std::fmt;
+
+use crate::dtype::{Dtype, ReduceOp};
+use crate::error::Op;
+
+/// Protocol version of data connections and the side channel. Bumped on any format change.
+pub(crate) const PROTOCOL_VERSION: u16 = 1;
+
+const HELLO_MAGIC: [u8; 4] = *b"JCDL";
+const HEADER_MAGIC: [u8; 4] = *b"JCOP";
+
+/// Length of [`Hello`] on the wire.
+pub(crate) const HELLO_LEN: usize = 24;
+/// Length of [`Header`] on the wire.
+pub(crate) const HEADER_LEN: usize = 32;
+
+/// The first bytes the connecting side sends on a new data connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hello {
+    /// The job token; connections from another job are refused.
+    pub(crate) token: u64,
+    /// The connecting rank.
+    pub(crate) rank: u32,
+    /// The group size the connecting rank believes in.
+    pub(crate) size: u32,
+    /// Which of the parallel connections this is.
+    pub(crate) wire: u16,
+}
+
+impl Hello {
+    pub(crate) fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&HELLO_MAGIC);
+        b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&self.wire.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rank.to_le_bytes());
+        b[12..16].copy_from_slice(&self.size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.token.to_le_bytes());
+        b
+    }
+
+    /// Parses a hello, rejecting foreign bytes and other protocol versions.
+    pub(crate) fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello, String> {
+        if b[0..4] != HELLO_MAGIC {
+            return Err("not a jaccl data connection (bad magic)".into());
+        }
+        let version = u16_at(b, 4);
+        if version != PROTOCOL_VERSION {
+            return Err(format!(
+                "peer speaks jaccl protocol {version}, this build speaks {PROTOCOL_VERSION}"
+            ));
+        }
+        Ok(Hello {
+            wire: u16_at(b, 6),
+            rank: u32_at(b, 8),
+            size: u32_at(b, 12),
+            token: u64_at(b, 16),
+        })
+    }
+}
+
+/// What kind of operation a [`Header`] announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    AllReduce = 1,
+    AllGather = 2,
+    ReduceScatter = 3,
+    /// Both `send` and the matching `recv`.
+    SendRecv = 4,
+    Barrier = 5,
+}
+
+impl Kind {
+    fn from_id(id: u8) -> Option<Kind> {
+        [
+            Kind::AllReduce,
+            Kind::AllGather,
+            Kind::ReduceScatter,
+            Kind::SendRecv,
+            Kind::Barrier,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == id)
+    }
+
+    pub(crate) fn of(op: Op) -> Kind {
+        match op {
+            Op::AllReduce => Kind::AllReduce,
+            Op::AllGather => Kind::AllGather,
+            Op::ReduceScatter => Kind::ReduceScatter,
+            Op::Send | Op::Recv => Kind::SendRecv,
+            Op::Barrier | Op::Init => Kind::Barrier,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "all_reduce",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::SendRecv => "send/recv",
+            Kind::Barrier => "barrier",
+        }
+    }
+}
+
+/// Sent on each connection an operation uses, before its data, so that ranks calling different
+/// operations (or lengths, types, reductions) fail with `Mismatch` instead of exchanging garbage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// Operations sent so far on this connection in this direction.
+    pub(crate) seq: u32,
+    pub(crate) kind: Kind,
+    pub(crate) dtype: Dtype,
+    /// Meaningful for reductions only; `Sum` otherwise.
+    pub(crate) reduce: ReduceOp,
+    /// The sending rank.
+    pub(crate) sender: u32,
+    /// Elements in the caller's call (per-rank block for all-gather and reduce-scatter).
+    pub(crate) count: u64,
+}
+
+impl Header {
+    pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&HEADER_MAGIC);
+        b[4..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8] = self.kind as u8;
+        b[9] = self.dtype.id();
+        b[10] = self.reduce as u8;
+        b[12..16].copy_from_slice(&self.sender.to_le_bytes());
+        b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b
+    }
+
+    /// Parses a header; an error means the bytes are not a header at all (a protocol error).
+    pub(crate) fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+        if b[0..4] != HEADER_MAGIC {
+            return Err(format!(
+                "expected an operation header, got bytes {:02x?} (the stream lost its framing)",
+                &b[0..8]
+            ));
+        }
+        let kind = Kind::from_id(b[8]).ok_or_else(|| format!("unknown operation {}", b[8]))?;
+        let dtype = Dtype::from_id(b[9]).ok_or_else(|| format!("unknown dtype id {}", b[9]))?;
+        let reduce =
+            ReduceOp::from_id(b[10]).ok_or_else(|| format!("unknown reduction id {}", b[10]))?;
+        Ok(Header {
+            seq: u32_at(b, 4),
+            kind,
+            dtype,
+            reduce,
+            sender: u32_at(b, 12),
+            count: u64_at(b, 16),
+        })
+    }
+
+    /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
+    pub(crate) fn mismatch(&self, got: &Header) -> Option<String> {
+        let same_call = self.kind == got.kind
+            && self.dtype == got.dtype
+            && self.reduce == got.reduce
+            && self.count == got.count;
+        if same_call && self.seq == got.seq {
+            return None;
+        }
+        if same_call {
+            return Some(format!(
+                "rank {} is at operation #{} on this connection, this rank at #{} (one of them \
+                 skipped or repeated a call)",
+                got.sender, got.seq, self.seq
+            ));
+        }
+        Some(format!(
+            "rank {} called {got}; this rank called {self}",
+            got.sender
+        ))
+    }
+}
+
+impl fmt::Display for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            Kind::AllReduce | Kind::ReduceScatter => write!(
+                f,
+                "{}({}) of {} × {}",
+                self.kind.name(),
+                self.reduce,
+                self.count,
+                self.dtype
+            ),
+            Kind::Barrier => f.write_str("barrier"),
+            Kind::AllGather | Kind::SendRecv => {
+                write!(f, "{} of {} × {}", self.kind.name(), self.count, self.dtype)
+            }
+        }
+    }
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(x)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            seq: 7,
+            kind: Kind::AllReduce,
+            dtype: Dtype::Float32,
+            reduce: ReduceOp::Max,
+            sender: 3,
+            count: 1 << 40,
+        }
+    }
+
+    #[test]
+    fn header_round_trips_and_describes_mismatches() {
+        let h = header();
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
+        assert_eq!(h.mismatch(&h), None);
+        let other = Header { count: 5, ..h };
+        let msg = h.mismatch(&other).unwrap();
+        assert!(msg.contains("all_reduce(max) of 5 × f32"), "{msg}");
+        let later = Header { seq: 8, ..h };
+        assert!(h.mismatch(&later).unwrap().contains("#8"));
+    }
+
+    #[test]
+    fn hello_round_trips_and_rejects_other_versions() {
+        let hello = Hello {
+            token: 99,
+            rank: 2,
+            size: 8,
+            wire: 3,
+        };
+        assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
+        let mut b = hello.encode();
+        b[4] = 9;
+        assert!(Hello::decode(&b).unwrap_err().contains("protocol 9"));
+        b[0] = b'X';
+        assert!(Hello::decode(&b).unwrap_err().contains("magic"));
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::array::uniform32(any::<u8>())) {
+            let _ = Header::decode(&bytes);
+            let mut hello = [0u8; HELLO_LEN];
+            hello.copy_from_slice(&bytes[..HELLO_LEN]);
+            let _ = Hello::decode(&hello);
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Shared helpers of the multi-rank tests: groups of threads over real loopback TCP, element
+//! generators, and a plain reference implementation of the reductions.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::hash::{BuildHasher, RandomState};
+use std::net::TcpListener;
+use std::time::Duration;
+
+use jaccl::half::{bf16, f16};
+use jaccl::num_complex::Complex32;
+use jaccl::{Config, Element, Error, Group, ReduceOp};
+
+/// A random number from the OS-seeded hasher (no extra dependency).
+pub fn random_u64() -> u64 {
+    RandomState::new().hash_one(std::time::Instant::now())
+}
+
+/// A coordinator address on a free port below the ephemeral range, so data listeners (which
+/// use ephemeral ports) never take it; concurrent tests are kept apart by their job tokens.
+pub fn free_coordinator() -> String {
+    loop {
+        let port = 20_000 + (random_u64() % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return format!("127.0.0.1:{port}");
+        }
+    }
+}
+
+/// Configs for one group of `size` ranks on loopback.
+pub fn configs(size: usize, wires: usize, timeout: Duration) -> Vec<Config> {
+    let coordinator = free_coordinator();
+    let token = random_u64();
+    (0..size)
+        .map(|rank| {
+            Config::new(rank, size)
+                .coordinator(coordinator.clone())
+                .wires(wires)
+                .timeout(timeout)
+                .job_token(token)
+        })
+        .collect()
+}
+
+/// Runs `f` on every rank of a fresh group, one thread per rank, and returns the results in
+/// rank order. Retries with another port if the coordinator port was taken in between.
+pub fn with_group<R: Send>(
+    size: usize,
+    wires: usize,
+    f: impl Fn(&mut Group) -> R + Sync,
+) -> Vec<R> {
+    with_group_timeout(size, wires, Duration::from_secs(60), f)
+}
+
+pub fn with_group_timeout<R: Send>(
+    size: usize,
+    wires: usize,
+    timeout: Duration,
+    f: impl Fn(&mut Group) -> R + Sync,
+) -> Vec<R> {
+    for _attempt in 0..5 {
+        let cfgs = configs(size, wires, timeout);
+        let results: Vec<Result<R, Error>> = std::thread::scope(|s| {
+            let handles: Vec<_> = cfgs
+                .into_iter()
+                .map(|cfg| {
+                    let f = &f;
+                    s.spawn(move || jaccl::init_with(cfg).map(|mut g| f(&mut g)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let port_taken = results.iter().any(|r| {
+            matches!(r, Err(Error::Bootstrap(m)) if m.contains("cannot listen on the coordinator") || m.contains("another job"))
+        });
+        if port_taken {
+            continue;
+        }
+        return results
+            .into_iter()
+            .enumerate()
+            .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank}: init failed: {e}")))
+            .collect();
+    }
+    panic!("could not find a free coordinator port in 5 attempts");
+}
+
+/// Element types the tests can generate values for and reduce with a reference.
+pub trait TestElem: Element {
+    /// A value for rank `rank`, index `i`. For sums, values are small integers, so the sum is
+    /// exact whatever the order of additions; for max/min they include NaN, ±0 and infinities.
+    fn value(rank: usize, i: usize, op: ReduceOp) -> Self;
+    /// The reference reduction, written independently of the library's kernels.
+    fn reference(op: ReduceOp, a: Self, b: Self) -> Self;
+    /// The exact bit pattern, for bit-identity checks (NaN != NaN otherwise).
+    fn bits(self) -> u64;
+}
+
+/// A deterministic pseudo-random number for (rank, i).
+pub fn mix(rank: usize, i: usize) -> u64 {
+    let mut x = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (i as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^ (x >> 29)
+}
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl TestElem for $t {
+            fn value(rank: usize, i: usize, _op: ReduceOp) -> Self { mix(rank, i) as $t }
+            fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
+                match op { ReduceOp::Sum => a.wrapping_add(b), ReduceOp::Max => a.max(b), ReduceOp::Min => a.min(b) }
+            }
+            fn bits(self) -> u64 { self as u64 }
+        }
+    )*};
+}
+int_elem!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+impl TestElem for bool {
+    fn value(rank: usize, i: usize, _op: ReduceOp) -> Self {
+        mix(rank, i).is_multiple_of(3)
+    }
+    fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
+        match op {
+            ReduceOp::Sum | ReduceOp::Max => a || b,
+            ReduceOp::Min => a && b,
+        }
+    }
+    fn bits(self) -> u64 {
+        self as u64
+    }
+}
+
+/// Values for max/min: special values often, so every NaN/zero/infinity pairing occurs.
+fn special_f64(rank: usize, i: usize) -> f64 {
+    let m = mix(rank, i);
+    match m % 10 {
+        0 => f64::NAN,
+        1 => 0.0,
+        2 => -0.0,
+        3 => f64::INFINITY,
+        4 => f64::NEG_INFINITY,
+        _ => ((m >> 8) % 2001) as f64 / 8.0 - 125.0,
+    }
+}
+
+fn small_int(rank: usize, i: usize) -> f64 {
+    (mix(rank, i) % 17) as f64 - 8.0
+}
+
+/// Reference max/min over a float type: NaN wins; otherwise IEEE totalOrder (-0 < +0).
+fn float_pick<T: Copy>(
+    op: ReduceOp,
+    a: T,
+    b: T,
+    is_nan: impl Fn(T) -> bool,
+    less: impl Fn(T, T) -> bool,
+) -> T {
+    match (is_nan(a), is_nan(b)) {
+        (true, false) => a,
+        (false, true) => b,
+        _ => match op {
+            ReduceOp::Max => {
+                if less(a, b) {
+                    b
+                } else {
+                    a
+                }
+            }
+            _ => {
+                if less(b, a) {
+                    b
+                } else {
+                    a
+                }
+            }
+        },
+    }
+}
+
+macro_rules! float_elem {
+    ($($t:ty => $from:expr, $to32:expr),*) => {$(
+        impl TestElem for $t {
+            fn value(rank: usize, i: usize, op: ReduceOp) -> Self {
+                let from: fn(f64) -> $t = $from;
+                match op { ReduceOp::Sum => from(small_int(rank, i)), _ => from(special_f64(rank, i)) }
+            }
+            fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
+                let to32: fn($t) -> f64 = $to32;
+                match op {
+                    ReduceOp::Sum => { let from: fn(f64) -> $t = $from; from(to32(a) + to32(b)) }
+                    _ => float_pick(op, a, b, |x| x.is_nan(), |x, y| x.total_cmp(&y).is_lt()),
+                }
+            }
+            fn bits(self) -> u64 { self.to_bits() as u64 }
+        }
+    )*};
+}
+float_elem!(
+    f32 => |x| x as f32, |x| x as f64,
+    f64 => |x| x, |x| x,
+    f16 => f16::from_f64, |x| x.to_f64(),
+    bf16 => bf16::from_f64, |x| x.to_f64()
+);
+
+impl TestElem for Complex32 {
+    fn value(rank: usize, i: usize, op: ReduceOp) -> Self {
+        match op {
+            ReduceOp::Sum => {
+                Complex32::new(small_int(rank, i) as f32, small_int(rank, i + 7) as f32)
+            }
+            // Few distinct real parts, so ties on re happen and im decides.
+            _ => Complex32::new((mix(rank, i) % 3) as f32, special_f64(rank, i) as f32),
+        }
+    }
+    fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
+        let key = |x: f32, y: f32| {
+            // Under max NaN is greatest, under min least; totalOrder otherwise.
+            match (x.is_nan(), y.is_nan()) {
+                (true, false) => {
+                    if op == ReduceOp::Max {
+                        std::cmp::Ordering::Greater
+                    } else {
+                        std::cmp::Ordering::Less
+                    }
+                }
+                (false, true) => {
+                    if op == ReduceOp::Max {
+                        std::cmp::Ordering::Less
+                    } else {
+                        std::cmp::Ordering::Greater
+                    }
+                }
+                _ => x.total_cmp(&y),
+            }
+        };
+        match op {
+            ReduceOp::Sum => a + b,
+            ReduceOp::Max => {
+                if key(a.re, b.re).then(key(a.im, b.im)).is_lt() {
+                    b
+                } else {
+                    a
+                }
+            }
+            ReduceOp::Min => {
+                if key(a.re, b.re).then(key(a.im, b.im)).is_gt() {
+                    b
+                } else {
+                    a
+                }
+            }
+        }
+    }
+    fn bits(self) -> u64 {
+        (self.re.to_bits() as u64) << 32 | self.im.to_bits() as u64
+    }
+}
+
+/// Inputs of every rank for a reduction test.
+pub fn inputs<T: TestElem>(size: usize, len: usize, op: ReduceOp) -> Vec<Vec<T>> {
+    (0..size)
+        .map(|r| (0..len).map(|i| T::value(r, i, op)).collect())
+        .collect()
+}
+
+/// The reference all-reduce: a left fold over ranks.
+pub fn reference_reduce<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
+    let mut acc = inputs[0].clone();
+    for input in &inputs[1..] {
+        for (a, b) in acc.iter_mut().zip(input) {
+            *a = T::reference(op, *a, *b);
+        }
+    }
+    acc
+}
+
+pub fn bits<T: TestElem>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.bits()).collect()
+}
+
+/// Lengths that exercise the edges: empty, one, primes, not divisible by ranks × wires × 2,
+/// around the small-message threshold, and large enough for both directions on every wire.
+pub fn edge_lengths(size: usize, wires: usize) -> Vec<usize> {
+    let lanes = size * wires * 2;
+    let mut v = vec![
+        0,
+        1,
+        2,
+        3,
+        7,
+        13,
+        97,
+        lanes - 1,
+        lanes,
+        lanes + 1,
+        4099,
+        8193,
+        40_009,
+    ];
+    v.sort_unstable();
+    v.dedup();
+    v
+}

@@ -1,0 +1,283 @@
+//! The error contract: argument errors, start-up failures, mismatched calls, vanished and
+//! stopped peers, poisoning. Ranks are threads over real loopback TCP.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use common::*;
+use jaccl::{Config, Dtype, Error, Op, ReduceOp, Topology, Transport};
+
+fn invalid(r: jaccl::Result<()>) -> String {
+    match r {
+        Err(Error::InvalidArgument(msg)) => msg,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_lengths_are_invalid_arguments_and_leave_the_group_usable() {
+    with_group(3, 2, |g| {
+        let rank = g.rank();
+        let mut out = vec![0f32; 9];
+        let msg = invalid(g.all_sum(&[1.0f32; 10], &mut out));
+        assert!(
+            msg.contains(&format!("rank {rank}")) && msg.contains("all_reduce"),
+            "{msg}"
+        );
+        let msg = invalid(g.all_gather(&[1u8; 4], &mut [0u8; 11]));
+        assert!(msg.contains("all_gather") && msg.contains("3 × 4"), "{msg}");
+        let msg = invalid(g.reduce_scatter(&[1i32; 10], &mut [0i32; 3], ReduceOp::Sum));
+        assert!(msg.contains("reduce_scatter"), "{msg}");
+        let msg =
+            invalid(g.all_reduce_raw(&[0u8; 6], &mut [0u8; 6], Dtype::Float32, ReduceOp::Sum));
+        assert!(msg.contains("4-byte"), "{msg}");
+        // Nothing was sent, so the group still works.
+        let mut sum = [0u64; 3];
+        g.all_sum(&[1u64; 3], &mut sum).unwrap();
+        assert_eq!(sum, [3; 3]);
+    });
+}
+
+#[test]
+fn send_to_a_non_neighbour_fails_at_once_naming_both_ranks() {
+    with_group(5, 1, |g| {
+        let rank = g.rank();
+        let far = (rank + 2) % 5;
+        let msg = invalid(g.send(&[1u8; 4], far));
+        assert!(
+            msg.contains(&format!("rank {far}")) && msg.contains(&format!("rank {rank}")),
+            "{msg}"
+        );
+        let msg = invalid(g.recv(&mut [0u8; 4], far));
+        assert!(msg.contains("recv") && msg.contains("neighbour"), "{msg}");
+        assert!(invalid(g.send(&[1u8], rank)).contains("itself"));
+        assert!(invalid(g.send(&[1u8], 9)).contains("does not exist"));
+        g.barrier().unwrap();
+    });
+}
+
+#[test]
+fn a_group_of_one_needs_no_network() {
+    let mut g = jaccl::init_with(Config::new(0, 1)).unwrap();
+    let mut out = [0f64; 3];
+    g.all_max(&[1.0, 2.0, 3.0], &mut out).unwrap();
+    assert_eq!(out, [1.0, 2.0, 3.0]);
+    let mut gathered = [0i16; 2];
+    g.all_gather(&[4i16, 5], &mut gathered).unwrap();
+    assert_eq!(gathered, [4, 5]);
+    let mut rs = [false; 2];
+    g.reduce_scatter(&[true, false], &mut rs, ReduceOp::Min)
+        .unwrap();
+    assert_eq!(rs, [true, false]);
+    g.barrier().unwrap();
+    assert!(invalid(g.send(&[1u8], 0)).contains("itself"));
+}
+
+#[test]
+fn unreachable_coordinator_is_a_bootstrap_error() {
+    let addr = free_coordinator();
+    let cfg = Config::new(1, 2)
+        .coordinator(addr.clone())
+        .timeout(Duration::from_millis(700));
+    match jaccl::init_with(cfg) {
+        Err(Error::Bootstrap(msg)) => {
+            assert!(msg.contains(&addr) && msg.contains("rank 1"), "{msg}")
+        }
+        other => panic!("expected Bootstrap, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_foreign_server_is_refused_with_a_clear_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let _ = s.write_all(b"\x10\0\0\0SSH-2.0-OpenSSH_9\r\n");
+    });
+    let cfg = Config::new(1, 2)
+        .coordinator(addr)
+        .timeout(Duration::from_secs(20));
+    match jaccl::init_with(cfg) {
+        Err(Error::Bootstrap(msg)) => assert!(msg.contains("not a jaccl coordinator"), "{msg}"),
+        other => panic!("expected Bootstrap, got {other:?}"),
+    }
+    server.join().unwrap();
+}
+
+#[test]
+fn invalid_configurations_are_refused_before_any_network() {
+    let config_error = |cfg: Config| match jaccl::init_with(cfg) {
+        Err(Error::Config(msg)) => msg,
+        other => panic!("expected Config, got {other:?}"),
+    };
+    assert!(config_error(Config::new(3, 2)).contains("rank 3"));
+    assert!(config_error(Config::new(0, 2)).contains("coordinator"));
+    assert!(config_error(Config::new(0, 1).wires(9)).contains("wires"));
+    for cfg in [
+        Config::new(0, 1).transport(Transport::Shm),
+        Config::new(0, 1).transport(Transport::Rdma),
+        Config::new(0, 1).topology(Topology::Mesh),
+    ] {
+        assert!(matches!(jaccl::init_with(cfg), Err(Error::Unsupported(_))));
+    }
+}
+
+#[test]
+fn ranks_that_disagree_on_wires_fail_at_start_up() {
+    let mut cfgs = configs(3, 1, Duration::from_secs(30));
+    cfgs[2] = cfgs[2].clone().wires(2);
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = cfgs
+            .into_iter()
+            .map(|c| s.spawn(move || jaccl::init_with(c).map(drop)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        match r {
+            Err(Error::Bootstrap(msg)) => assert!(msg.contains("wires"), "{msg}"),
+            other => panic!("expected Bootstrap, got {other:?}"),
+        }
+    }
+}
+
+/// Every rank must fail, never with a timeout; ranks next to the odd one report `Mismatch`.
+fn expect_mismatch(size: usize, odd: usize, results: Vec<jaccl::Result<()>>) {
+    for (rank, r) in results.into_iter().enumerate() {
+        let neighbour_of_odd = rank == (odd + 1) % size || rank == (odd + size - 1) % size;
+        match r {
+            Err(Error::Mismatch {
+                rank: who,
+                peer,
+                detail,
+                ..
+            }) => {
+                assert_eq!(who, rank);
+                assert!(detail.contains("called"), "{detail}");
+                assert!(rank == odd || peer == odd, "rank {rank} blames {peer}");
+            }
+            Err(Error::PeerLost { .. }) if !neighbour_of_odd && rank != odd => {}
+            other => panic!("size {size} rank {rank}: expected Mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn different_lengths_ops_types_or_reductions_give_mismatch() {
+    for size in [2, 3, 4] {
+        let odd = size - 1;
+        let timeout = Duration::from_secs(30);
+        // Different lengths.
+        let r = with_group_timeout(size, 1, timeout, |g| {
+            let len = if g.rank() == odd { 10 } else { 20 };
+            g.all_sum(&vec![1f32; len], &mut vec![0f32; len])
+        });
+        expect_mismatch(size, odd, r);
+        // Different collectives with the same byte count.
+        let r = with_group_timeout(size, 2, timeout, |g| {
+            if g.rank() == odd {
+                g.all_gather(&[1u8; 4], &mut vec![0u8; 4 * g.size()])
+            } else {
+                g.all_sum(&[1u8; 4], &mut [0u8; 4])
+            }
+        });
+        expect_mismatch(size, odd, r);
+        // Same length, different types.
+        let r = with_group_timeout(size, 1, timeout, |g| {
+            if g.rank() == odd {
+                g.all_sum(&[1i32; 64], &mut [0i32; 64])
+            } else {
+                g.all_sum(&[1f32; 64], &mut [0f32; 64])
+            }
+        });
+        expect_mismatch(size, odd, r);
+        // Same everything but the reduction.
+        let r = with_group_timeout(size, 1, timeout, |g| {
+            let op = if g.rank() == odd {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Sum
+            };
+            g.all_reduce(&[1u16; 100_000], &mut [0u16; 100_000], op)
+        });
+        expect_mismatch(size, odd, r);
+    }
+}
+
+#[test]
+fn a_send_of_another_length_is_a_mismatch_at_the_receiver() {
+    let r = with_group_timeout(2, 1, Duration::from_secs(30), |g| {
+        if g.rank() == 0 {
+            g.send(&[1u32; 8], 1)
+        } else {
+            g.recv(&mut [0u32; 9], 0)
+        }
+    });
+    assert!(r[0].is_ok());
+    assert!(
+        matches!(
+            &r[1],
+            Err(Error::Mismatch {
+                peer: 0,
+                op: Op::Recv,
+                ..
+            })
+        ),
+        "{:?}",
+        r[1]
+    );
+}
+
+#[test]
+fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
+    for size in [2, 4, 5] {
+        let gone = 1;
+        let results = with_group_timeout(size, 2, Duration::from_secs(120), |g| {
+            if g.rank() == gone {
+                return None; // drops the group: its connections close
+            }
+            let mut out = vec![0f32; 1 << 20];
+            Some(g.all_sum(&vec![1f32; 1 << 20], &mut out))
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                None => assert_eq!(rank, gone),
+                Some(Err(Error::PeerLost {
+                    rank: who,
+                    op: Op::AllReduce,
+                    ..
+                })) => assert_eq!(who, rank),
+                Some(other) => panic!("size {size} rank {rank}: expected PeerLost, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_silent_peer_times_out_and_the_group_stays_failed() {
+    let timeout = Duration::from_millis(300);
+    let results = with_group_timeout(2, 1, timeout, |g| {
+        if g.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(1500));
+            return None;
+        }
+        let first = g.all_sum(&[1u8; 10], &mut [0u8; 10]);
+        // Poisoned: the same error at once, for any operation.
+        let second = g.barrier();
+        Some((first, second))
+    });
+    let (first, second) = results[0].clone().unwrap();
+    match &first {
+        Err(Error::Timeout {
+            rank: 0,
+            op: Op::AllReduce,
+            after,
+        }) => assert_eq!(*after, timeout),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_eq!(format!("{first:?}"), format!("{second:?}"));
+}

@@ -242,8 +242,8 @@ impl Config {
     /// [`Config::from_env`] over any variable lookup (tests use a map).
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Result<Option<String>>) -> Result<Config> {
         let env = Env { lookup };
-        let rank = env.first(&RANK_VARS)?;
-        let size = env.first(&SIZE_VARS)?;
+        let rank = env.first(&RANK_VARIABLES)?;
+        let size = env.first(&SIZE_VARIABLES)?;
         let (rank, size) = match (rank, size) {
             (None, None) => (0, 1),
             (Some((var, value)), None) => {
@@ -356,7 +356,9 @@ impl Config {
     }
 }
 
-const RANK_VARS: [&str; 6] = [
+/// The variables that give a process its rank, in order of precedence. A process where one of
+/// them is set was started by a launcher.
+pub const RANK_VARIABLES: [&str; 6] = [
     "JACCL_RANK",
     "MLX_RANK",
     "RANK",
@@ -364,7 +366,8 @@ const RANK_VARS: [&str; 6] = [
     "PMI_RANK",
     "SLURM_PROCID",
 ];
-const SIZE_VARS: [&str; 5] = [
+/// The variables that give the group size, in order of precedence.
+pub const SIZE_VARIABLES: [&str; 5] = [
     "JACCL_SIZE",
     "WORLD_SIZE",
     "OMPI_COMM_WORLD_SIZE",
@@ -413,8 +416,12 @@ fn parse_with<T: FromStr<Err = String>>(var: &str, value: &str) -> Result<T> {
         .map_err(|why| Error::Config(format!("{var}={value}: {why}")))
 }
 
-/// Seconds as a plain number (`30`, `2.5`), or a duration with units (`500ms`, `1m 30s`).
-pub(crate) fn parse_duration(value: &str) -> std::result::Result<Duration, String> {
+/// Parses a `JACCL_TIMEOUT` value: seconds as a plain number (`30`, `2.5`), or a duration with
+/// units (`500ms`, `1m 30s`).
+///
+/// # Errors
+/// A message saying why the value is not a positive duration.
+pub fn parse_duration(value: &str) -> std::result::Result<Duration, String> {
     let duration = match value.parse::<f64>() {
         Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e9 => Duration::from_secs_f64(secs),
         Ok(_) => return Err("must be a positive number of seconds".into()),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::algo::engine::{Buffers, Call, Channel};
+use crate::algo::engine::{Call, Channel};
 use crate::algo::ring::{Geometry, Ring};
 use crate::bootstrap::SideChannel;
 use crate::config::{Config, Topology, Transport};
@@ -24,6 +24,7 @@ use crate::transport::tcp::{self, Identity};
 pub struct Group {
     rank: usize,
     size: usize,
+    wires: usize,
     timeout: Duration,
     state: State,
 }
@@ -72,9 +73,14 @@ impl Group {
             connect_ring(&config)?
         };
         tracing::debug!(rank = config.rank, size = config.size, "jaccl group ready");
+        let wires = match state {
+            State::Alone => 0,
+            _ => config.wire_count(),
+        };
         Ok(Group {
             rank: config.rank,
             size: config.size,
+            wires,
             timeout: config.timeout,
             state,
         })
@@ -88,6 +94,27 @@ impl Group {
     /// The number of ranks in the group.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The transport in use; `None` for a group of one, which needs none.
+    pub fn transport(&self) -> Option<Transport> {
+        match self.state {
+            State::Alone => None,
+            _ => Some(Transport::Tcp),
+        }
+    }
+
+    /// The topology in use; `None` for a group of one.
+    pub fn topology(&self) -> Option<Topology> {
+        match self.state {
+            State::Alone => None,
+            _ => Some(Topology::Ring),
+        }
+    }
+
+    /// Parallel connections to each ring neighbour (0 for a group of one).
+    pub fn wires(&self) -> usize {
+        self.wires
     }
 
     /// Element-wise sum over all ranks of `input` into `output` (same length).
@@ -206,24 +233,15 @@ impl Group {
                 ),
             ));
         }
-        let (rank, count) = (self.rank, input.len());
+        let count = input.len();
         let input = T::as_bytes(input);
         T::with_bytes_mut(output, |out| {
-            let block = input.len();
-            out[rank * block..(rank + 1) * block].copy_from_slice(&input);
+            if matches!(self.state, State::Alone) {
+                out.copy_from_slice(&input);
+                return Ok(());
+            }
             let call = self.call(Op::AllGather, T::DTYPE, ReduceOp::Sum, count);
-            self.on_ring(call, |ring, call| {
-                let plan = ring.geometry.all_gather(block);
-                ring.run(
-                    &plan,
-                    Buffers {
-                        input: None,
-                        output: out,
-                    },
-                    None,
-                    call,
-                )
-            })
+            self.on_ring(call, |ring, call| ring.all_gather(&input, out, call))
         })
     }
 
@@ -259,14 +277,9 @@ impl Group {
                 return Ok(());
             }
             let call = self.call(Op::ReduceScatter, T::DTYPE, op, count);
+            let reducer = Reducer::new(T::DTYPE, op);
             self.on_ring(call, |ring, call| {
-                let plan = ring.geometry.reduce_scatter(count, T::DTYPE.size());
-                let reducer = Reducer::new(T::DTYPE, op);
-                let bufs = Buffers {
-                    input: Some(&input),
-                    output: out,
-                };
-                ring.run(&plan, bufs, Some(&reducer), call)
+                ring.reduce_scatter(&input, out, &reducer, call)
             })
         })
     }
@@ -284,15 +297,7 @@ impl Group {
         self.check_peer(Op::Send, dst)?;
         let bytes = T::as_bytes(data);
         let call = self.call(Op::Send, T::DTYPE, ReduceOp::Sum, data.len());
-        self.on_ring(call, |ring, call| {
-            let plan = ring.geometry.send(bytes.len(), dst);
-            let mut nothing = [0u8; 0];
-            let bufs = Buffers {
-                input: Some(&bytes),
-                output: &mut nothing,
-            };
-            ring.run(&plan, bufs, None, call)
-        })
+        self.on_ring(call, |ring, call| ring.send(&bytes, dst, call))
     }
 
     /// Receives into `out` what rank `src` sends with [`Group::send`] (same length and type).
@@ -304,18 +309,7 @@ impl Group {
         self.check_peer(Op::Recv, src)?;
         let call = self.call(Op::Recv, T::DTYPE, ReduceOp::Sum, out.len());
         T::with_bytes_mut(out, |bytes| {
-            self.on_ring(call, |ring, call| {
-                let plan = ring.geometry.recv(bytes.len(), src);
-                ring.run(
-                    &plan,
-                    Buffers {
-                        input: None,
-                        output: bytes,
-                    },
-                    None,
-                    call,
-                )
-            })
+            self.on_ring(call, |ring, call| ring.recv(bytes, src, call))
         })
     }
 
@@ -326,19 +320,7 @@ impl Group {
     pub fn barrier(&mut self) -> Result<()> {
         self.check_usable()?;
         let call = self.call(Op::Barrier, Dtype::UInt8, ReduceOp::Sum, 0);
-        self.on_ring(call, |ring, call| {
-            let plan = ring.geometry.barrier();
-            let mut token = [0u8; 2];
-            ring.run(
-                &plan,
-                Buffers {
-                    input: None,
-                    output: &mut token,
-                },
-                None,
-                call,
-            )
-        })
+        self.on_ring(call, |ring, call| ring.barrier(call))
     }
 
     fn all_reduce_bytes(
@@ -356,12 +338,9 @@ impl Group {
         }
         let count = output.len() / dtype.size();
         let call = self.call(Op::AllReduce, dtype, op, count);
+        let reducer = Reducer::new(dtype, op);
         self.on_ring(call, |ring, call| {
-            let plan = ring
-                .geometry
-                .all_reduce(count, dtype.size(), input.is_none());
-            let reducer = Reducer::new(dtype, op);
-            ring.run(&plan, Buffers { input, output }, Some(&reducer), call)
+            ring.all_reduce(input, output, &reducer, call)
         })
     }
 

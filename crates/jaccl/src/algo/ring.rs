@@ -50,11 +50,13 @@ pub(crate) fn lane_slice(block: usize, lanes: usize, lane: usize) -> Range<usize
     start..(start + per_lane).min(block)
 }
 
-/// The frame for a lane moving `bytes` per step: 4 KiB × 2^k, about a quarter of the step so
-/// consecutive steps overlap, at most 512 KiB.
+/// The frame for a lane moving `bytes` per step: 4 KiB × 2^k, at most half the step and at
+/// most 512 KiB. On TCP a frame is the most handed to the kernel in one call: large writes
+/// measured clearly faster than 32 KiB ones, and forwarding between steps works at byte
+/// granularity anyway, so frames need not be small for steps to overlap.
 pub(crate) fn frame_bytes(bytes: usize) -> usize {
     let mut frame = MIN_FRAME;
-    while frame < MAX_FRAME && frame * 2 <= bytes / 4 {
+    while frame < MAX_FRAME && frame * 2 <= bytes / 2 {
         frame *= 2;
     }
     frame
@@ -304,31 +306,29 @@ impl Geometry {
         }
     }
 
-    /// Barrier: one-byte tokens in both directions, each forwarded on arrival. After `k` steps
-    /// a rank knows the `k` ranks on each side have arrived, so ⌈(n − 1)/2⌉ steps cover all.
-    /// Uses a 2-byte scratch output: byte 0 is sent, byte 1 receives.
-    pub(crate) fn barrier(&self) -> Plan {
+    /// Whole blocks forwarded in both directions at once, for small messages: after step `s`
+    /// a rank holds the blocks of the `s + 1` nearest ranks on each side, so ⌈(n − 1)/2⌉
+    /// steps (instead of the ring's n − 1, or 2(n − 1) for an all-reduce) gather all. The
+    /// output holds `size` blocks of `block` bytes, this rank's filled by the caller.
+    pub(crate) fn gather_both_ways(&self, block: usize) -> Plan {
         let n = self.size;
-        let (dirs, steps) = if n == 2 {
-            (1, 1)
-        } else {
-            (2, (n - 1).div_ceil(2))
-        };
-        let transfers = (0..dirs)
+        let steps = [(n - 1).div_ceil(2), (n - 1) / 2];
+        let transfers = (0..2)
+            .filter(|&dir| steps[dir] > 0)
             .map(|dir| {
-                let (tx, rx, _) = self.lane_channels(dir, 0);
+                let (tx, rx, d) = self.lane_channels(dir, 0);
+                let span = |b: usize| Span::output(b * block, block);
                 Transfer {
                     tx: Some(tx),
                     rx: Some(rx),
-                    steps: vec![
-                        Step {
-                            send: Span::output(0, 1),
-                            recv: Span::output(1, 1),
+                    steps: (0..steps[dir] as isize)
+                        .map(|s| Step {
+                            send: span(self.block(-d * s)),
+                            recv: span(self.block(-d * (s + 1))),
                             merge: Merge::Copy,
-                        };
-                        steps
-                    ],
-                    frame: MIN_FRAME,
+                        })
+                        .collect(),
+                    frame: frame_bytes(block),
                     merge_after_send: false,
                 }
             })
@@ -349,29 +349,167 @@ impl Geometry {
 }
 
 /// A ring's channels: `channels[w]` is wire w to the left neighbour, `channels[wires + w]` wire
-/// w to the right one.
+/// w to the right one. Runs each collective with the plan that suits its size.
 pub(crate) struct Ring {
     pub(crate) geometry: Geometry,
     channels: Vec<Channel>,
+    /// Reused buffer of the small-message algorithms (`u128` for alignment).
+    scratch: Vec<u128>,
 }
 
 impl Ring {
     pub(crate) fn new(geometry: Geometry, left: Vec<Channel>, right: Vec<Channel>) -> Ring {
         let mut channels = left;
         channels.extend(right);
-        Ring { geometry, channels }
+        Ring {
+            geometry,
+            channels,
+            scratch: Vec::new(),
+        }
     }
 
-    /// Runs `plan` for `call` over this ring's channels.
-    pub(crate) fn run(
+    /// All-reduce of `output.len()` bytes: `input` into `output`, or in place when `input` is
+    /// `None`. Small messages gather every rank's vector (both directions, whole vectors) and
+    /// reduce them locally in rank order; large ones use the ring's reduce-scatter +
+    /// all-gather. Either way each element is reduced in one fixed order, so every rank gets
+    /// the same bits.
+    pub(crate) fn all_reduce(
         &mut self,
-        plan: &Plan,
-        bufs: Buffers<'_>,
-        reducer: Option<&Reducer>,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        reducer: &Reducer,
         call: &Call,
     ) -> Result<()> {
-        engine::run(&mut self.channels, plan, bufs, reducer, call)
+        let g = self.geometry;
+        let bytes = output.len();
+        if bytes > SMALL_MESSAGE {
+            let plan = g.all_reduce(
+                bytes / reducer.elem_size(),
+                reducer.elem_size(),
+                input.is_none(),
+            );
+            return engine::run(
+                &mut self.channels,
+                &plan,
+                Buffers { input, output },
+                Some(reducer),
+                call,
+            );
+        }
+        let all = scratch(&mut self.scratch, g.size * bytes);
+        all[g.rank * bytes..(g.rank + 1) * bytes].copy_from_slice(input.unwrap_or(output));
+        let plan = g.gather_both_ways(bytes);
+        engine::run(
+            &mut self.channels,
+            &plan,
+            Buffers {
+                input: None,
+                output: all,
+            },
+            None,
+            call,
+        )?;
+        output.copy_from_slice(&all[..bytes]);
+        for block in all[bytes..].chunks_exact(bytes.max(1)) {
+            reducer.accumulate(output, block);
+        }
+        Ok(())
     }
+
+    /// All-gather of `input` into `output` (`size` blocks).
+    pub(crate) fn all_gather(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        call: &Call,
+    ) -> Result<()> {
+        let g = self.geometry;
+        let block = input.len();
+        output[g.rank * block..(g.rank + 1) * block].copy_from_slice(input);
+        let plan = if block * g.size <= SMALL_MESSAGE {
+            g.gather_both_ways(block)
+        } else {
+            g.all_gather(block)
+        };
+        engine::run(
+            &mut self.channels,
+            &plan,
+            Buffers {
+                input: None,
+                output,
+            },
+            None,
+            call,
+        )
+    }
+
+    /// Reduce-scatter of `input` (`size` blocks of `output.len()` bytes) into `output`.
+    pub(crate) fn reduce_scatter(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        reducer: &Reducer,
+        call: &Call,
+    ) -> Result<()> {
+        let elem = reducer.elem_size();
+        let plan = self.geometry.reduce_scatter(output.len() / elem, elem);
+        let bufs = Buffers {
+            input: Some(input),
+            output,
+        };
+        engine::run(&mut self.channels, &plan, bufs, Some(reducer), call)
+    }
+
+    /// Sends `data` to the neighbour `dst`.
+    pub(crate) fn send(&mut self, data: &[u8], dst: usize, call: &Call) -> Result<()> {
+        let plan = self.geometry.send(data.len(), dst);
+        let bufs = Buffers {
+            input: Some(data),
+            output: &mut [],
+        };
+        engine::run(&mut self.channels, &plan, bufs, None, call)
+    }
+
+    /// Receives into `out` from the neighbour `src`.
+    pub(crate) fn recv(&mut self, out: &mut [u8], src: usize, call: &Call) -> Result<()> {
+        let plan = self.geometry.recv(out.len(), src);
+        engine::run(
+            &mut self.channels,
+            &plan,
+            Buffers {
+                input: None,
+                output: out,
+            },
+            None,
+            call,
+        )
+    }
+
+    /// Returns once every rank has entered: a gather of one-byte tokens in both directions.
+    pub(crate) fn barrier(&mut self, call: &Call) -> Result<()> {
+        let g = self.geometry;
+        let tokens = scratch(&mut self.scratch, g.size);
+        let plan = g.gather_both_ways(1);
+        engine::run(
+            &mut self.channels,
+            &plan,
+            Buffers {
+                input: None,
+                output: tokens,
+            },
+            None,
+            call,
+        )
+    }
+}
+
+/// `bytes` of `buf`, grown as needed, viewed as bytes.
+fn scratch(buf: &mut Vec<u128>, bytes: usize) -> &mut [u8] {
+    let words = bytes.div_ceil(size_of::<u128>());
+    if buf.len() < words {
+        buf.resize(words, 0);
+    }
+    &mut bytemuck::cast_slice_mut(buf.as_mut_slice())[..bytes]
 }
 
 #[cfg(test)]
@@ -420,8 +558,8 @@ mod tests {
     fn frames_are_4k_times_a_power_of_two() {
         assert_eq!(frame_bytes(0), 4096);
         assert_eq!(frame_bytes(1), 4096);
-        assert_eq!(frame_bytes(64 * 1024), 16 * 1024);
-        assert_eq!(frame_bytes(1 << 20), 256 * 1024);
+        assert_eq!(frame_bytes(64 * 1024), 32 * 1024);
+        assert_eq!(frame_bytes(1 << 20), 512 * 1024);
         assert_eq!(frame_bytes(1 << 30), 512 * 1024);
         for b in [0, 5000, 123_456, 9_999_999] {
             let f = frame_bytes(b);
@@ -444,12 +582,17 @@ mod tests {
             .collect();
         let plans: Vec<Plan> = geos.iter().map(&plan_of).collect();
         let mut state: Vec<(Vec<i64>, Vec<i64>)> = (0..size).map(&init).collect();
-        let steps = plans[0].transfers.first().map_or(0, |t| t.steps.len());
+        let steps = plans[0]
+            .transfers
+            .iter()
+            .map(|t| t.steps.len())
+            .max()
+            .unwrap_or(0);
         for s in 0..steps {
             // Everything sent in step s, keyed by (receiver, receiver's channel).
             let mut inbox = std::collections::HashMap::new();
             for (r, plan) in plans.iter().enumerate() {
-                for t in &plan.transfers {
+                for t in plan.transfers.iter().filter(|t| s < t.steps.len()) {
                     let step = t.steps[s];
                     // As in the engine, an in-place call (no input) reads its input spans from the output.
                     let src = match step.send.buf {
@@ -468,7 +611,7 @@ mod tests {
                 }
             }
             for (r, plan) in plans.iter().enumerate() {
-                for t in &plan.transfers {
+                for t in plan.transfers.iter().filter(|t| s < t.steps.len()) {
                     let step = t.steps[s];
                     let data = &inbox[&(r, t.rx.unwrap())];
                     assert_eq!(data.len(), step.recv.len, "rank {r} step {s}");
@@ -568,6 +711,28 @@ mod tests {
                             "size {size} wires {wires} count {count} rank {r}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gathering_both_ways_delivers_every_block() {
+        for size in 2..=8 {
+            for block in [1usize, 5] {
+                let init = |r: usize| {
+                    let mut out = vec![-1i64; size * block];
+                    for i in 0..block {
+                        out[r * block + i] = (r * 100 + i) as i64;
+                    }
+                    (vec![], out)
+                };
+                let outs = simulate(size, 1, |g| g.gather_both_ways(block), init, false);
+                let expect: Vec<i64> = (0..size)
+                    .flat_map(|r| (0..block).map(move |i| (r * 100 + i) as i64))
+                    .collect();
+                for out in &outs {
+                    assert_eq!(out, &expect, "size {size} block {block}");
                 }
             }
         }

@@ -1,0 +1,454 @@
+//! Host and device files in the formats of `mlx.launch` / `mlx.distributed_config`.
+//!
+//! A hostfile is a JSON list of hosts, or an object `{"backend": ..., "envs": [...], "hosts":
+//! [...]}`. A host is `{"ssh": "name", "ips": ["10.0.0.1"], "rdma": [null, "rdma_en5", ...]}`
+//! (`ips` and `rdma` optional); `rdma[j]` names the local RDMA device cabled to rank j (a list
+//! for several wires), `null` where there is none and at the host's own index.
+//!
+//! A device file (`MLX_IBV_DEVICES`) is the N × N matrix of those `rdma` lists.
+//!
+//! Every problem is reported with the file, the entry and what is wrong.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+/// One host of a hostfile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HostEntry {
+    /// What `ssh` connects to.
+    pub(crate) ssh: String,
+    /// Addresses of this host; the first is where other hosts reach it.
+    pub(crate) ips: Vec<String>,
+    /// Devices towards each rank (empty when the file gives none).
+    pub(crate) rdma: Vec<Vec<String>>,
+}
+
+/// A parsed hostfile.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Hostfile {
+    pub(crate) hosts: Vec<HostEntry>,
+    pub(crate) backend: Option<String>,
+    /// `KEY=VALUE` pairs for every rank.
+    pub(crate) envs: Vec<(String, String)>,
+}
+
+/// What a JSON file turned out to be.
+#[derive(Debug)]
+pub(crate) enum Parsed {
+    Hostfile(Hostfile),
+    /// An N × N device matrix.
+    Devices(Vec<Vec<Vec<String>>>),
+}
+
+/// Reads `path` as a hostfile or a device file (by its shape).
+///
+/// # Errors
+/// Every problem found, each naming the file and the entry.
+pub(crate) fn read(path: &Path) -> Result<Parsed, Vec<String>> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: {e}")])?;
+    let value: Value =
+        serde_json::from_str(&text).map_err(|e| vec![format!("{name}: not valid JSON: {e}")])?;
+    let is_matrix = value
+        .as_array()
+        .is_some_and(|rows| !rows.is_empty() && rows.iter().all(Value::is_array));
+    if is_matrix {
+        devices(&name, &value).map(Parsed::Devices)
+    } else {
+        hostfile(&name, &value).map(Parsed::Hostfile)
+    }
+}
+
+/// Reads `path`, which must be a hostfile.
+///
+/// # Errors
+/// As [`read`], or when the file is a device file.
+pub(crate) fn read_hostfile(path: &Path) -> Result<Hostfile, Vec<String>> {
+    match read(path)? {
+        Parsed::Hostfile(h) => Ok(h),
+        Parsed::Devices(_) => Err(vec![format!(
+            "{}: this is a device matrix (MLX_IBV_DEVICES), not a hostfile: expected a list of \
+             {{\"ssh\": ..., \"ips\": [...]}} objects",
+            path.display()
+        )]),
+    }
+}
+
+fn hostfile(name: &str, value: &Value) -> Result<Hostfile, Vec<String>> {
+    let mut errors = Vec::new();
+    let mut file = Hostfile::default();
+    let hosts = match value {
+        Value::Array(hosts) => hosts.as_slice(),
+        Value::Object(obj) => {
+            for key in obj.keys() {
+                if !["backend", "envs", "hosts"].contains(&key.as_str()) {
+                    errors.push(format!(
+                        "{name}: unknown key \"{key}\" (expected backend, envs, hosts)"
+                    ));
+                }
+            }
+            match obj.get("backend") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(b)) => file.backend = Some(b.clone()),
+                Some(other) => errors.push(format!(
+                    "{name}: \"backend\" must be a string, found {}",
+                    kind(other)
+                )),
+            }
+            match obj.get("envs") {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(envs)) => {
+                    for (i, e) in envs.iter().enumerate() {
+                        match e.as_str().map(parse_env) {
+                            Some(Ok(kv)) => file.envs.push(kv),
+                            Some(Err(why)) => errors.push(format!("{name}: envs[{i}]: {why}")),
+                            None => errors.push(format!(
+                                "{name}: envs[{i}] must be a \"KEY=VALUE\" string, found {}",
+                                kind(e)
+                            )),
+                        }
+                    }
+                }
+                Some(other) => errors.push(format!(
+                    "{name}: \"envs\" must be a list of \"KEY=VALUE\" strings, found {}",
+                    kind(other)
+                )),
+            }
+            match obj.get("hosts") {
+                Some(Value::Array(hosts)) => hosts.as_slice(),
+                Some(other) => {
+                    errors.push(format!(
+                        "{name}: \"hosts\" must be a list of hosts, found {}",
+                        kind(other)
+                    ));
+                    &[]
+                }
+                None => {
+                    errors.push(format!("{name}: \"hosts\" is missing"));
+                    &[]
+                }
+            }
+        }
+        other => {
+            return Err(vec![format!(
+                "{name}: expected a list of hosts or an object with \"hosts\", found {}",
+                kind(other)
+            )]);
+        }
+    };
+    if hosts.is_empty() && errors.is_empty() {
+        errors.push(format!("{name}: the file lists no hosts"));
+    }
+    let n = hosts.len();
+    for (i, h) in hosts.iter().enumerate() {
+        let at = format!("{name}: host {i}");
+        let Some(obj) = h.as_object() else {
+            errors.push(format!(
+                "{at}: expected an object like {{\"ssh\": \"host\", \"ips\": [...]}}, found {}",
+                kind(h)
+            ));
+            continue;
+        };
+        for key in obj.keys() {
+            if !["ssh", "ips", "rdma"].contains(&key.as_str()) {
+                errors.push(format!(
+                    "{at}: unknown key \"{key}\" (expected ssh, ips, rdma)"
+                ));
+            }
+        }
+        let ssh = match obj.get("ssh") {
+            Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+            Some(Value::String(_)) => {
+                errors.push(format!("{at}: \"ssh\" is empty"));
+                String::new()
+            }
+            Some(other) => {
+                errors.push(format!(
+                    "{at}: \"ssh\" must be a string, found {}",
+                    kind(other)
+                ));
+                String::new()
+            }
+            None => {
+                errors.push(format!("{at}: \"ssh\" is missing"));
+                String::new()
+            }
+        };
+        let ips = match obj.get("ips") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(ips)) => ips
+                .iter()
+                .enumerate()
+                .filter_map(|(j, ip)| match ip.as_str() {
+                    Some(s) if s.parse::<std::net::IpAddr>().is_ok() => Some(s.to_string()),
+                    Some(s) => {
+                        errors.push(format!("{at}: ips[{j}] \"{s}\" is not an IP address"));
+                        None
+                    }
+                    None => {
+                        errors.push(format!(
+                            "{at}: ips[{j}] must be a string, found {}",
+                            kind(ip)
+                        ));
+                        None
+                    }
+                })
+                .collect(),
+            Some(other) => {
+                errors.push(format!(
+                    "{at}: \"ips\" must be a list of addresses, found {}",
+                    kind(other)
+                ));
+                Vec::new()
+            }
+        };
+        let rdma = match obj.get("rdma") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(row)) => {
+                if row.len() != n {
+                    errors.push(format!(
+                        "{at}: \"rdma\" has {} entries but the file has {n} hosts (one entry per \
+                         rank, null for none)",
+                        row.len()
+                    ));
+                }
+                device_row(&at, "rdma", row, i, &mut errors)
+            }
+            Some(other) => {
+                errors.push(format!(
+                    "{at}: \"rdma\" must be a list (one entry per rank), found {}",
+                    kind(other)
+                ));
+                Vec::new()
+            }
+        };
+        file.hosts.push(HostEntry { ssh, ips, rdma });
+    }
+    if errors.is_empty() {
+        Ok(file)
+    } else {
+        Err(errors)
+    }
+}
+
+fn devices(name: &str, value: &Value) -> Result<Vec<Vec<Vec<String>>>, Vec<String>> {
+    let mut errors = Vec::new();
+    let rows = value.as_array().map(Vec::as_slice).unwrap_or_default();
+    let n = rows.len();
+    let mut matrix = Vec::with_capacity(n);
+    for (i, row) in rows.iter().enumerate() {
+        let at = format!("{name}: row {i} (rank {i})");
+        let row = row.as_array().map(Vec::as_slice).unwrap_or_default();
+        if row.len() != n {
+            errors.push(format!(
+                "{at} has {} entries; the matrix must be {n} × {n}",
+                row.len()
+            ));
+        }
+        matrix.push(device_row(&at, "entry", row, i, &mut errors));
+    }
+    if errors.is_empty() {
+        Ok(matrix)
+    } else {
+        Err(errors)
+    }
+}
+
+/// One row of device names: `null`, a name, or a list of names per peer; none towards itself.
+fn device_row(
+    at: &str,
+    what: &str,
+    row: &[Value],
+    own: usize,
+    errors: &mut Vec<String>,
+) -> Vec<Vec<String>> {
+    row.iter()
+        .enumerate()
+        .map(|(j, v)| {
+            let names: Vec<String> = match v {
+                Value::Null => Vec::new(),
+                Value::String(s) => vec![s.clone()],
+                Value::Array(list) => list
+                    .iter()
+                    .filter_map(|d| match d.as_str() {
+                        Some(s) => Some(s.to_string()),
+                        None => {
+                            errors.push(format!(
+                                "{at}: {what} {j}: device names must be strings, found {}",
+                                kind(d)
+                            ));
+                            None
+                        }
+                    })
+                    .collect(),
+                other => {
+                    errors.push(format!(
+                        "{at}: {what} {j} must be null, a device name or a list of names, found {}",
+                        kind(other)
+                    ));
+                    Vec::new()
+                }
+            };
+            if j == own && !names.is_empty() {
+                errors.push(format!(
+                    "{at}: {what} {j} is this rank itself and must be null, found {v}"
+                ));
+            }
+            names
+        })
+        .collect()
+}
+
+/// `KEY=VALUE` with a shell-safe key.
+pub(crate) fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').unwrap_or((s, ""));
+    let valid = !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if valid {
+        Ok((k.to_string(), v.to_string()))
+    } else {
+        Err(format!(
+            "\"{s}\": the name before '=' must be letters, digits and '_' (not starting with a digit)"
+        ))
+    }
+}
+
+/// The topology a device matrix supports, or why it supports none.
+pub(crate) fn device_topology(matrix: &[Vec<Vec<String>>]) -> Result<&'static str, String> {
+    let n = matrix.len();
+    if n < 2 {
+        return Err("a device matrix needs at least 2 ranks".into());
+    }
+    let mesh = (0..n).all(|i| (0..n).all(|j| i == j || !matrix[i][j].is_empty()));
+    if mesh {
+        return Ok("mesh (every pair of ranks is cabled)");
+    }
+    let k = matrix[0][1 % n].len();
+    let ring = k > 0
+        && (0..n)
+            .all(|i| matrix[i][(i + 1) % n].len() == k && matrix[i][(i + n - 1) % n].len() == k);
+    if ring {
+        return Ok(if k == 1 {
+            "ring, 1 wire"
+        } else {
+            "ring, several wires"
+        });
+    }
+    let gaps: Vec<String> = (0..n)
+        .flat_map(|i| [(i, (i + 1) % n)])
+        .filter(|&(i, j)| matrix[i][j].is_empty())
+        .map(|(i, j)| format!("rank {i} → {j}"))
+        .collect();
+    Err(format!(
+        "neither a mesh (all pairs cabled) nor a ring (neighbours cabled with the same number of \
+         devices); missing: {}",
+        if gaps.is_empty() {
+            "uneven wire counts".to_string()
+        } else {
+            gaps.join(", ")
+        }
+    ))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Parsed, Vec<String>> {
+        let dir =
+            std::env::temp_dir().join(format!("jaccl-hostfile-{}", crate::launch::new_token()));
+        std::fs::write(&dir, text).unwrap();
+        let r = read(&dir);
+        let _ = std::fs::remove_file(&dir);
+        r
+    }
+
+    fn errors(text: &str) -> String {
+        match parse(text) {
+            Err(e) => e.join("\n"),
+            Ok(p) => panic!("expected errors, got {p:?}"),
+        }
+    }
+
+    #[test]
+    fn list_and_object_forms() {
+        let Ok(Parsed::Hostfile(h)) = parse(r#"[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b"}]"#)
+        else {
+            panic!()
+        };
+        assert_eq!(h.hosts.len(), 2);
+        assert_eq!(h.hosts[0].ips, ["10.0.0.1"]);
+        let Ok(Parsed::Hostfile(h)) = parse(
+            r#"{"backend": "jaccl-ring", "envs": ["A=1", "B"], "hosts": [
+                {"ssh": "a", "ips": ["10.0.0.1"], "rdma": [null, ["rdma_en5", "rdma_en6"]]},
+                {"ssh": "b", "ips": [], "rdma": ["rdma_en3", null]}]}"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!(h.backend.as_deref(), Some("jaccl-ring"));
+        assert_eq!(
+            h.envs,
+            [("A".into(), "1".into()), ("B".into(), String::new())]
+        );
+        assert_eq!(h.hosts[0].rdma[1], ["rdma_en5", "rdma_en6"]);
+    }
+
+    #[test]
+    fn problems_name_the_entry_and_what_is_wrong() {
+        let e = errors(r#"[{"ssh": "a"}, {"ips": ["x"]}]"#);
+        assert!(e.contains("host 1: \"ssh\" is missing"), "{e}");
+        assert!(
+            e.contains("host 1: ips[0] \"x\" is not an IP address"),
+            "{e}"
+        );
+        let e = errors(r#"{"hosts": [{"ssh": "a", "rdma": ["rdma_en1"]}]}"#);
+        assert!(
+            e.contains("host 0: \"rdma\" has 1 entries but the file has 1 hosts")
+                || e.contains("must be null"),
+            "{e}"
+        );
+        let e = errors(r#"{"hosts": 3, "colour": "red"}"#);
+        assert!(
+            e.contains("unknown key \"colour\"") && e.contains("\"hosts\" must be a list"),
+            "{e}"
+        );
+        let e = errors(r#"{"hosts": [{"ssh": "a"}], "envs": ["1X=2"]}"#);
+        assert!(e.contains("envs[0]"), "{e}");
+        assert!(errors("[1, 2").contains("not valid JSON"));
+        assert!(errors("[]").contains("no hosts"));
+    }
+
+    #[test]
+    fn device_matrices() {
+        let Ok(Parsed::Devices(m)) = parse(r#"[[null, "a"], ["b", null]]"#) else {
+            panic!()
+        };
+        assert_eq!(
+            device_topology(&m),
+            Ok("mesh (every pair of ranks is cabled)")
+        );
+        let Ok(Parsed::Devices(m)) = parse(
+            r#"[[null, "a", null, "b"], ["a", null, "b", null], [null, "a", null, "b"], ["a", null, "b", null]]"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!(device_topology(&m), Ok("ring, 1 wire"));
+        let e = errors(r#"[[null, "a"], ["b"]]"#);
+        assert!(e.contains("row 1 (rank 1) has 1 entries"), "{e}");
+        let e = errors(r#"[["self", "a"], ["b", null]]"#);
+        assert!(e.contains("must be null"), "{e}");
+    }
+}

@@ -1,0 +1,537 @@
+//! Starting ranks: locally as child processes, or on other hosts over `ssh`.
+//!
+//! Each local rank runs in its own process group, so stopping it also stops what it started.
+//! A remote rank is started by a small `sh` script that prints its PID (which `exec` hands on
+//! to the program) before anything else; stopping it runs `kill` on that host, because killing
+//! the local `ssh` client alone would leave the remote program running.
+//!
+//! Every line a rank prints reaches our stdout or stderr whole, prefixed with the rank. When a
+//! rank fails, the others are stopped and the launcher exits non-zero naming it; SIGINT,
+//! SIGTERM and SIGHUP are forwarded to every rank, and after a grace period the stragglers are
+//! killed.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+
+/// How long ranks get to exit after being asked to stop before they are killed.
+const GRACE: Duration = Duration::from_secs(3);
+/// The line a remote rank's script prints on stderr before the program starts.
+const PID_MARKER: &str = "JACCL_LAUNCH_PID ";
+
+/// Where a rank runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Host {
+    /// A child process of the launcher.
+    Local,
+    /// Over `ssh` to this destination (`host` or `user@host`).
+    Ssh(String),
+}
+
+impl Host {
+    fn name(&self) -> &str {
+        match self {
+            Host::Local => "local",
+            Host::Ssh(h) => h,
+        }
+    }
+}
+
+/// Everything needed to start a job.
+#[derive(Debug, Clone)]
+pub(crate) struct Job {
+    /// The program and its arguments.
+    pub(crate) program: Vec<String>,
+    /// Where each rank runs, in rank order.
+    pub(crate) hosts: Vec<Host>,
+    /// `host:port` of rank 0's coordinator.
+    pub(crate) coordinator: String,
+    /// Extra environment of every rank (after the jaccl variables, so it can override them).
+    pub(crate) env: Vec<(String, String)>,
+    /// Working directory of every rank.
+    pub(crate) cwd: Option<PathBuf>,
+    /// Prefix every output line with `[rank]`.
+    pub(crate) prefix: bool,
+    /// Print what is started and stopped.
+    pub(crate) verbose: bool,
+    /// Rank 0 (local) uses the launcher's own terminal: its progress bars stay live.
+    pub(crate) rank0_inherits_terminal: bool,
+    /// The ssh command (program and options).
+    pub(crate) ssh: Vec<String>,
+}
+
+/// The environment every rank gets: who it is and how to find the others.
+pub(crate) fn rank_env(job: &Job, rank: usize, token: u64) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("JACCL_RANK".to_string(), rank.to_string()),
+        ("JACCL_SIZE".to_string(), job.hosts.len().to_string()),
+        ("JACCL_COORDINATOR".to_string(), job.coordinator.clone()),
+        ("JACCL_JOB_TOKEN".to_string(), format!("{token:#x}")),
+    ];
+    env.extend(job.env.iter().cloned());
+    env
+}
+
+/// A random job token, so that ranks of an old job cannot join this one.
+pub(crate) fn new_token() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one((std::process::id(), Instant::now()))
+}
+
+/// One running rank.
+struct Running {
+    host: Host,
+    child: Child,
+    /// The remote PID, once the remote script reported it.
+    remote_pid: Arc<Mutex<Option<u32>>>,
+    status: Option<ExitStatus>,
+}
+
+/// Runs the job to the end. Returns the exit code the launcher should exit with: 0 if every
+/// rank succeeded, else the first failing rank's code (128 + signal if it died of one).
+///
+/// # Errors
+/// A message when a rank cannot be started at all.
+pub(crate) fn run(job: &Job) -> Result<u8, String> {
+    let signal = Arc::new(AtomicUsize::new(0));
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
+            .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
+    }
+
+    let token = new_token();
+    let width = (job.hosts.len().saturating_sub(1)).to_string().len();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut pipes: Vec<JoinHandle<()>> = Vec::new();
+    let mut ranks: Vec<Running> = Vec::with_capacity(job.hosts.len());
+    for (rank, host) in job.hosts.iter().enumerate() {
+        let env = rank_env(job, rank, token);
+        let inherit = rank == 0 && job.rank0_inherits_terminal && *host == Host::Local;
+        let mut cmd = command(job, host, &env, rank == 0);
+        if inherit {
+            cmd.stdin(Stdio::inherit())
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit());
+        }
+        if job.verbose {
+            eprintln!(
+                "jaccl launch: rank {rank} on {}: {}",
+                host.name(),
+                describe(&cmd)
+            );
+        }
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                let started: Vec<usize> = (0..ranks.len()).collect();
+                stop(&mut ranks, &started, Signal::TERM, job);
+                return Err(format!(
+                    "cannot start rank {rank} on {}: {}: {e}",
+                    host.name(),
+                    cmd.get_program().to_string_lossy()
+                ));
+            }
+        };
+        let remote_pid = Arc::new(Mutex::new(None));
+        if !inherit {
+            let label = job.prefix.then(|| format!("[{rank:>width$}] "));
+            if let Some(out) = child.stdout.take() {
+                pipes.push(relay(out, label.clone(), false, None, done_tx.clone()));
+            }
+            if let Some(err) = child.stderr.take() {
+                let pid = matches!(host, Host::Ssh(_)).then(|| Arc::clone(&remote_pid));
+                pipes.push(relay(err, label, true, pid, done_tx.clone()));
+            }
+            if let Some(stdin) = child.stdin.take() {
+                forward_stdin(stdin);
+            }
+        }
+        ranks.push(Running {
+            host: host.clone(),
+            child,
+            remote_pid,
+            status: None,
+        });
+    }
+    drop(done_tx);
+
+    let mut failure: Option<(usize, ExitStatus)> = None;
+    let mut interrupted: Option<i32> = None;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        let sig = signal.swap(0, Ordering::SeqCst);
+        if sig != 0 && interrupted.is_none() {
+            interrupted = Some(sig as i32);
+            eprintln!(
+                "jaccl launch: {}; stopping every rank",
+                signal_name(sig as i32)
+            );
+            let all: Vec<usize> = (0..ranks.len()).collect();
+            stop(&mut ranks, &all, to_signal(sig as i32), job);
+            kill_at = Some(Instant::now() + GRACE);
+        }
+        for i in 0..ranks.len() {
+            if ranks[i].status.is_some() {
+                continue;
+            }
+            let status = ranks[i]
+                .child
+                .try_wait()
+                .map_err(|e| format!("cannot watch rank {i}: {e}"))?;
+            let Some(status) = status else { continue };
+            ranks[i].status = Some(status);
+            if !status.success() && failure.is_none() && interrupted.is_none() && kill_at.is_none()
+            {
+                failure = Some((i, status));
+                eprintln!(
+                    "jaccl launch: rank {i} ({}) {}; stopping the other ranks",
+                    ranks[i].host.name(),
+                    describe_status(status)
+                );
+                let others: Vec<usize> = (0..ranks.len()).filter(|&j| j != i).collect();
+                stop(&mut ranks, &others, Signal::TERM, job);
+                kill_at = Some(Instant::now() + GRACE);
+            }
+        }
+        if ranks.iter().all(|r| r.status.is_some()) {
+            break;
+        }
+        if let Some(at) = kill_at
+            && Instant::now() >= at
+        {
+            let left: Vec<usize> = (0..ranks.len())
+                .filter(|&j| ranks[j].status.is_none())
+                .collect();
+            if job.verbose {
+                eprintln!("jaccl launch: killing ranks {left:?} that did not stop in time");
+            }
+            stop(&mut ranks, &left, Signal::KILL, job);
+            kill_at = Some(Instant::now() + GRACE * 10);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Let the relays print what the ranks wrote last (they end when the pipes close; a
+    // grandchild still holding one must not keep us waiting forever).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for _ in 0..pipes.len() {
+        if done_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_err()
+        {
+            break;
+        }
+    }
+
+    if let Some(sig) = interrupted {
+        return Ok(128u8.saturating_add(sig as u8));
+    }
+    if let Some((_, status)) = failure {
+        return Ok(exit_code(status));
+    }
+    // A rank may also have failed while we were stopping for another reason.
+    Ok(ranks
+        .iter()
+        .filter_map(|r| r.status)
+        .find(|s| !s.success())
+        .map_or(0, exit_code))
+}
+
+/// The command that starts `host`'s rank with `env`.
+fn command(job: &Job, host: &Host, env: &[(String, String)], stdin: bool) -> Command {
+    let mut cmd = match host {
+        Host::Local => {
+            let mut cmd = Command::new(&job.program[0]);
+            cmd.args(&job.program[1..]).envs(env.iter().cloned());
+            if let Some(cwd) = &job.cwd {
+                cmd.current_dir(cwd);
+            }
+            cmd
+        }
+        Host::Ssh(dest) => {
+            let mut cmd = Command::new(&job.ssh[0]);
+            cmd.args(&job.ssh[1..]);
+            if !stdin {
+                cmd.arg("-n");
+            }
+            cmd.arg(dest).arg(remote_script(job, env));
+            cmd
+        }
+    };
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// The `sh` script a remote rank runs: report the PID, change directory, `exec` the program.
+pub(crate) fn remote_script(job: &Job, env: &[(String, String)]) -> String {
+    let mut script = format!("printf '{PID_MARKER}%s\\n' $$ >&2; ");
+    match &job.cwd {
+        Some(dir) => {
+            let dir = shell_words::quote(&dir.to_string_lossy()).into_owned();
+            script += &format!(
+                "cd {dir} || {{ echo \"jaccl launch: cannot cd to {}\" >&2; exit 126; }}; ",
+                dir.replace('"', "'")
+            );
+        }
+        None => {
+            // Like mlx.launch: try the launcher's directory, quietly.
+            if let Ok(here) = std::env::current_dir() {
+                script += &format!(
+                    "cd {} 2>/dev/null; ",
+                    shell_words::quote(&here.to_string_lossy())
+                );
+            }
+        }
+    }
+    script += "exec env";
+    for (k, v) in env {
+        script += " ";
+        script += &shell_words::quote(&format!("{k}={v}"));
+    }
+    for arg in &job.program {
+        script += " ";
+        script += &shell_words::quote(arg);
+    }
+    script
+}
+
+/// Copies one output pipe of a rank to ours, a whole line at a time.
+fn relay(
+    pipe: impl Read + Send + 'static,
+    label: Option<String>,
+    to_stderr: bool,
+    remote_pid: Option<Arc<Mutex<Option<u32>>>>,
+    done: mpsc::Sender<()>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = Vec::new();
+        let mut first = true;
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if first && let Some(pid) = &remote_pid {
+                first = false;
+                let text = String::from_utf8_lossy(&line);
+                if let Some(n) = text.trim().strip_prefix(PID_MARKER.trim_end())
+                    && let Ok(n) = n.trim().parse::<u32>()
+                {
+                    if let Ok(mut slot) = pid.lock() {
+                        *slot = Some(n);
+                    }
+                    continue;
+                }
+            }
+            if !line.ends_with(b"\n") {
+                line.push(b'\n');
+            }
+            let mut whole = Vec::with_capacity(line.len() + 8);
+            if let Some(label) = &label {
+                whole.extend_from_slice(label.as_bytes());
+            }
+            whole.extend_from_slice(&line);
+            // One write per line under the lock: lines of different ranks never mix.
+            let _ = if to_stderr {
+                std::io::stderr().lock().write_all(&whole)
+            } else {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&whole).and_then(|()| out.flush())
+            };
+        }
+        let _ = done.send(());
+    })
+}
+
+/// Forwards the launcher's stdin to rank 0 until end of input.
+fn forward_stdin(mut to: std::process::ChildStdin) {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to);
+    });
+}
+
+/// Sends `sig` to ranks `which`: to the process group of local ones, and over ssh to the
+/// remote program and then to the local ssh client.
+fn stop(ranks: &mut [Running], which: &[usize], sig: Signal, job: &Job) {
+    let mut remote_kills = Vec::new();
+    for &i in which {
+        let r = &mut ranks[i];
+        if r.status.is_some() {
+            continue;
+        }
+        if let Host::Ssh(dest) = &r.host {
+            let pid = r.remote_pid.lock().ok().and_then(|p| *p);
+            if let Some(pid) = pid {
+                let name = signal_short_name(sig);
+                let script =
+                    format!("kill -{name} -- -{pid} 2>/dev/null || kill -{name} {pid} 2>/dev/null");
+                let mut cmd = Command::new(&job.ssh[0]);
+                cmd.args(&job.ssh[1..])
+                    .arg("-n")
+                    .arg(dest)
+                    .arg(script)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                if let Ok(child) = cmd.spawn() {
+                    remote_kills.push(child);
+                }
+            }
+        }
+    }
+    // Give the remote kills a moment before the ssh clients go (which closes their sessions).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for mut k in remote_kills {
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = k.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    for &i in which {
+        let r = &ranks[i];
+        if r.status.is_none()
+            && let Some(pid) = Pid::from_raw(r.child.id() as i32)
+        {
+            let _ = rustix::process::kill_process_group(pid, sig);
+        }
+    }
+}
+
+fn to_signal(sig: i32) -> Signal {
+    match sig {
+        signal_hook::consts::SIGINT => Signal::INT,
+        signal_hook::consts::SIGHUP => Signal::HUP,
+        _ => Signal::TERM,
+    }
+}
+
+fn signal_short_name(sig: Signal) -> &'static str {
+    if sig == Signal::KILL {
+        "KILL"
+    } else if sig == Signal::INT {
+        "INT"
+    } else if sig == Signal::HUP {
+        "HUP"
+    } else {
+        "TERM"
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        signal_hook::consts::SIGINT => "interrupted (SIGINT)".into(),
+        signal_hook::consts::SIGTERM => "terminated (SIGTERM)".into(),
+        signal_hook::consts::SIGHUP => "hung up (SIGHUP)".into(),
+        signal_hook::consts::SIGKILL => "killed (SIGKILL)".into(),
+        signal_hook::consts::SIGSEGV => "crashed (SIGSEGV)".into(),
+        signal_hook::consts::SIGABRT => "aborted (SIGABRT)".into(),
+        other => format!("stopped by signal {other}"),
+    }
+}
+
+/// "exited with code 3", "was killed by signal 9 (SIGKILL)".
+pub(crate) fn describe_status(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => format!("died: {}", signal_name(sig)),
+        _ => format!("ended with {status}"),
+    }
+}
+
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => 0,
+        (Some(code), _) => u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1),
+        (None, Some(sig)) => 128u8.saturating_add(u8::try_from(sig).unwrap_or(127)),
+        _ => 1,
+    }
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut parts: Vec<String> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| {
+            let k = k.to_string_lossy();
+            k.starts_with("JACCL_")
+                .then(|| format!("{k}={}", v.map(|v| v.to_string_lossy()).unwrap_or_default()))
+        })
+        .collect();
+    parts.push(cmd.get_program().to_string_lossy().into_owned());
+    parts.extend(
+        cmd.get_args()
+            .map(|a| shell_words::quote(&a.to_string_lossy()).into_owned()),
+    );
+    parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Job {
+            program: vec!["my prog".into(), "it's".into()],
+            hosts: vec![Host::Local, Host::Ssh("h".into())],
+            coordinator: "10.0.0.1:5000".into(),
+            env: vec![("A".into(), "x y".into())],
+            cwd: Some("/tmp/a b".into()),
+            prefix: true,
+            verbose: false,
+            rank0_inherits_terminal: false,
+            ssh: vec!["ssh".into()],
+        }
+    }
+
+    #[test]
+    fn ranks_get_their_identity_and_the_extra_environment_last() {
+        let env = rank_env(&job(), 1, 255);
+        assert_eq!(env[0], ("JACCL_RANK".into(), "1".into()));
+        assert_eq!(env[1], ("JACCL_SIZE".into(), "2".into()));
+        assert_eq!(env[2], ("JACCL_COORDINATOR".into(), "10.0.0.1:5000".into()));
+        assert_eq!(env[3], ("JACCL_JOB_TOKEN".into(), "0xff".into()));
+        assert_eq!(env.last(), Some(&("A".into(), "x y".into())));
+    }
+
+    #[test]
+    fn the_remote_script_quotes_everything() {
+        let j = job();
+        let script = remote_script(&j, &rank_env(&j, 1, 1));
+        assert!(script.starts_with("printf 'JACCL_LAUNCH_PID %s\\n' $$ >&2; cd '/tmp/a b' ||"));
+        assert!(script.ends_with("'A=x y' 'my prog' 'it'\\''s'"), "{script}");
+        let words = shell_words::split(&script[script.find("exec").unwrap_or(0)..]).unwrap();
+        assert_eq!(words.last().map(String::as_str), Some("it's"));
+    }
+
+    #[test]
+    fn exit_codes() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(exit_code(ExitStatus::from_raw(0)), 0);
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
+        assert_eq!(
+            describe_status(ExitStatus::from_raw(9)),
+            "died: killed (SIGKILL)"
+        );
+    }
+}

@@ -1,0 +1,546 @@
+//! What `jaccl bench` prints and writes: the nccl-tests-style table, JSON lines and an SVG plot.
+//! Only rank 0 reports.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use jaccl::Group;
+use serde::Serialize;
+
+use crate::bench::{BenchArgs, BenchOp, print_line};
+
+/// The measurement of one loop (out of place or in place).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    /// Slowest rank's mean time per operation.
+    pub(crate) time_us: f64,
+    pub(crate) iters: usize,
+    /// Wrong elements over all ranks and checks.
+    pub(crate) wrong: u64,
+}
+
+/// One size of the sweep.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Row {
+    /// The size column: bytes of the message (all-gather: of the output; reduce-scatter: of
+    /// the input), as in nccl-tests.
+    pub(crate) bytes: usize,
+    /// Elements of the message (all-gather: sent by each rank).
+    pub(crate) count: usize,
+    pub(crate) out_of_place: Timing,
+    pub(crate) in_place: Option<Timing>,
+}
+
+impl Row {
+    pub(crate) fn wrong(&self) -> u64 {
+        self.out_of_place.wrong + self.in_place.map_or(0, |t| t.wrong)
+    }
+}
+
+/// GB/s (10^9 bytes per second) of `bytes` in `time_us`.
+pub(crate) fn gbs(bytes: usize, time_us: f64) -> f64 {
+    if time_us > 0.0 {
+        bytes as f64 / time_us / 1e3
+    } else {
+        0.0
+    }
+}
+
+#[derive(Serialize)]
+struct JsonTiming {
+    time_us: f64,
+    algbw_gbs: f64,
+    busbw_gbs: f64,
+    iters: usize,
+    wrong: u64,
+}
+
+/// One JSON line: the fields of ../shared/bench's harness (`peer`, `transport`, `n`, `bytes`,
+/// `time_us`, `algbw_gbs`, `busbw_gbs`, `ok`) and more.
+#[derive(Serialize)]
+struct JsonRow<'a> {
+    peer: &'a str,
+    op: BenchOp,
+    dtype: String,
+    reduce: Option<String>,
+    transport: String,
+    topology: String,
+    wires: usize,
+    n: usize,
+    bytes: usize,
+    count: usize,
+    time_us: f64,
+    algbw_gbs: f64,
+    busbw_gbs: f64,
+    iters: usize,
+    wrong: u64,
+    ok: bool,
+    in_place: Option<JsonTiming>,
+}
+
+/// Rank 0's output of one run.
+pub(crate) struct Report<'a> {
+    args: &'a BenchArgs,
+    leader: bool,
+    n: usize,
+    transport: String,
+    topology: String,
+    wires: usize,
+    json: Option<BufWriter<File>>,
+    rows: Vec<Row>,
+    progress: Option<ProgressBar>,
+}
+
+impl<'a> Report<'a> {
+    pub(crate) fn new(
+        args: &'a BenchArgs,
+        g: &Group,
+        sizes: usize,
+        leader: bool,
+    ) -> Result<Report<'a>, String> {
+        let transport = g.transport().map_or("none".to_string(), |t| t.to_string());
+        let topology = g.topology().map_or("none".to_string(), |t| t.to_string());
+        let json = match (&args.json, leader) {
+            (Some(path), true) => {
+                Some(BufWriter::new(File::create(path).map_err(|e| {
+                    format!("cannot write {}: {e}", path.display())
+                })?))
+            }
+            _ => None,
+        };
+        let report = Report {
+            args,
+            leader,
+            n: g.size(),
+            transport,
+            topology,
+            wires: g.wires(),
+            json,
+            rows: Vec::new(),
+            progress: None,
+        };
+        if !leader {
+            return Ok(report);
+        }
+        let mut report = report;
+        report.header();
+        if sizes > 1 {
+            let bar = ProgressBar::new(sizes as u64).with_style(
+                ProgressStyle::with_template("{spinner} size {pos}/{len} {wide_bar} {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            report.progress = Some(bar);
+        }
+        Ok(report)
+    }
+
+    fn header(&self) {
+        let a = self.args;
+        let redop = if a.op.reduces() {
+            format!(", {}", a.reduce)
+        } else {
+            String::new()
+        };
+        let wires = if self.wires == 1 { "wire" } else { "wires" };
+        print_line(&format!(
+            "# jaccl bench: {} ({}{redop}) on {} ranks, {} over {}, {} {wires}",
+            a.op.name(),
+            a.dtype,
+            self.n,
+            self.topology,
+            self.transport,
+            self.wires
+        ));
+        let iters = a
+            .iters
+            .map_or("auto (about 0.3 s per size)".to_string(), |k| k.to_string());
+        let warmup = a.warmup.map_or("auto".to_string(), |k| k.to_string());
+        let checks = if a.check {
+            "every result"
+        } else {
+            "first and last result"
+        };
+        print_line(&format!(
+            "# sizes {} to {} (x{}); iterations {iters}; warm-up {warmup}; checked: {checks}",
+            human(a.min_bytes),
+            human(a.max_bytes),
+            a.factor
+        ));
+        print_line("#");
+        print_line(&format!(
+            "# {:>10} {:>11} {:>5} {:>5}  {:^39}  {:^39}",
+            "", "", "", "", "out-of-place", "in-place"
+        ));
+        print_line(&format!(
+            "# {:>10} {:>11} {:>5} {:>5}  {:>10} {:>9} {:>9} {:>7}  {:>10} {:>9} {:>9} {:>7}",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong"
+        ));
+        print_line(&format!(
+            "# {:>10} {:>11} {:>5} {:>5}  {:>10} {:>9} {:>9} {:>7}  {:>10} {:>9} {:>9} {:>7}",
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            ""
+        ));
+    }
+
+    /// Reports one size.
+    pub(crate) fn row(&mut self, row: Row) -> Result<(), String> {
+        if !self.leader {
+            return Ok(());
+        }
+        let factor = self.args.op.bus_factor(self.n);
+        let cols = |t: Option<Timing>| match t {
+            Some(t) => {
+                let alg = gbs(row.bytes, t.time_us);
+                format!(
+                    "{:>10.2} {:>9.3} {:>9.3} {:>7}",
+                    t.time_us,
+                    alg,
+                    alg * factor,
+                    t.wrong
+                )
+            }
+            None => format!("{:>10} {:>9} {:>9} {:>7}", "N/A", "N/A", "N/A", "N/A"),
+        };
+        let redop = if self.args.op.reduces() {
+            self.args.reduce.to_string()
+        } else {
+            "-".to_string()
+        };
+        let line = format!(
+            "  {:>10} {:>11} {:>5} {:>5}  {}  {}",
+            row.bytes,
+            row.count,
+            self.args.dtype.to_string(),
+            redop,
+            cols(Some(row.out_of_place)),
+            cols(row.in_place)
+        );
+        match &self.progress {
+            Some(bar) => bar.suspend(|| print_line(&line)),
+            None => print_line(&line),
+        }
+        if let Some(bar) = &self.progress {
+            bar.inc(1);
+        }
+        if let Some(json) = &mut self.json {
+            let alg = gbs(row.bytes, row.out_of_place.time_us);
+            let record = JsonRow {
+                peer: "jaccl",
+                op: self.args.op,
+                dtype: self.args.dtype.to_string(),
+                reduce: self.args.op.reduces().then(|| self.args.reduce.to_string()),
+                transport: self.transport.clone(),
+                topology: self.topology.clone(),
+                wires: self.wires,
+                n: self.n,
+                bytes: row.bytes,
+                count: row.count,
+                time_us: row.out_of_place.time_us,
+                algbw_gbs: alg,
+                busbw_gbs: alg * factor,
+                iters: row.out_of_place.iters,
+                wrong: row.wrong(),
+                ok: row.wrong() == 0,
+                in_place: row.in_place.map(|t| {
+                    let alg = gbs(row.bytes, t.time_us);
+                    JsonTiming {
+                        time_us: t.time_us,
+                        algbw_gbs: alg,
+                        busbw_gbs: alg * factor,
+                        iters: t.iters,
+                        wrong: t.wrong,
+                    }
+                }),
+            };
+            let line = serde_json::to_string(&record).map_err(|e| e.to_string())?;
+            writeln!(json, "{line}").map_err(|e| format!("cannot write the JSON file: {e}"))?;
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// The footer, and the plot.
+    pub(crate) fn finish(mut self) -> Result<(), String> {
+        if !self.leader {
+            return Ok(());
+        }
+        if let Some(bar) = self.progress.take() {
+            bar.finish_and_clear();
+        }
+        let factor = self.args.op.bus_factor(self.n);
+        let wrong: u64 = self.rows.iter().map(Row::wrong).sum();
+        let busbws: Vec<f64> = self
+            .rows
+            .iter()
+            .map(|r| gbs(r.bytes, r.out_of_place.time_us) * factor)
+            .collect();
+        let avg = busbws.iter().sum::<f64>() / busbws.len().max(1) as f64;
+        print_line(&format!(
+            "# Wrong values: {wrong} {}",
+            if wrong == 0 { "OK" } else { "FAILED" }
+        ));
+        print_line(&format!("# Avg bus bandwidth: {avg:.4} GB/s"));
+        if let Some(json) = &mut self.json {
+            json.flush()
+                .map_err(|e| format!("cannot write the JSON file: {e}"))?;
+        }
+        if let Some(path) = &self.args.plot {
+            let svg = plot(self.args, self.n, &self.transport, &self.rows);
+            std::fs::write(path, svg)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            print_line(&format!("# Plot: {}", path.display()));
+        }
+        Ok(())
+    }
+}
+
+/// `8 B`, `64 KiB`, `32 MiB`.
+pub(crate) fn human(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Points of one series: (size in bytes, value).
+type Points = Vec<(f64, f64)>;
+
+/// One log-log panel: a quantity against message size, out of place and in place.
+struct Panel {
+    label: &'static str,
+    out_of_place: Points,
+    in_place: Points,
+}
+
+/// Where a panel is drawn: its plot area in pixels.
+struct Area {
+    x: f64,
+    y: f64,
+    width: f64,
+    height: f64,
+}
+
+/// Two log-log panels: bus bandwidth and time against size, out of place and in place.
+pub(crate) fn plot(args: &BenchArgs, n: usize, transport: &str, rows: &[Row]) -> String {
+    let factor = args.op.bus_factor(n);
+    let series = |pick: fn(&Row) -> Option<Timing>, y: &dyn Fn(usize, f64) -> f64| -> Points {
+        rows.iter()
+            .filter_map(|r| pick(r).map(|t| (r.bytes as f64, y(r.bytes, t.time_us))))
+            .filter(|(x, y)| *x > 0.0 && *y > 0.0 && y.is_finite())
+            .collect()
+    };
+    let busbw = |b: usize, t: f64| gbs(b, t) * factor;
+    let time = |_: usize, t: f64| t;
+    let oop: fn(&Row) -> Option<Timing> = |r| Some(r.out_of_place);
+    let inp: fn(&Row) -> Option<Timing> = |r| r.in_place;
+    let panels = [
+        Panel {
+            label: "bus bandwidth (GB/s)",
+            out_of_place: series(oop, &busbw),
+            in_place: series(inp, &busbw),
+        },
+        Panel {
+            label: "time per operation (µs)",
+            out_of_place: series(oop, &time),
+            in_place: series(inp, &time),
+        },
+    ];
+    let title = format!(
+        "jaccl bench: {} {} on {n} ranks over {transport}",
+        args.op.name(),
+        args.dtype
+    );
+    let (w, h) = (1000.0, 460.0);
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="24" text-anchor="middle" font-size="16">{}</text>
+"#,
+        w / 2.0,
+        escape(&title)
+    );
+    for (i, p) in panels.iter().enumerate() {
+        let area = Area {
+            x: 70.0 + i as f64 * (w / 2.0),
+            y: 50.0,
+            width: w / 2.0 - 100.0,
+            height: h - 110.0,
+        };
+        panel(&mut svg, &area, p);
+    }
+    let _ = write!(
+        svg,
+        r##"<g transform="translate({},{})"><line x1="0" y1="0" x2="24" y2="0" stroke="#1f77b4" stroke-width="2"/><text x="30" y="4">out of place</text><line x1="130" y1="0" x2="154" y2="0" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="5,3"/><text x="160" y="4">in place</text></g>
+</svg>
+"##,
+        w / 2.0 - 110.0,
+        h - 16.0
+    );
+    svg
+}
+
+/// Draws `p` with log axes (decades) into `area`.
+fn panel(svg: &mut String, area: &Area, p: &Panel) {
+    let Area {
+        x: x0,
+        y: y0,
+        width: pw,
+        height: ph,
+    } = *area;
+    let all: Vec<&(f64, f64)> = p.out_of_place.iter().chain(&p.in_place).collect();
+    let decades = |f: &dyn Fn(&(f64, f64)) -> f64| {
+        let lo = all.iter().map(|q| f(q)).fold(f64::INFINITY, f64::min);
+        let hi = all.iter().map(|q| f(q)).fold(f64::NEG_INFINITY, f64::max);
+        if lo.is_finite() && hi.is_finite() {
+            let lo = lo.log10().floor();
+            (lo, hi.log10().ceil().max(lo + 1.0))
+        } else {
+            (0.0, 1.0)
+        }
+    };
+    let (xl, xh) = decades(&|q| q.0);
+    let (yl, yh) = decades(&|q| q.1);
+    let px = |x: f64| x0 + (x.log10() - xl) / (xh - xl) * pw;
+    let py = |y: f64| y0 + ph - (y.log10() - yl) / (yh - yl) * ph;
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##
+    );
+    for e in xl as i32..=xh as i32 {
+        let x = px(10f64.powi(e));
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x}" y1="{y0}" x2="{x}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
+            y0 + ph,
+            y0 + ph + 16.0,
+            human_decimal(10f64.powi(e), "B")
+        );
+    }
+    for e in yl as i32..=yh as i32 {
+        let y = py(10f64.powi(e));
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            x0 + pw,
+            x0 - 6.0,
+            y + 4.0,
+            human_decimal(10f64.powi(e), "")
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">message size</text><text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        x0 + pw / 2.0,
+        y0 + ph + 34.0,
+        x0 - 52.0,
+        y0 + ph / 2.0,
+        escape(p.label)
+    );
+    for (points, color, dash) in [
+        (&p.out_of_place, "#1f77b4", ""),
+        (&p.in_place, "#ff7f0e", r#" stroke-dasharray="5,3""#),
+    ] {
+        if points.is_empty() {
+            continue;
+        }
+        let path: Vec<String> = points
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
+            path.join(" ")
+        );
+        for &(x, y) in points {
+            let _ = writeln!(
+                svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"/>"#,
+                px(x),
+                py(y)
+            );
+        }
+    }
+}
+
+/// `1`, `10`, `1k`, `1M`, `0.01` with an optional unit.
+fn human_decimal(v: f64, unit: &str) -> String {
+    let (v, prefix) = if v >= 1e9 {
+        (v / 1e9, "G")
+    } else if v >= 1e6 {
+        (v / 1e6, "M")
+    } else if v >= 1e3 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    let sep = if unit.is_empty() && prefix.is_empty() {
+        ""
+    } else {
+        " "
+    };
+    format!(
+        "{}{sep}{prefix}{unit}",
+        format!("{v}").trim_end_matches(".0")
+    )
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(8), "8 B");
+        assert_eq!(human(64 << 10), "64 KiB");
+        assert_eq!(human(33_554_432), "32 MiB");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human_decimal(1e6, "B"), "1 MB");
+        assert_eq!(human_decimal(0.01, ""), "0.01");
+    }
+
+    #[test]
+    fn bandwidth_is_decimal_gb_per_second() {
+        assert_eq!(gbs(4_000_000, 1000.0), 4.0);
+        assert_eq!(gbs(8, 0.0), 0.0);
+    }
+}

@@ -1,0 +1,517 @@
+//! The `jaccl` command as a user runs it: real processes, real sockets, ssh to 127.0.0.1 and
+//! mpirun where available (scripts/test.sh sets them up).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const JACCL: &str = env!("CARGO_BIN_EXE_jaccl");
+
+fn jaccl(args: &[&str]) -> Output {
+    Command::new(JACCL)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Few iterations: these tests check behaviour, not speed.
+const QUICK: [&str; 4] = ["--iters", "3", "--warmup", "1"];
+
+/// `jaccl bench` with `args` and [`QUICK`].
+fn bench(args: &[&str]) -> Output {
+    jaccl(&[&["bench"], args, &QUICK[..]].concat())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Whether an optional prerequisite is there; with JACCL_REQUIRE_ALL=1 (CI) it must be.
+fn available(what: &str, present: bool) -> bool {
+    if !present {
+        assert!(
+            std::env::var("JACCL_REQUIRE_ALL").is_err(),
+            "{what} is required (JACCL_REQUIRE_ALL is set)"
+        );
+        eprintln!("skipping: {what} is not available (run scripts/test.sh as root)");
+    }
+    present
+}
+
+fn ssh_ready() -> bool {
+    available("ssh to 127.0.0.1", std::env::var("JACCL_TEST_SSH").is_ok())
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("jaccl-cli-test-{}-{name}", std::process::id()))
+}
+
+/// The `sleep <duration>` processes running (the duration is unique to a test).
+fn sleeping(duration: &str) -> Vec<String> {
+    let wanted = format!("sleep {duration} ");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| text(&c).replace('\0', " "))
+        .filter(|c| c.starts_with(&wanted))
+        .collect()
+}
+
+fn sorted_lines(b: &[u8]) -> Vec<String> {
+    let mut v: Vec<String> = text(b).lines().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn launch_prefixes_lines_and_gives_each_rank_its_identity() {
+    let out = jaccl(&[
+        "launch",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo \"r=$JACCL_RANK n=$JACCL_SIZE\"; echo e >&2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        sorted_lines(&out.stdout),
+        ["[0] r=0 n=3", "[1] r=1 n=3", "[2] r=2 n=3"]
+    );
+    assert_eq!(sorted_lines(&out.stderr), ["[0] e", "[1] e", "[2] e"]);
+}
+
+#[test]
+fn launch_env_cwd_and_no_prefix() {
+    let out = jaccl(&[
+        "launch",
+        "-n",
+        "2",
+        "--no-prefix",
+        "--env",
+        "A=b c",
+        "--cwd",
+        "/tmp",
+        "sh",
+        "-c",
+        "echo \"$A $(pwd)\"",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sorted_lines(&out.stdout), ["b c /tmp", "b c /tmp"]);
+    let out = jaccl(&["launch", "--env", "1A=x", "true"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("1A=x"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn launch_forwards_stdin_to_rank_0_only() {
+    let mut child = Command::new(JACCL)
+        .args(["launch", "-n", "2", "sh", "-c", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"one\ntwo\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "[0] one\n[0] two\n");
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_and_the_launcher_names_it() {
+    let out = jaccl(&[
+        "launch",
+        "-n",
+        "3",
+        "sh",
+        "-c",
+        "[ $JACCL_RANK = 1 ] && exit 3; sleep 60",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("rank 1") && err.contains("exited with code 3"),
+        "{err}"
+    );
+    let out = jaccl(&[
+        "launch",
+        "-n",
+        "2",
+        "sh",
+        "-c",
+        "[ $JACCL_RANK = 0 ] && kill -9 $$; sleep 60",
+    ]);
+    assert_eq!(out.status.code(), Some(137));
+    assert!(text(&out.stderr).contains("SIGKILL"));
+}
+
+/// Starts a launcher whose ranks print READY then sleep for a duration unique to this test;
+/// interrupts it once all are ready and checks that it exits with 128 + signal and leaves no
+/// rank behind.
+fn interrupt_leaves_nothing(mut launch_args: Vec<String>, ranks: usize, salt: u32) {
+    let marker = format!("3600.{}{salt}", std::process::id());
+    launch_args.extend([
+        "sh".into(),
+        "-c".into(),
+        format!("echo READY; exec sleep {marker}"),
+    ]);
+    let mut child = Command::new(JACCL)
+        .args(&launch_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for _ in 0..ranks {
+        assert!(lines.next().unwrap().unwrap().ends_with("READY"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sleeping(&marker).len() < ranks && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(sleeping(&marker).len(), ranks, "{:?}", sleeping(&marker));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    // The ranks are gone by the time the launcher exits (remote ones may take a moment).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sleeping(&marker).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(sleeping(&marker), Vec::<String>::new());
+}
+
+#[test]
+fn ctrl_c_stops_every_local_rank() {
+    interrupt_leaves_nothing(vec!["launch".into(), "-n".into(), "3".into()], 3, 1);
+}
+
+#[test]
+fn bench_runs_every_op_with_checks() {
+    for op in [
+        "all-reduce",
+        "all-gather",
+        "reduce-scatter",
+        "send-recv",
+        "barrier",
+    ] {
+        let out = bench(&[
+            "-n", "3", "--op", op, "--check", "-b", "8", "-e", "256K", "-f", "8",
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
+        assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
+        assert!(stdout.contains(&format!("jaccl bench: {op}")), "{stdout}");
+    }
+    for (dtype, reduce) in [
+        ("bf16", "max"),
+        ("bool", "sum"),
+        ("c64", "min"),
+        ("u8", "sum"),
+        ("f64", "min"),
+    ] {
+        let out = bench(&[
+            "-n", "2", "--dtype", dtype, "--reduce", reduce, "--check", "-b", "8", "-e", "64K",
+            "-f", "16",
+        ]);
+        assert!(
+            out.status.success(),
+            "{dtype} {reduce}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn bench_writes_json_lines_and_a_plot() {
+    let (json, svg) = (temp("rows.jsonl"), temp("plot.svg"));
+    let out = bench(&[
+        "-n",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "1M",
+        "-f",
+        "32",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        for key in [
+            "peer",
+            "transport",
+            "n",
+            "bytes",
+            "time_us",
+            "algbw_gbs",
+            "busbw_gbs",
+            "ok",
+        ] {
+            assert!(r.get(key).is_some(), "{key} missing in {r}");
+        }
+        assert_eq!(r["peer"], "jaccl");
+        assert_eq!(r["ok"], true);
+        assert_eq!(r["n"], 2);
+    }
+    assert_eq!(rows[2]["bytes"], 1 << 20);
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.starts_with("<svg") && svg_text.trim_end().ends_with("</svg>"));
+    assert_eq!(
+        svg_text.matches("<polyline").count(),
+        4,
+        "two panels, two series each"
+    );
+    let _ = std::fs::remove_file(json);
+    let _ = std::fs::remove_file(svg);
+}
+
+#[test]
+fn bench_fails_when_values_are_wrong() {
+    let out = bench(&["-n", "2", "-b", "64", "-e", "64", "--inject-fault"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stdout).contains("FAILED"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn bench_under_torchrun_style_variables() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let children: Vec<_> = (0..3)
+        .map(|r| {
+            Command::new(JACCL)
+                .args([
+                    "bench", "-b", "8", "-e", "8K", "-f", "32", "--iters", "2", "--warmup", "1",
+                    "--check",
+                ])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "3")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for (r, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {r}: {}", text(&o.stderr));
+    }
+    assert!(text(&outs[0].stdout).contains("on 3 ranks"));
+    assert!(outs[1].stdout.is_empty(), "only rank 0 reports");
+}
+
+#[test]
+fn bench_under_mpirun() {
+    let has_mpirun = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !available("mpirun (Open MPI)", has_mpirun) {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            "4",
+            "--mca",
+            "btl",
+            "self,tcp",
+        ])
+        .args(["-x", "MASTER_ADDR=127.0.0.1", "-x"])
+        .arg(format!("MASTER_PORT={port}"))
+        .args([
+            JACCL, "bench", "--check", "-b", "8", "-e", "256K", "-f", "16", "--iters", "3",
+            "--warmup", "1",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("on 4 ranks") && stdout.contains("Wrong values: 0 OK"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn doctor_reports_the_machine_and_checks_files() {
+    let out = jaccl(&["doctor"]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    for needle in [
+        "tcp   available",
+        "network interfaces:",
+        "lo ",
+        "locked-memory limit",
+        "rdma",
+    ] {
+        assert!(stdout.contains(needle), "{needle}: {stdout}");
+    }
+    let bad = temp("bad-hosts.json");
+    std::fs::write(
+        &bad,
+        r#"[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ips": ["nope"]}]"#,
+    )
+    .unwrap();
+    let out = jaccl(&["doctor", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("host 1: \"ssh\" is missing")
+            && stdout.contains("\"nope\" is not an IP address"),
+        "{stdout}"
+    );
+    let out = jaccl(&["launch", "--hostfile", bad.to_str().unwrap(), "true"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("host 1"),
+        "{}",
+        text(&out.stderr)
+    );
+    let devices = temp("devices.json");
+    std::fs::write(&devices, r#"[[null, "rdma_en1"], ["rdma_en2", null]]"#).unwrap();
+    let out = jaccl(&["doctor", devices.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("usable as: mesh"));
+    let _ = std::fs::remove_file(bad);
+    let _ = std::fs::remove_file(devices);
+}
+
+#[test]
+fn launch_over_ssh_to_localhost() {
+    if !ssh_ready() {
+        return;
+    }
+    let out = jaccl(&[
+        "launch",
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo \"r=$JACCL_RANK $JACCL_COORDINATOR\"",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = sorted_lines(&out.stdout);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert!(lines[0].starts_with("[0] r=0 127.0.0.1:"), "{lines:?}");
+
+    // A real group of ranks started over ssh.
+    let out = jaccl(&[
+        "launch",
+        "--hosts",
+        "127.0.0.1",
+        "-n",
+        "3",
+        "--",
+        JACCL,
+        "bench",
+        "--check",
+        "-b",
+        "8",
+        "-e",
+        "1M",
+        "-f",
+        "32",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("[0] # Wrong values: 0 OK"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // The same through a hostfile.
+    let file = temp("hosts.json");
+    std::fs::write(&file, r#"{"backend": "jaccl-ring", "envs": ["GREETING=hi"], "hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]}"#).unwrap();
+    let out = jaccl(&[
+        "launch",
+        "--hostfile",
+        file.to_str().unwrap(),
+        "-n",
+        "2",
+        "sh",
+        "-c",
+        "echo $GREETING $JACCL_TOPOLOGY",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sorted_lines(&out.stdout), ["[0] hi ring", "[1] hi ring"]);
+    let _ = std::fs::remove_file(file);
+
+    // A remote rank that fails stops the others.
+    let out = jaccl(&[
+        "launch",
+        "--hosts",
+        "127.0.0.1",
+        "-n",
+        "3",
+        "sh",
+        "-c",
+        "[ $JACCL_RANK = 2 ] && exit 5; sleep 60",
+    ]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("rank 2 (127.0.0.1) exited with code 5"));
+}
+
+#[test]
+fn ctrl_c_stops_every_remote_rank() {
+    if !ssh_ready() {
+        return;
+    }
+    let args = ["launch", "--hosts", "127.0.0.1", "-n", "2"]
+        .map(String::from)
+        .to_vec();
+    interrupt_leaves_nothing(args, 2, 2);
+}

@@ -63,6 +63,33 @@ pub use half;
 /// The crate providing [`num_complex::Complex32`].
 pub use num_complex;
 
+/// Entry points of the fuzz targets in `fuzz/`: every parser of bytes that come from a peer.
+/// Enabled by the `fuzzing` feature; not a stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Parses `bytes` as a data-connection hello and as an operation header.
+    pub fn data_connection(bytes: &[u8]) {
+        if let Some(b) = bytes.first_chunk::<{ crate::wire::HELLO_LEN }>() {
+            let _ = crate::wire::Hello::decode(b);
+        }
+        if let Some(b) = bytes.first_chunk::<{ crate::wire::HEADER_LEN }>()
+            && let Ok(header) = crate::wire::Header::decode(b)
+        {
+            let _ = header.mismatch(&header);
+            let _ = header.to_string();
+        }
+    }
+
+    /// Parses `bytes` as every side-channel message.
+    pub fn side_channel(bytes: &[u8]) {
+        let _ = crate::bootstrap::Join::decode(bytes);
+        let _ = crate::bootstrap::decode_reply(bytes);
+        let expected = bytes.first().map_or(0, |&b| usize::from(b));
+        let _ = crate::bootstrap::decode_list(bytes, expected);
+    }
+}
+
 /// Joins the group described by the environment; a group of size 1 when nothing is set.
 ///
 /// # Errors

@@ -74,6 +74,24 @@ fn all_reduce_every_dtype_op_size_and_wires() {
     }
 }
 
+#[test]
+fn large_messages_of_byte_types_take_the_ring_path() {
+    // Small messages gather whole vectors; 1-byte elements need long vectors to reach the ring.
+    for size in [2, 3, 5] {
+        for wires in [1, 3] {
+            let lengths = [300_007];
+            let digests = with_group(size, wires, |g| {
+                let mut d = all_reduce_case::<bool>(g, &lengths);
+                d.extend(all_reduce_case::<i8>(g, &lengths));
+                d.extend(all_reduce_case::<u8>(g, &lengths));
+                d.extend(all_gather_case::<u8>(g, &lengths));
+                d
+            });
+            assert!(digests.iter().all(|d| d == &digests[0]));
+        }
+    }
+}
+
 fn all_gather_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
     let (rank, size) = (g.rank(), g.size());
     let mut digest = Vec::new();

@@ -220,19 +220,35 @@ fn drive(
     }
 }
 
-/// When a peer closed a connection, the reason may already be waiting in another channel: a
-/// header that does not match ours means the peer (or its neighbour) called something else.
-/// Reads whatever peer headers have arrived, without waiting, and returns such an error.
+/// When a peer closed a connection, the reason may be in another channel: a header that does
+/// not match ours means a neighbour called something else (and the failure of its other
+/// neighbour may have reached us first). Waits up to [`ROOT_CAUSE_GRACE`] for the peer headers
+/// still expected, until each has arrived or its connection closed, and returns a mismatch.
 fn root_cause(channels: &mut [Channel], headers: &mut [HeaderState], call: &Call) -> Option<Error> {
-    channels
-        .iter_mut()
-        .zip(headers.iter_mut())
-        .filter(|(_, h)| h.incoming.is_some())
-        .find_map(|(ch, h)| match receive_header(ch, h, call) {
-            Err(e @ (Error::Mismatch { .. } | Error::Protocol { .. })) => Some(e),
-            _ => None,
-        })
+    let deadline = Instant::now() + ROOT_CAUSE_GRACE;
+    loop {
+        let mut wants = vec![Wants::default(); channels.len()];
+        for (i, (ch, h)) in channels.iter_mut().zip(headers.iter_mut()).enumerate() {
+            if h.incoming.is_none() {
+                continue;
+            }
+            match receive_header(ch, h, call) {
+                Err(e @ (Error::Mismatch { .. } | Error::Protocol { .. })) => return Some(e),
+                // This connection is gone too: nothing more will come from it.
+                Err(_) => h.incoming = None,
+                Ok(_) => wants[i].read = h.incoming.is_some(),
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !wants.iter().any(|w| w.read) {
+            return None;
+        }
+        wait(channels, &wants, left, call).ok()?;
+    }
 }
+
+/// How long a failed call waits for the peer headers that may explain the failure.
+const ROOT_CAUSE_GRACE: Duration = Duration::from_millis(250);
 
 /// Sends what lane `t` may send now. Returns whether any byte moved.
 fn advance_send(
@@ -256,6 +272,7 @@ fn advance_send(
             let Some(tx) = t.tx else { break };
             let end = ready.min(lane.sent + t.frame);
             let data = &bufs.read(step.send)[lane.sent..end];
+            let with_header = headers[tx].outgoing.is_some();
             let n = send_on(&mut channels[tx], &mut headers[tx], data, call)?;
             if n == 0 {
                 wants[tx].write = true;
@@ -263,6 +280,11 @@ fn advance_send(
             }
             lane.sent += n;
             progress = true;
+            if with_header {
+                // Let the other lanes send their headers before this one sends more: a peer
+                // may fail the call on reading ours, and its neighbours must still get theirs.
+                break;
+            }
         } else if lane.sent == step.send.len {
             lane.send_step += 1;
             lane.sent = 0;

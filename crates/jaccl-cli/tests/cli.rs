@@ -348,15 +348,7 @@ fn bench_under_mpirun() {
         .unwrap()
         .port();
     let out = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-n",
-            "4",
-            "--mca",
-            "btl",
-            "self,tcp",
-        ])
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "4"])
         .args(["-x", "MASTER_ADDR=127.0.0.1", "-x"])
         .arg(format!("MASTER_PORT={port}"))
         .args([

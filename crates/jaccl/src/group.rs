@@ -222,26 +222,15 @@ impl Group {
     /// transport errors of [`Error`], after which the group is poisoned.
     pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
         self.check_usable()?;
-        if Some(output.len()) != input.len().checked_mul(self.size) {
-            return Err(self.invalid(
-                Op::AllGather,
-                format!(
-                    "output has {} elements but must have size × input = {} × {}",
-                    output.len(),
-                    self.size,
-                    input.len()
-                ),
-            ));
-        }
-        let count = input.len();
+        self.check_blocks(
+            Op::AllGather,
+            ("output", output.len()),
+            ("input", input.len()),
+        )?;
+        let call = self.call(Op::AllGather, T::DTYPE, ReduceOp::Sum, input.len());
         let input = T::as_bytes(input);
         T::with_bytes_mut(output, |out| {
-            if matches!(self.state, State::Alone) {
-                out.copy_from_slice(&input);
-                return Ok(());
-            }
-            let call = self.call(Op::AllGather, T::DTYPE, ReduceOp::Sum, count);
-            self.on_ring(call, |ring, call| ring.all_gather(&input, out, call))
+            self.copy_or_ring(call, &input, out, |ring, i, o, c| ring.all_gather(i, o, c))
         })
     }
 
@@ -258,28 +247,17 @@ impl Group {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_usable()?;
-        if Some(input.len()) != output.len().checked_mul(self.size) {
-            return Err(self.invalid(
-                Op::ReduceScatter,
-                format!(
-                    "input has {} elements but must have size × output = {} × {}",
-                    input.len(),
-                    self.size,
-                    output.len()
-                ),
-            ));
-        }
-        let count = output.len();
+        self.check_blocks(
+            Op::ReduceScatter,
+            ("input", input.len()),
+            ("output", output.len()),
+        )?;
+        let call = self.call(Op::ReduceScatter, T::DTYPE, op, output.len());
+        let reducer = Reducer::new(T::DTYPE, op);
         let input = T::as_bytes(input);
         T::with_bytes_mut(output, |out| {
-            if matches!(self.state, State::Alone) {
-                out.copy_from_slice(&input);
-                return Ok(());
-            }
-            let call = self.call(Op::ReduceScatter, T::DTYPE, op, count);
-            let reducer = Reducer::new(T::DTYPE, op);
-            self.on_ring(call, |ring, call| {
-                ring.reduce_scatter(&input, out, &reducer, call)
+            self.copy_or_ring(call, &input, out, |ring, i, o, c| {
+                ring.reduce_scatter(i, o, &reducer, c)
             })
         })
     }
@@ -353,6 +331,35 @@ impl Group {
             count,
             timeout: self.timeout,
         }
+    }
+
+    /// A group of one copies `input` to `output`; otherwise `f` runs the call on the ring.
+    fn copy_or_ring(
+        &mut self,
+        call: Call,
+        input: &[u8],
+        output: &mut [u8],
+        f: impl FnOnce(&mut Ring, &[u8], &mut [u8], &Call) -> Result<()>,
+    ) -> Result<()> {
+        if matches!(self.state, State::Alone) {
+            output.copy_from_slice(input);
+            return Ok(());
+        }
+        self.on_ring(call, |ring, call| f(ring, input, output, call))
+    }
+
+    /// Checks that `whole` holds `size()` blocks of `block` elements.
+    fn check_blocks(&self, op: Op, whole: (&str, usize), block: (&str, usize)) -> Result<()> {
+        if Some(whole.1) == block.1.checked_mul(self.size) {
+            return Ok(());
+        }
+        Err(self.invalid(
+            op,
+            format!(
+                "{} has {} elements but must have size × {} = {} × {}",
+                whole.0, whole.1, block.0, self.size, block.1
+            ),
+        ))
     }
 
     /// Runs `f` on the ring (nothing to do when alone) and poisons the group if it fails.

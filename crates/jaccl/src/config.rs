@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | rank | `JACCL_RANK`, `MLX_RANK`, `RANK`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID` | 0 when no size is set either |
 //! | size | `JACCL_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` | 1 when no rank is set either |
-//! | coordinator | `JACCL_COORDINATOR`, `MLX_JACCL_COORDINATOR`, `MASTER_ADDR` with `MASTER_PORT` | required when size > 1 |
+//! | coordinator | `JACCL_COORDINATOR`, `MLX_JACCL_COORDINATOR`, `MASTER_ADDR` with `MASTER_PORT` (plus one under torchrun, whose agent serves its own store on `MASTER_PORT`) | required when size > 1 |
 //! | topology | `JACCL_TOPOLOGY` (`auto`, `ring`, `mesh`); else `ring` if `JACCL_RING` or `MLX_JACCL_RING` is set | `auto` |
 //! | transport | `JACCL_TRANSPORT` (`auto`, `tcp`, `shm`, `rdma`) | `auto` |
 //! | wires | `JACCL_WIRES` (1 to 4) | measured default, [`Config::DEFAULT_WIRES`] |
@@ -268,8 +268,20 @@ impl Config {
             Some((_, addr)) => Some(addr),
             None => match (env.get("MASTER_ADDR")?, env.get("MASTER_PORT")?) {
                 (Some(host), Some(port)) => {
-                    parse_number::<u16>("MASTER_PORT", &port, "a port")?;
-                    Some(join_host_port(&host, &port))
+                    let mut port = parse_number::<u16>("MASTER_PORT", &port, "a port")?;
+                    // Under torchrun, its agent serves its own store on MASTER_PORT.
+                    if env
+                        .get("TORCHELASTIC_USE_AGENT_STORE")?
+                        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+                    {
+                        port = port.checked_add(1).ok_or_else(|| {
+                            Error::Config(format!(
+                                "MASTER_PORT={port} is torchrun's and jaccl uses the next port, \
+                                 but there is none; set JACCL_COORDINATOR"
+                            ))
+                        })?;
+                    }
+                    Some(join_host_port(&host, &port.to_string()))
                 }
                 (Some(host), None) => {
                     return Err(Error::Config(format!(
@@ -535,6 +547,25 @@ mod tests {
             let cfg = from(&[(r, "3"), (s, "5")]).unwrap();
             assert_eq!((cfg.rank, cfg.size), (3, 5), "{r}/{s}");
         }
+    }
+
+    #[test]
+    fn under_torchrun_the_coordinator_is_the_port_after_its_store() {
+        let cfg = from(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "localhost"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ])
+        .unwrap();
+        assert_eq!(cfg.coordinator.as_deref(), Some("localhost:29501"));
+        let msg = config_error(&[
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "65535"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ]);
+        assert!(msg.contains("MASTER_PORT=65535"), "{msg}");
     }
 
     #[test]

@@ -93,6 +93,19 @@ pub(crate) struct Report<'a> {
     progress: Option<ProgressBar>,
 }
 
+/// What carries the data: the transports to the neighbours (`shm`, `tcp`, `shm+tcp`), or
+/// `none` for a group of one.
+pub(crate) fn transport_summary(g: &Group) -> String {
+    let mut names: Vec<&str> = g.transport().iter().map(|(_, t)| t.name()).collect();
+    names.sort_unstable();
+    names.dedup();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join("+")
+    }
+}
+
 impl<'a> Report<'a> {
     pub(crate) fn new(
         args: &'a BenchArgs,
@@ -100,7 +113,7 @@ impl<'a> Report<'a> {
         sizes: usize,
         leader: bool,
     ) -> Result<Report<'a>, String> {
-        let transport = g.transport().map_or("none".to_string(), |t| t.to_string());
+        let transport = transport_summary(g);
         let topology = g.topology().map_or("none".to_string(), |t| t.to_string());
         let json = match (&args.json, leader) {
             (Some(path), true) => {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::transport::tcp::{connect_with_retry, remaining, wait_readable};
-use crate::wire::PROTOCOL_VERSION;
+use crate::wire::{PROTOCOL_VERSION, to_u32};
 
 const MAGIC: [u8; 4] = *b"JCBS";
 /// Side-channel messages are small (addresses, settings); anything larger is not ours.
@@ -98,9 +98,9 @@ pub(crate) fn decode_reply(
 /// Encodes everyone's bytes, in rank order.
 pub(crate) fn encode_list(items: &[Vec<u8>]) -> Vec<u8> {
     let mut b = Vec::new();
-    b.extend_from_slice(&len_u32(items.len()).to_le_bytes());
+    b.extend_from_slice(&to_u32(items.len()).to_le_bytes());
     for item in items {
-        b.extend_from_slice(&len_u32(item.len()).to_le_bytes());
+        b.extend_from_slice(&to_u32(item.len()).to_le_bytes());
         b.extend_from_slice(item);
     }
     b
@@ -166,10 +166,6 @@ impl<'a> Reader<'a> {
             Err(format!("{} unexpected trailing bytes", self.0.len()))
         }
     }
-}
-
-fn len_u32(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// This rank's end of the side channel.
@@ -420,8 +416,8 @@ fn attend(cfg: &Config, addr: SocketAddr, deadline: Instant) -> Result<SideChann
     let rank = cfg.rank;
     let join = Join {
         version: PROTOCOL_VERSION,
-        rank: len_u32(cfg.rank),
-        size: len_u32(cfg.size),
+        rank: to_u32(cfg.rank),
+        size: to_u32(cfg.size),
         token: cfg.job_token,
     }
     .encode();
@@ -488,7 +484,7 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 fn write_frame(stream: &mut TcpStream, payload: &[u8], deadline: Instant) -> io::Result<()> {
     stream.set_write_timeout(Some(time_left(deadline)?))?;
     let mut frame = Vec::with_capacity(4 + payload.len());
-    frame.extend_from_slice(&len_u32(payload.len()).to_le_bytes());
+    frame.extend_from_slice(&to_u32(payload.len()).to_le_bytes());
     frame.extend_from_slice(payload);
     stream.write_all(&frame)
 }

@@ -12,7 +12,9 @@
 //! | size | `JACCL_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` | 1 when no rank is set either |
 //! | coordinator | `JACCL_COORDINATOR`, `MLX_JACCL_COORDINATOR`, `MASTER_ADDR` with `MASTER_PORT` (plus one under torchrun, whose agent serves its own store on `MASTER_PORT`) | required when size > 1 |
 //! | topology | `JACCL_TOPOLOGY` (`auto`, `ring`, `mesh`); else `ring` if `JACCL_RING` or `MLX_JACCL_RING` is set | `auto` |
-//! | transport | `JACCL_TRANSPORT` (`auto`, `tcp`, `shm`, `rdma`) | `auto` |
+//! | transport | `JACCL_TRANSPORT` (`auto`, `tcp`, `shm`, `rdma`) | `auto`: shared memory with ranks on this host, TCP with the others |
+//! | waiting on shared memory | `JACCL_WAIT` (`auto`, `sleep`, `spin=50us,yield=2ms`) | `auto`: [`WaitPolicy::auto`] |
+//! | host identity | `JACCL_HOST_ID` (any string; ranks with different ones never share memory, so one machine can play several hosts in tests) | unset |
 //! | wires | `JACCL_WIRES` (1 to 4) | measured default, [`Config::DEFAULT_WIRES`] |
 //! | timeout | `JACCL_TIMEOUT` (seconds, `2.5`, or with a unit: `500ms`, `30s`, `5m`) | [`Config::DEFAULT_TIMEOUT`] |
 //! | job token | `JACCL_JOB_TOKEN` (decimal or `0x` hex; set by `jaccl launch`) | 0 |
@@ -26,17 +28,19 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::wait::WaitPolicy;
 
 /// Which transport carries data between two ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Transport {
-    /// The best transport for each peer (today: TCP).
+    /// The best transport for each peer: shared memory with ranks on this host, TCP with the
+    /// others.
     #[default]
     Auto,
     /// TCP sockets: works everywhere, across machines.
     Tcp,
-    /// Shared memory between ranks on one host (not built yet).
+    /// Shared memory: every ring neighbour must be on this host (start-up fails otherwise).
     Shm,
     /// RDMA verbs: InfiniBand, RoCE, Thunderbolt (not built yet).
     Rdma,
@@ -155,6 +159,12 @@ pub struct Config {
     /// Ranks only join a group whose token matches theirs, so a stray process of another job
     /// cannot join. `jaccl launch` sets a random one per job.
     pub job_token: u64,
+    /// How to wait for shared-memory peers; `None` means [`WaitPolicy::auto`] for the ranks
+    /// and CPUs of this host.
+    pub wait: Option<WaitPolicy>,
+    /// Extra host identity: ranks share memory only when their hosts are the same and these
+    /// are equal, so tests can play several hosts on one machine. `None` for real jobs.
+    pub host_id: Option<String>,
 }
 
 impl Config {
@@ -178,6 +188,8 @@ impl Config {
             wires: None,
             timeout: Config::DEFAULT_TIMEOUT,
             job_token: 0,
+            wait: None,
+            host_id: None,
         }
     }
 
@@ -214,6 +226,19 @@ impl Config {
     /// Sets the job token (see [`Config::job_token`](#structfield.job_token)).
     pub fn job_token(mut self, token: u64) -> Config {
         self.job_token = token;
+        self
+    }
+
+    /// Sets how ranks wait for shared-memory peers (see [`WaitPolicy`]).
+    pub fn wait(mut self, policy: WaitPolicy) -> Config {
+        self.wait = Some(policy);
+        self
+    }
+
+    /// Sets an extra host identity (see [`Config::host_id`](#structfield.host_id)): ranks with
+    /// different ones use TCP between them even on one machine.
+    pub fn host_id(mut self, id: impl Into<String>) -> Config {
+        self.host_id = Some(id.into());
         self
     }
 
@@ -318,6 +343,12 @@ impl Config {
             cfg.timeout = parse_duration(&value)
                 .map_err(|why| Error::Config(format!("JACCL_TIMEOUT={value}: {why}")))?;
         }
+        if let Some(value) = env.get("JACCL_WAIT")?
+            && !value.eq_ignore_ascii_case("auto")
+        {
+            cfg.wait = Some(parse_with("JACCL_WAIT", &value)?);
+        }
+        cfg.host_id = env.get("JACCL_HOST_ID")?;
         if let Some(value) = env.get("JACCL_JOB_TOKEN")? {
             cfg.job_token = parse_token(&value).ok_or_else(|| {
                 Error::Config(format!(
@@ -610,6 +641,8 @@ mod tests {
         assert!(msg.contains("MASTER_PORT"), "{msg}");
         let msg = config_error(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "x")]);
         assert!(msg.contains("MASTER_PORT=x"), "{msg}");
+        let msg = config_error(&[("JACCL_WAIT", "fast")]);
+        assert!(msg.contains("JACCL_WAIT=fast"), "{msg}");
         let msg = config_error(&[("JACCL_JOB_TOKEN", "0xzz")]);
         assert!(msg.contains("JACCL_JOB_TOKEN=0xzz"), "{msg}");
     }
@@ -622,8 +655,19 @@ mod tests {
             ("JACCL_TRANSPORT", "TCP"),
             ("JACCL_TOPOLOGY", "ring"),
             ("JACCL_JOB_TOKEN", "0xff"),
+            ("JACCL_WAIT", "spin=5us,yield=1ms"),
+            ("JACCL_HOST_ID", "node-b"),
         ])
         .unwrap();
+        assert_eq!(
+            cfg.wait,
+            Some(WaitPolicy {
+                spin: Duration::from_micros(5),
+                yield_for: Duration::from_millis(1)
+            })
+        );
+        assert_eq!(cfg.host_id.as_deref(), Some("node-b"));
+        assert_eq!(from(&[("JACCL_WAIT", "auto")]).unwrap().wait, None);
         assert_eq!(cfg.wires, Some(3));
         assert_eq!(cfg.timeout, Duration::from_millis(1500));
         assert_eq!(cfg.transport, Transport::Tcp);

@@ -1,19 +1,17 @@
 //! [`Group`]: validates each call, dispatches it to the algorithm, and poisons itself when an
 //! operation fails half-way.
 
-use std::net::{SocketAddr, TcpListener};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use crate::algo::engine::{Call, Channel};
-use crate::algo::ring::{Geometry, Ring};
-use crate::bootstrap::SideChannel;
+use crate::algo::direct::Direct;
+use crate::algo::engine::Call;
+use crate::algo::ring::Ring;
 use crate::config::{Config, Topology, Transport};
+use crate::connect::{self, Connected};
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::reduce::Reducer;
-use crate::transport::tcp::{self, Identity};
+use crate::wait::WaitPolicy;
 
 /// A set of ranks that run collectives together. Create one per process with [`crate::init`]
 /// or [`crate::init_with`]; every rank must call the same operations, in the same order, with
@@ -26,36 +24,30 @@ pub struct Group {
     size: usize,
     wires: usize,
     timeout: Duration,
+    wait: WaitPolicy,
     state: State,
 }
 
 enum State {
     /// A group of one: every collective is a local copy.
     Alone,
-    Ring {
-        ring: Ring,
-        /// Kept open for the life of the group (liveness will use it).
-        _side: SideChannel,
-    },
+    Connected(Box<Connected>),
     /// An operation failed while data was moving; the connections are closed.
     Failed(Error),
 }
 
-/// What each rank publishes at start-up.
-#[derive(Debug, Serialize, Deserialize)]
-struct PeerInfo {
-    /// Where this rank accepts data connections.
-    addr: SocketAddr,
-    wires: usize,
-    topology: String,
-    transport: String,
+/// How a call runs: over the ring's links, or by the direct collectives when every rank shares
+/// memory with this one.
+enum Path<'a> {
+    Ring(&'a mut Ring),
+    Direct(&'a mut Direct),
 }
 
 impl Group {
     pub(crate) fn new(config: Config) -> Result<Group> {
         config.validate()?;
         match config.transport {
-            Transport::Auto | Transport::Tcp => {}
+            Transport::Auto | Transport::Tcp | Transport::Shm => {}
             other => {
                 return Err(Error::Unsupported(format!(
                     "the {other} transport is not available in this build yet; use tcp (or auto)"
@@ -67,21 +59,24 @@ impl Group {
                 "the mesh topology is not available yet; use ring (or auto)".into(),
             ));
         }
-        let state = if config.size == 1 {
-            State::Alone
+        let (state, wires, wait) = if config.size == 1 {
+            (State::Alone, 0, WaitPolicy::SLEEP)
         } else {
-            connect_ring(&config)?
+            let connected = connect::connect(&config)?;
+            let wait = connected.wait;
+            (
+                State::Connected(Box::new(connected)),
+                config.wire_count(),
+                wait,
+            )
         };
         tracing::debug!(rank = config.rank, size = config.size, "jaccl group ready");
-        let wires = match state {
-            State::Alone => 0,
-            _ => config.wire_count(),
-        };
         Ok(Group {
             rank: config.rank,
             size: config.size,
             wires,
             timeout: config.timeout,
+            wait,
             state,
         })
     }
@@ -96,12 +91,26 @@ impl Group {
         self.size
     }
 
-    /// The transport in use; `None` for a group of one, which needs none.
-    pub fn transport(&self) -> Option<Transport> {
-        match self.state {
-            State::Alone => None,
-            _ => Some(Transport::Tcp),
+    /// The transport to each ring neighbour, as `(rank, transport)`: the left neighbour
+    /// (`rank − 1`), then the right one (`rank + 1`) if it is another rank. Shared memory
+    /// ([`Transport::Shm`]) with ranks on this host, TCP with the others, unless
+    /// [`Config::transport`] forced one. Empty for a group of one, which needs none.
+    pub fn transport(&self) -> Vec<(usize, Transport)> {
+        match &self.state {
+            State::Connected(c) => c.neighbours.clone(),
+            _ => Vec::new(),
         }
+    }
+
+    /// Whether every rank shares memory with this one, so collectives read each other's data
+    /// directly instead of passing it around the ring.
+    pub fn shares_memory_with_all(&self) -> bool {
+        matches!(&self.state, State::Connected(c) if c.direct.is_some())
+    }
+
+    /// How ranks wait for shared-memory peers in this group (see [`Config::wait`]).
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.wait
     }
 
     /// The topology in use; `None` for a group of one.
@@ -230,7 +239,10 @@ impl Group {
         let call = self.call(Op::AllGather, T::DTYPE, ReduceOp::Sum, input.len());
         let input = T::as_bytes(input);
         T::with_bytes_mut(output, |out| {
-            self.copy_or_ring(call, &input, out, |ring, i, o, c| ring.all_gather(i, o, c))
+            self.copy_or_run(call, &input, out, |path, i, o, c| match path {
+                Path::Ring(ring) => ring.all_gather(i, o, c),
+                Path::Direct(direct) => direct.all_gather(i, o, c),
+            })
         })
     }
 
@@ -256,8 +268,9 @@ impl Group {
         let reducer = Reducer::new(T::DTYPE, op);
         let input = T::as_bytes(input);
         T::with_bytes_mut(output, |out| {
-            self.copy_or_ring(call, &input, out, |ring, i, o, c| {
-                ring.reduce_scatter(i, o, &reducer, c)
+            self.copy_or_run(call, &input, out, |path, i, o, c| match path {
+                Path::Ring(ring) => ring.reduce_scatter(i, o, &reducer, c),
+                Path::Direct(direct) => direct.reduce_scatter(i, o, &reducer, c),
             })
         })
     }
@@ -298,7 +311,10 @@ impl Group {
     pub fn barrier(&mut self) -> Result<()> {
         self.check_usable()?;
         let call = self.call(Op::Barrier, Dtype::UInt8, ReduceOp::Sum, 0);
-        self.on_ring(call, |ring, call| ring.barrier(call))
+        self.run(call, |path, call| match path {
+            Path::Ring(ring) => ring.barrier(call),
+            Path::Direct(direct) => direct.barrier(call),
+        })
     }
 
     fn all_reduce_bytes(
@@ -317,8 +333,9 @@ impl Group {
         let count = output.len() / dtype.size();
         let call = self.call(Op::AllReduce, dtype, op, count);
         let reducer = Reducer::new(dtype, op);
-        self.on_ring(call, |ring, call| {
-            ring.all_reduce(input, output, &reducer, call)
+        self.run(call, |path, call| match path {
+            Path::Ring(ring) => ring.all_reduce(input, output, &reducer, call),
+            Path::Direct(direct) => direct.all_reduce(input, output, &reducer, call),
         })
     }
 
@@ -330,22 +347,23 @@ impl Group {
             reduce,
             count,
             timeout: self.timeout,
+            wait: self.wait,
         }
     }
 
-    /// A group of one copies `input` to `output`; otherwise `f` runs the call on the ring.
-    fn copy_or_ring(
+    /// A group of one copies `input` to `output`; otherwise `f` runs the call.
+    fn copy_or_run(
         &mut self,
         call: Call,
         input: &[u8],
         output: &mut [u8],
-        f: impl FnOnce(&mut Ring, &[u8], &mut [u8], &Call) -> Result<()>,
+        f: impl FnOnce(Path<'_>, &[u8], &mut [u8], &Call) -> Result<()>,
     ) -> Result<()> {
         if matches!(self.state, State::Alone) {
             output.copy_from_slice(input);
             return Ok(());
         }
-        self.on_ring(call, |ring, call| f(ring, input, output, call))
+        self.run(call, |path, call| f(path, input, output, call))
     }
 
     /// Checks that `whole` holds `size()` blocks of `block` elements.
@@ -362,22 +380,45 @@ impl Group {
         ))
     }
 
-    /// Runs `f` on the ring (nothing to do when alone) and poisons the group if it fails.
+    /// Runs a collective on the direct path when every rank shares memory with this one, else
+    /// on the ring (nothing to do when alone); poisons the group if it fails.
+    fn run(&mut self, call: Call, f: impl FnOnce(Path<'_>, &Call) -> Result<()>) -> Result<()> {
+        self.guarded(call, |c, call| match &mut c.direct {
+            Some(direct) => f(Path::Direct(direct), call),
+            None => f(Path::Ring(&mut c.ring), call),
+        })
+    }
+
+    /// Runs `f` on the ring (send and receive).
     fn on_ring(
         &mut self,
         call: Call,
         f: impl FnOnce(&mut Ring, &Call) -> Result<()>,
     ) -> Result<()> {
+        self.guarded(call, |c, call| f(&mut c.ring, call))
+    }
+
+    /// Runs `f` on the connections (nothing to do when alone) and poisons the group if it fails.
+    fn guarded(
+        &mut self,
+        call: Call,
+        f: impl FnOnce(&mut Connected, &Call) -> Result<()>,
+    ) -> Result<()> {
         let result = match &mut self.state {
             State::Alone => return Ok(()),
             State::Failed(e) => return Err(e.clone()),
-            State::Ring { ring, .. } => f(ring, &call),
+            State::Connected(c) => f(c, &call),
         };
         if let Err(e) = &result
             && !e.is_local_argument_error()
         {
             tracing::debug!(rank = self.rank, error = %e, "jaccl group poisoned");
-            // Dropping the ring closes every connection, so the peers fail promptly too.
+            if let State::Connected(c) = &self.state
+                && let Some(shm) = &c.shm
+            {
+                shm.fail();
+            }
+            // Dropping the connections closes them, so the peers fail promptly too.
             self.state = State::Failed(e.clone());
         }
         result
@@ -408,8 +449,8 @@ impl Group {
         if peer == self.rank {
             return Err(self.invalid(op, format!("a rank cannot {what} itself")));
         }
-        if let State::Ring { ring, .. } = &self.state {
-            let (left, right) = (ring.geometry.left(), ring.geometry.right());
+        if let State::Connected(c) = &self.state {
+            let (left, right) = (c.ring.geometry.left(), c.ring.geometry.right());
             if peer != left && peer != right {
                 return Err(self.invalid(
                     op,
@@ -433,7 +474,7 @@ impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             State::Alone => "alone",
-            State::Ring { .. } => "ring",
+            State::Connected(_) => "connected",
             State::Failed(_) => "failed",
         };
         f.debug_struct("Group")
@@ -442,78 +483,4 @@ impl std::fmt::Debug for Group {
             .field("state", &state)
             .finish()
     }
-}
-
-/// Start-up of a ring: join the side channel, publish where this rank listens, check that all
-/// ranks agree, open the wires to both neighbours, and wait for everyone.
-fn connect_ring(config: &Config) -> Result<State> {
-    let (rank, size) = (config.rank, config.size);
-    let deadline = Instant::now() + config.timeout;
-    let mut side = SideChannel::join(config, deadline)?;
-    let listener = TcpListener::bind((side.local_ip(), 0))
-        .map_err(|e| Error::io(rank, "listening for data connections", e))?;
-    let me = PeerInfo {
-        addr: listener
-            .local_addr()
-            .map_err(|e| Error::io(rank, "data listener address", e))?,
-        wires: config.wire_count(),
-        topology: Topology::Ring.to_string(),
-        transport: Transport::Tcp.to_string(),
-    };
-    let mine = serde_json::to_vec(&me).map_err(|e| Error::Bootstrap(e.to_string()))?;
-    let infos = side
-        .all_gather(&mine, deadline)?
-        .iter()
-        .enumerate()
-        .map(|(r, bytes)| {
-            serde_json::from_slice::<PeerInfo>(bytes).map_err(|e| {
-                Error::Bootstrap(format!(
-                    "rank {rank}: rank {r} published unreadable start-up data: {e}"
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    for (r, info) in infos.iter().enumerate() {
-        if info.wires != me.wires {
-            return Err(Error::Bootstrap(format!(
-                "ranks disagree on the number of wires: rank {rank} uses {}, rank {r} uses {}; \
-                 set JACCL_WIRES (or Config::wires) the same on every rank",
-                me.wires, info.wires
-            )));
-        }
-    }
-    let geometry = Geometry {
-        rank,
-        size,
-        wires: me.wires,
-    };
-    let (left, right) = (geometry.left(), geometry.right());
-    let identity = Identity {
-        rank,
-        size,
-        token: config.job_token,
-    };
-    let links = tcp::establish(
-        &listener,
-        identity,
-        &[(right, infos[right].addr)],
-        &[left],
-        me.wires,
-        deadline,
-    )?;
-    drop(listener);
-    let channels = |links: Vec<Vec<tcp::TcpLink>>, peer: usize| -> Vec<Channel> {
-        links
-            .into_iter()
-            .flatten()
-            .map(|link| Channel::new(Box::new(link), peer))
-            .collect()
-    };
-    let ring = Ring::new(
-        geometry,
-        channels(links.incoming, left),
-        channels(links.outgoing, right),
-    );
-    side.barrier(deadline)?;
-    Ok(State::Ring { ring, _side: side })
 }

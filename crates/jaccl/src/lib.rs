@@ -47,11 +47,13 @@
 mod algo;
 mod bootstrap;
 pub mod config;
+mod connect;
 mod dtype;
 mod error;
 mod group;
 mod reduce;
 mod transport;
+mod wait;
 mod wire;
 
 pub use config::{Config, Topology, Transport};
@@ -62,6 +64,7 @@ pub use group::Group;
 pub use half;
 /// The crate providing [`num_complex::Complex32`].
 pub use num_complex;
+pub use wait::WaitPolicy;
 
 /// Entry points of the fuzz targets in `fuzz/`: every parser of bytes that come from a peer.
 /// Enabled by the `fuzzing` feature; not a stable API.

@@ -160,6 +160,32 @@ impl Header {
         })
     }
 
+    /// The header as two words, as a shared-memory mailbox publishes it (the sender is the
+    /// mailbox's owner).
+    pub(crate) fn to_words(self) -> [u64; 2] {
+        let word = u64::from(self.seq)
+            | u64::from(self.kind as u8) << 32
+            | u64::from(self.dtype.id()) << 40
+            | u64::from(self.reduce as u8) << 48;
+        [word, self.count]
+    }
+
+    /// Parses [`Header::to_words`] published by rank `sender`.
+    pub(crate) fn from_words(words: [u64; 2], sender: u32) -> Result<Header, String> {
+        let byte = |shift: u32| (words[0] >> shift) as u8;
+        Ok(Header {
+            seq: words[0] as u32,
+            kind: Kind::from_id(byte(32))
+                .ok_or_else(|| format!("unknown operation {}", byte(32)))?,
+            dtype: Dtype::from_id(byte(40))
+                .ok_or_else(|| format!("unknown dtype id {}", byte(40)))?,
+            reduce: ReduceOp::from_id(byte(48))
+                .ok_or_else(|| format!("unknown reduction id {}", byte(48)))?,
+            sender,
+            count: words[1],
+        })
+    }
+
     /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
     pub(crate) fn mismatch(&self, got: &Header) -> Option<String> {
         let same_call = self.kind == got.kind
@@ -202,6 +228,12 @@ impl fmt::Display for Header {
     }
 }
 
+/// `x` as a `u32` for a wire field, saturating (sizes and ranks above `u32::MAX` are refused
+/// long before anything is sent).
+pub(crate) fn to_u32(x: usize) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
@@ -239,6 +271,7 @@ mod tests {
     fn header_round_trips_and_describes_mismatches() {
         let h = header();
         assert_eq!(Header::decode(&h.encode()), Ok(h));
+        assert_eq!(Header::from_words(h.to_words(), h.sender), Ok(h));
         assert_eq!(h.mismatch(&h), None);
         let other = Header { count: 5, ..h };
         let msg = h.mismatch(&other).unwrap();

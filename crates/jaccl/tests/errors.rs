@@ -118,7 +118,6 @@ fn invalid_configurations_are_refused_before_any_network() {
     assert!(config_error(Config::new(0, 2)).contains("coordinator"));
     assert!(config_error(Config::new(0, 1).wires(9)).contains("wires"));
     for cfg in [
-        Config::new(0, 1).transport(Transport::Shm),
         Config::new(0, 1).transport(Transport::Rdma),
         Config::new(0, 1).topology(Topology::Mesh),
     ] {

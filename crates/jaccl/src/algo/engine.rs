@@ -1,24 +1,26 @@
 //! Runs a [`Plan`] over links on the calling thread.
 //!
-//! Each pass over the lanes sends what may be sent and merges what has arrived, without
-//! blocking. When a pass makes no progress, the engine sleeps in `poll(2)` on exactly the
-//! descriptors it waits for. It does not busy-poll: with more ranks than cores (tests run 8
-//! ranks on 2), a spinning rank steals the core its peer needs and each hop then costs a
-//! scheduler slice. Sleeping costs one wake-up (tens of µs on a VM) only when there is nothing
-//! to do anyway.
+//! An [`Execution`] is one call in progress: each [`Execution::pass`] over the lanes sends what
+//! may be sent and merges what has arrived, without blocking. [`run`] repeats passes and, when
+//! one moves nothing, waits as the links' readiness interface says (`crate::transport`): it
+//! spins and yields on shared-memory links (per the call's [`crate::WaitPolicy`]), and sleeps in
+//! `poll(2)` on exactly the links it waits for. With more ranks than cores (tests run 8 ranks on
+//! 2), a rank that busy-polls steals the core its peer needs and each hop then costs a
+//! scheduler slice, so TCP links are slept on at once.
 //!
 //! Every wait has a deadline: when no byte moves for the call's timeout, it fails with
 //! [`Error::Timeout`].
 
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags};
+use rustix::event::PollFd;
 use rustix::io::Errno;
 
 use super::{Buf, Merge, Plan, Span, Transfer};
 use crate::error::{Error, Op, Result};
-use crate::reduce::Reducer;
-use crate::transport::{Link, LinkError};
+use crate::reduce::{Reducer, copy};
+use crate::transport::{Interest, Link, LinkError, Readiness};
+use crate::wait::{Backoff, Idle, WaitPolicy};
 use crate::wire::{HEADER_LEN, Header, Kind};
 use crate::{Dtype, ReduceOp};
 
@@ -52,17 +54,28 @@ pub(crate) struct Call {
     /// Elements, as in the header.
     pub(crate) count: usize,
     pub(crate) timeout: Duration,
+    pub(crate) wait: WaitPolicy,
 }
 
 impl Call {
-    fn header(&self, seq: u32, sender: usize) -> Header {
+    /// The header of this call, as operation `seq` on a connection, sent by `sender`.
+    pub(crate) fn header(&self, seq: u32, sender: usize) -> Header {
         Header {
             seq,
             kind: Kind::of(self.op),
             dtype: self.dtype,
             reduce: self.reduce,
-            sender: u32::try_from(sender).unwrap_or(u32::MAX),
+            sender: crate::wire::to_u32(sender),
             count: self.count as u64,
+        }
+    }
+
+    /// The error for a wait that saw no progress for the timeout.
+    pub(crate) fn timed_out(&self) -> Error {
+        Error::Timeout {
+            rank: self.rank,
+            op: self.op,
+            after: self.timeout,
         }
     }
 }
@@ -103,78 +116,70 @@ struct HeaderState {
     incoming: Option<(Header, [u8; HEADER_LEN], usize)>,
 }
 
-/// Per-pass record of what each channel waits for.
-#[derive(Default, Clone, Copy)]
-struct Wants {
-    read: bool,
-    write: bool,
+/// One call in progress: a plan, the caller's buffers, and how far each lane and header got.
+pub(crate) struct Execution<'a> {
+    plan: &'a Plan,
+    bufs: Buffers<'a>,
+    reducer: Option<&'a Reducer>,
+    call: &'a Call,
+    headers: Vec<HeaderState>,
+    lanes: Vec<LaneState>,
+    /// What each channel waited for in the last pass.
+    wants: Vec<Interest>,
 }
 
-/// Runs `plan` over `channels`. Every channel the plan sends on first carries this call's
-/// header, and every channel it receives on first delivers the peer's, which must match.
-pub(crate) fn run(
-    channels: &mut [Channel],
-    plan: &Plan,
-    mut bufs: Buffers<'_>,
-    reducer: Option<&Reducer>,
-    call: &Call,
-) -> Result<()> {
-    let mut headers: Vec<HeaderState> = channels.iter().map(|_| HeaderState::default()).collect();
-    let sending = plan.transfers.iter().filter_map(|t| t.tx);
-    let receiving = plan.transfers.iter().filter_map(|t| t.rx);
-    for tx in sending.chain(plan.headers_both_ways.iter().copied()) {
-        if headers[tx].outgoing.is_none() {
-            let ch = &mut channels[tx];
-            headers[tx].outgoing = Some((call.header(ch.sent_ops, call.rank).encode(), 0));
-            ch.sent_ops = ch.sent_ops.wrapping_add(1);
+impl<'a> Execution<'a> {
+    /// Starts `plan` over `channels`. Every channel the plan sends on first carries this call's
+    /// header, and every channel it receives on first delivers the peer's, which must match.
+    pub(crate) fn start(
+        channels: &mut [Channel],
+        plan: &'a Plan,
+        bufs: Buffers<'a>,
+        reducer: Option<&'a Reducer>,
+        call: &'a Call,
+    ) -> Execution<'a> {
+        let mut headers: Vec<HeaderState> =
+            channels.iter().map(|_| HeaderState::default()).collect();
+        let sending = plan.transfers.iter().filter_map(|t| t.tx);
+        let receiving = plan.transfers.iter().filter_map(|t| t.rx);
+        for tx in sending.chain(plan.headers_both_ways.iter().copied()) {
+            if headers[tx].outgoing.is_none() {
+                let ch = &mut channels[tx];
+                headers[tx].outgoing = Some((call.header(ch.sent_ops, call.rank).encode(), 0));
+                ch.sent_ops = ch.sent_ops.wrapping_add(1);
+            }
         }
-    }
-    for rx in receiving.chain(plan.headers_both_ways.iter().copied()) {
-        if headers[rx].incoming.is_none() {
-            let ch = &channels[rx];
-            let expect = call.header(ch.received_ops, ch.peer);
-            headers[rx].incoming = Some((expect, [0u8; HEADER_LEN], 0));
+        for rx in receiving.chain(plan.headers_both_ways.iter().copied()) {
+            if headers[rx].incoming.is_none() {
+                let ch = &channels[rx];
+                let expect = call.header(ch.received_ops, ch.peer);
+                headers[rx].incoming = Some((expect, [0u8; HEADER_LEN], 0));
+            }
+        }
+        Execution {
+            plan,
+            bufs,
+            reducer,
+            call,
+            headers,
+            lanes: vec![LaneState::default(); plan.transfers.len()],
+            wants: vec![Interest::default(); channels.len()],
         }
     }
 
-    let mut lanes = vec![LaneState::default(); plan.transfers.len()];
-    let result = drive(
-        channels,
-        plan,
-        &mut bufs,
-        reducer,
-        call,
-        &mut headers,
-        &mut lanes,
-    );
-    match result {
-        Err(lost @ Error::PeerLost { .. }) => {
-            Err(root_cause(channels, &mut headers, call).unwrap_or(lost))
-        }
-        other => other,
-    }
-}
-
-/// The loop of [`run`]: passes over the lanes until done, sleeping when nothing moves.
-fn drive(
-    channels: &mut [Channel],
-    plan: &Plan,
-    bufs: &mut Buffers<'_>,
-    reducer: Option<&Reducer>,
-    call: &Call,
-    headers: &mut [HeaderState],
-    lanes: &mut [LaneState],
-) -> Result<()> {
-    let mut wants = vec![Wants::default(); channels.len()];
-    let mut last_progress = Instant::now();
-    loop {
-        wants.fill(Wants::default());
+    /// One pass over the lanes: sends what may be sent, then merges what has arrived. Returns
+    /// whether any byte moved; afterwards [`Execution::wants`] says what each channel waits for.
+    pub(crate) fn pass(&mut self, channels: &mut [Channel]) -> Result<bool> {
+        let (plan, call) = (self.plan, self.call);
+        let wants = &mut self.wants;
+        let headers = &mut self.headers;
+        wants.fill(Interest::default());
         // Sends first: our header leaves on every channel (with the first data where there is
         // some) before any check of a peer's header can fail this call, so that the peers see
         // a `Mismatch` too rather than only a closed connection.
         let mut progress = false;
-        for (t, lane) in plan.transfers.iter().zip(lanes.iter_mut()) {
-            progress |= advance_send(t, lane, channels, headers, &mut wants, bufs, call)?;
+        for (t, lane) in plan.transfers.iter().zip(self.lanes.iter_mut()) {
+            progress |= advance_send(t, lane, channels, headers, wants, &self.bufs, call)?;
         }
         for (i, ch) in channels.iter_mut().enumerate() {
             if headers[i].outgoing.is_some() {
@@ -182,8 +187,17 @@ fn drive(
                 wants[i].write |= headers[i].outgoing.is_some();
             }
         }
-        for (t, lane) in plan.transfers.iter().zip(lanes.iter_mut()) {
-            progress |= advance_recv(t, lane, channels, headers, &mut wants, bufs, reducer, call)?;
+        for (t, lane) in plan.transfers.iter().zip(self.lanes.iter_mut()) {
+            progress |= advance_recv(
+                t,
+                lane,
+                channels,
+                headers,
+                wants,
+                &mut self.bufs,
+                self.reducer,
+                call,
+            )?;
         }
         // Channels whose lanes receive no data in this call still deliver the peer's header.
         for (i, ch) in channels.iter_mut().enumerate() {
@@ -192,31 +206,69 @@ fn drive(
                 wants[i].read |= headers[i].incoming.is_some();
             }
         }
+        Ok(progress)
+    }
 
-        let lanes_done = plan
+    /// Whether every lane and header is through.
+    pub(crate) fn done(&self) -> bool {
+        let lanes_done = self
+            .plan
             .transfers
             .iter()
-            .zip(lanes.iter())
+            .zip(&self.lanes)
             .all(|(t, l)| l.send_step == t.steps.len() && l.recv_step == t.steps.len());
-        let headers_done = headers
-            .iter()
-            .all(|h| h.outgoing.is_none() && h.incoming.is_none());
-        if lanes_done && headers_done {
+        lanes_done
+            && self
+                .headers
+                .iter()
+                .all(|h| h.outgoing.is_none() && h.incoming.is_none())
+    }
+
+    /// What each channel waited for in the last pass.
+    pub(crate) fn wants(&self) -> &[Interest] {
+        &self.wants
+    }
+}
+
+/// Runs `plan` over `channels` to the end (see [`Execution::start`]).
+pub(crate) fn run(
+    channels: &mut [Channel],
+    plan: &Plan,
+    bufs: Buffers<'_>,
+    reducer: Option<&Reducer>,
+    call: &Call,
+) -> Result<()> {
+    let mut exec = Execution::start(channels, plan, bufs, reducer, call);
+    match drive(&mut exec, channels) {
+        Err(lost @ Error::PeerLost { .. }) => {
+            Err(root_cause(channels, &mut exec.headers, call).unwrap_or(lost))
+        }
+        other => other,
+    }
+}
+
+/// The loop of [`run`]: passes until done, waiting when nothing moves.
+fn drive(exec: &mut Execution<'_>, channels: &mut [Channel]) -> Result<()> {
+    let call = exec.call;
+    let mut backoff = Backoff::new(call.wait, call.timeout);
+    loop {
+        let progress = exec.pass(channels)?;
+        if exec.done() {
             return Ok(());
         }
         if progress {
-            last_progress = Instant::now();
+            backoff.progressed();
             continue;
         }
-        let waited = last_progress.elapsed();
-        if waited >= call.timeout {
-            return Err(Error::Timeout {
-                rank: call.rank,
-                op: call.op,
-                after: call.timeout,
-            });
+        let spinnable = channels
+            .iter()
+            .zip(exec.wants())
+            .all(|(ch, w)| !w.any() || ch.link.in_memory());
+        match backoff.idle(spinnable) {
+            Idle::Retry => {}
+            Idle::TimedOut => return Err(call.timed_out()),
+            Idle::Sleep(limit) => sleep(channels, exec.wants(), limit, call)?,
         }
-        wait(channels, &wants, call.timeout - waited, call)?;
     }
 }
 
@@ -226,8 +278,9 @@ fn drive(
 /// still expected, until each has arrived or its connection closed, and returns a mismatch.
 fn root_cause(channels: &mut [Channel], headers: &mut [HeaderState], call: &Call) -> Option<Error> {
     let deadline = Instant::now() + ROOT_CAUSE_GRACE;
+    let mut wants = vec![Interest::default(); channels.len()];
     loop {
-        let mut wants = vec![Wants::default(); channels.len()];
+        wants.fill(Interest::default());
         for (i, (ch, h)) in channels.iter_mut().zip(headers.iter_mut()).enumerate() {
             if h.incoming.is_none() {
                 continue;
@@ -243,7 +296,7 @@ fn root_cause(channels: &mut [Channel], headers: &mut [HeaderState], call: &Call
         if left.is_zero() || !wants.iter().any(|w| w.read) {
             return None;
         }
-        wait(channels, &wants, left, call).ok()?;
+        sleep(channels, &wants, left.min(Duration::from_millis(10)), call).ok()?;
     }
 }
 
@@ -256,7 +309,7 @@ fn advance_send(
     lane: &mut LaneState,
     channels: &mut [Channel],
     headers: &mut [HeaderState],
-    wants: &mut [Wants],
+    wants: &mut [Interest],
     bufs: &Buffers<'_>,
     call: &Call,
 ) -> Result<bool> {
@@ -302,7 +355,7 @@ fn advance_recv(
     lane: &mut LaneState,
     channels: &mut [Channel],
     headers: &mut [HeaderState],
-    wants: &mut [Wants],
+    wants: &mut [Interest],
     bufs: &mut Buffers<'_>,
     reducer: Option<&Reducer>,
     call: &Call,
@@ -324,7 +377,7 @@ fn advance_recv(
             let mut consume = |bytes: &[u8]| -> usize {
                 match step.merge {
                     Merge::Copy => {
-                        output[dst_off..dst_off + bytes.len()].copy_from_slice(bytes);
+                        copy(&mut output[dst_off..dst_off + bytes.len()], bytes);
                         bytes.len()
                     }
                     Merge::Reduce { own } => {
@@ -453,33 +506,68 @@ fn lost(e: LinkError, peer: usize, call: &Call) -> Error {
     }
 }
 
-/// Sleeps until a channel we wait for is ready or `timeout` passes.
-fn wait(channels: &[Channel], wants: &[Wants], timeout: Duration, call: &Call) -> Result<()> {
-    let mut fds: Vec<PollFd<'_>> = channels
-        .iter()
-        .zip(wants)
-        .filter(|(_, w)| w.read || w.write)
-        .map(|(ch, w)| {
-            let mut flags = PollFlags::empty();
-            flags.set(PollFlags::IN, w.read);
-            flags.set(PollFlags::OUT, w.write);
-            PollFd::from_borrowed_fd(ch.link.fd(), flags)
-        })
-        .collect();
-    if fds.is_empty() {
-        // Every unfinished lane waits on a channel, so this cannot happen; fail rather than hang.
-        return Err(Error::io(
-            call.rank,
-            call.op,
-            std::io::Error::other("internal error: nothing to wait for"),
-        ));
+/// Arms every channel with an interest and, unless one is ready already, sleeps until one of
+/// their descriptors fires or `limit` passes; then disarms them.
+fn sleep(channels: &mut [Channel], wants: &[Interest], limit: Duration, call: &Call) -> Result<()> {
+    let (armed, mut outcome) = arm(channels, wants, call);
+    if let Ok(Readiness::Armed) = outcome {
+        let mut fds: Vec<PollFd<'_>> = Vec::new();
+        for (ch, w) in channels.iter().zip(wants) {
+            if w.any() {
+                ch.link.wait_fds(*w, &mut fds);
+            }
+        }
+        outcome = poll(&mut fds, limit)
+            .map(|()| Readiness::Armed)
+            .map_err(|e| Error::io(call.rank, format!("{}: poll", call.op), e.into()));
     }
-    let timeout = rustix::time::Timespec::try_from(timeout).unwrap_or(rustix::time::Timespec {
+    disarm(channels, wants, armed);
+    outcome.map(drop)
+}
+
+/// Arms the channels with an interest in order, stopping at the first that is ready (or
+/// fails). Returns how many were armed, to [`disarm`] later, and the outcome.
+pub(crate) fn arm(
+    channels: &mut [Channel],
+    wants: &[Interest],
+    call: &Call,
+) -> (usize, Result<Readiness>) {
+    let mut armed = 0;
+    for (ch, w) in channels.iter_mut().zip(wants) {
+        if !w.any() {
+            continue;
+        }
+        armed += 1;
+        match ch.link.arm(*w) {
+            Ok(Readiness::Armed) => {}
+            Ok(Readiness::Ready) => return (armed, Ok(Readiness::Ready)),
+            Err(e) => return (armed, Err(lost(e, ch.peer, call))),
+        }
+    }
+    if armed == 0 {
+        // Every unfinished lane waits on a channel, so this cannot happen; fail rather than hang.
+        let bug = std::io::Error::other("internal error: nothing to wait for");
+        return (0, Err(Error::io(call.rank, call.op, bug)));
+    }
+    (armed, Ok(Readiness::Armed))
+}
+
+/// Disarms the first `armed` channels with an interest (those [`arm`] armed).
+pub(crate) fn disarm(channels: &mut [Channel], wants: &[Interest], armed: usize) {
+    let waited = channels.iter_mut().zip(wants).filter(|(_, w)| w.any());
+    for (ch, _) in waited.take(armed) {
+        ch.link.disarm();
+    }
+}
+
+/// `poll(2)` for at most `limit`; an interrupted poll counts as a wake-up.
+pub(crate) fn poll(fds: &mut [PollFd<'_>], limit: Duration) -> std::result::Result<(), Errno> {
+    let timeout = rustix::time::Timespec::try_from(limit).unwrap_or(rustix::time::Timespec {
         tv_sec: i64::MAX,
         tv_nsec: 0,
     });
-    match rustix::event::poll(&mut fds, Some(&timeout)) {
+    match rustix::event::poll(fds, Some(&timeout)) {
         Ok(_) | Err(Errno::INTR) => Ok(()),
-        Err(e) => Err(Error::io(call.rank, format!("{}: poll", call.op), e.into())),
+        Err(e) => Err(e),
     }
 }

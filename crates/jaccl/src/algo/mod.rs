@@ -4,7 +4,10 @@
 //! steps it sends and receives. The [`engine`] runs any plan over any links. The ring (in
 //! [`ring`]) is the only place that knows which block moves where.
 
+pub(crate) mod direct;
 pub(crate) mod engine;
+#[cfg(test)]
+mod fake;
 pub(crate) mod ring;
 
 /// Which caller buffer a span lies in.

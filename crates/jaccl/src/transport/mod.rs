@@ -1,44 +1,134 @@
 //! Links: one connection ("wire") to one peer, driven without blocking.
 //!
 //! The algorithms in [`crate::algo`] are written once over [`Link`]. Its receive side is shaped
-//! like RDMA verbs: data lands in a buffer the link owns (a registered frame for RDMA, a slot in
+//! like RDMA verbs: data lands in a buffer the link owns (a registered frame for RDMA, a ring in
 //! the shared mapping for shared memory, a small staging buffer for TCP) and the algorithm
 //! reduces or copies straight out of it. Its send side takes borrowed bytes: TCP hands them to
-//! the kernel directly, while transports with registered buffers copy them into a free frame and
-//! post it. Measured on loopback TCP, sending from the caller's buffer instead of a frame saved
-//! a copy per byte, and receiving into a small reused buffer instead of the caller's buffer
-//! halved the kernel's receive cost (see docs/algorithms.md).
+//! the kernel directly, while transports with their own buffers copy them in and publish them.
+//! Measured on loopback TCP, sending from the caller's buffer instead of a frame saved a copy
+//! per byte, and receiving into a small reused buffer instead of the caller's buffer halved the
+//! kernel's receive cost (see docs/algorithms.md).
+//!
+//! # Waiting: the readiness interface
+//!
+//! A link never blocks. When a pass over the lanes moves nothing, the engine waits for the
+//! links it needs, with the link telling it how:
+//! 1. [`Link::in_memory`] links (shared memory) can be re-checked for the price of a load, so
+//!    the engine first spins and yields ([`crate::wait`]); other links are waited for at once.
+//! 2. [`Link::arm`] prepares to sleep for an [`Interest`]. A link that can already make progress
+//!    (bytes arrived or room appeared since it last returned 0, a peer that went away) answers
+//!    [`Readiness::Ready`] and the engine does not sleep.
+//! 3. Otherwise the engine sleeps in `poll(2)` on every armed link's [`Link::wait_fds`] (a
+//!    socket, a shared-memory doorbell, an RDMA completion channel) until one fires or the
+//!    deadline passes, then calls [`Link::disarm`] on each and tries again.
 
 use std::io;
 use std::os::fd::BorrowedFd;
 
+use rustix::event::{PollFd, PollFlags};
+
+pub(crate) mod shm;
 pub(crate) mod tcp;
+
+/// Who this process is, for the hellos that open data connections.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Identity {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) token: u64,
+}
+
+impl Identity {
+    /// The hello this rank opens a connection with.
+    pub(crate) fn hello(&self, wire: usize) -> crate::wire::Hello {
+        crate::wire::Hello {
+            token: self.token,
+            rank: crate::wire::to_u32(self.rank),
+            size: crate::wire::to_u32(self.size),
+            wire: u16::try_from(wire).unwrap_or(u16::MAX),
+        }
+    }
+
+    /// Whether `hello` comes from rank `from` of this job; the reason if not.
+    pub(crate) fn admits(&self, hello: &crate::wire::Hello) -> Result<usize, String> {
+        if hello.token != self.token {
+            return Err("it belongs to another job (job token differs)".into());
+        }
+        if hello.size as usize != self.size {
+            return Err(format!(
+                "it was started for {} ranks, this rank for {}",
+                hello.size, self.size
+            ));
+        }
+        Ok(hello.rank as usize)
+    }
+}
 
 /// Why a link failed.
 #[derive(Debug)]
 pub(crate) enum LinkError {
-    /// The peer closed or reset the connection.
+    /// The peer closed or reset the connection, left the group, or its process is gone.
     Closed(String),
     /// Any other operating-system error.
     Io(io::Error),
 }
 
-/// One connection to one peer. All methods return at once: 0 bytes means "not now", and the
-/// caller waits for [`Link::fd`] to become readable or writable before trying again.
+/// What a waiting engine needs from a link: bytes to read, room to write, or both.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Interest {
+    pub(crate) read: bool,
+    pub(crate) write: bool,
+}
+
+impl Interest {
+    /// Whether anything is wanted at all.
+    pub(crate) fn any(self) -> bool {
+        self.read || self.write
+    }
+}
+
+/// The answer of [`Link::arm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// The link can make progress now: do not sleep.
+    Ready,
+    /// Sleeping on [`Link::wait_fds`] is safe: they fire when the link may progress.
+    Armed,
+}
+
+/// One connection to one peer. `try_send` and `try_recv` return at once: 0 bytes means "not
+/// now", and the caller waits as the [module docs](self) describe before trying again.
 pub(crate) trait Link: Send {
     /// Hands the bytes of `parts`, in order, to the transport; returns how many it took. The
     /// caller may reuse the bytes as soon as this returns.
     fn try_send(&mut self, parts: &[&[u8]]) -> Result<usize, LinkError>;
 
     /// Offers at most `max` received bytes, in order, to `consume`, which returns how many it
-    /// used (it may use fewer, e.g. only whole elements; the rest is offered again). Returns the
-    /// number used.
+    /// used (it may use fewer, e.g. only whole elements; the rest is offered again, followed by
+    /// what arrives later). Returns the number used.
     fn try_recv(
         &mut self,
         max: usize,
         consume: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Result<usize, LinkError>;
 
-    /// What to wait on when a call returned 0: readable means data, writable means room.
-    fn fd(&self) -> BorrowedFd<'_>;
+    /// True when re-checking the link costs no system call, so spinning on it is worthwhile.
+    fn in_memory(&self) -> bool;
+
+    /// Prepares to sleep until the link may progress on `interest`.
+    fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError>;
+
+    /// The descriptors to sleep on while armed for `interest`.
+    fn wait_fds<'a>(&'a self, interest: Interest, fds: &mut Vec<PollFd<'a>>);
+
+    /// Undoes [`Link::arm`] after the sleep (or when another link was ready).
+    fn disarm(&mut self);
+}
+
+/// A poll entry for `fd`, readable or writable as `interest` asks.
+pub(crate) fn poll_fd(fd: BorrowedFd<'_>, interest: Interest) -> PollFd<'_> {
+    let mut flags = PollFlags::empty();
+    flags.set(PollFlags::IN, interest.read);
+    flags.set(PollFlags::OUT, interest.write);
+    PollFd::from_borrowed_fd(fd, flags)
 }

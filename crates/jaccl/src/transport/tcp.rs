@@ -13,7 +13,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
-use super::{Link, LinkError};
+use super::{Identity, Interest, Link, LinkError, Readiness, poll_fd};
 use crate::error::{Error, Result};
 use crate::wire::{HELLO_LEN, Hello};
 
@@ -130,9 +130,21 @@ impl Link for TcpLink {
         }
     }
 
-    fn fd(&self) -> BorrowedFd<'_> {
-        self.socket.as_fd()
+    fn in_memory(&self) -> bool {
+        false
     }
+
+    /// Staged bytes are only left over when the consumer could not use them (part of an
+    /// element), so the link can progress only when the kernel has more: always sleep.
+    fn arm(&mut self, _interest: Interest) -> Result<Readiness, LinkError> {
+        Ok(Readiness::Armed)
+    }
+
+    fn wait_fds<'a>(&'a self, interest: Interest, fds: &mut Vec<PollFd<'a>>) {
+        fds.push(poll_fd(self.socket.as_fd(), interest));
+    }
+
+    fn disarm(&mut self) {}
 }
 
 fn classify(e: Errno) -> LinkError {
@@ -142,14 +154,6 @@ fn classify(e: Errno) -> LinkError {
         }
         _ => LinkError::Io(e.into()),
     }
-}
-
-/// Who this process is, for hellos.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Identity {
-    pub(crate) rank: usize,
-    pub(crate) size: usize,
-    pub(crate) token: u64,
 }
 
 /// The links of one set-up: `outgoing[i][w]` is wire `w` to `connect_to[i]`, and
@@ -181,12 +185,7 @@ pub(crate) fn establish(
                     "cannot open data connection {wire} to rank {peer} at {addr}: {e}"
                 ))
             })?;
-            let hello = Hello {
-                token: me.token,
-                rank: wire_u32(me.rank),
-                size: wire_u32(me.size),
-                wire: u16::try_from(wire).unwrap_or(u16::MAX),
-            };
+            let hello = me.hello(wire);
             stream
                 .set_write_timeout(Some(remaining(deadline)))
                 .and_then(|()| stream.write_all(&hello.encode()))
@@ -286,12 +285,15 @@ fn accept_all(
                 continue;
             }
         };
-        let peer = hello.rank as usize;
-        let (Some(index), true) = (
-            accept_from.iter().position(|&p| p == peer),
-            hello.token == me.token && hello.size as usize == me.size,
-        ) else {
-            tracing::debug!(rank = me.rank, %from, ?hello, "ignoring a data connection of another job");
+        let peer = match me.admits(&hello) {
+            Ok(peer) => peer,
+            Err(why) => {
+                tracing::debug!(rank = me.rank, %from, %why, "ignoring a data connection");
+                continue;
+            }
+        };
+        let Some(index) = accept_from.iter().position(|&p| p == peer) else {
+            tracing::debug!(rank = me.rank, %from, peer, "ignoring a data connection from a rank that is not a neighbour");
             continue;
         };
         let wire = usize::from(hello.wire);
@@ -367,8 +369,4 @@ pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result
 /// Time left until `deadline` (zero once it passed).
 pub(crate) fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
-}
-
-fn wire_u32(x: usize) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
 }

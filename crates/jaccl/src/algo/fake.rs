@@ -1,0 +1,409 @@
+//! A deterministic harness for the engine: every plan of the ring runs on all ranks, in one
+//! thread, over in-memory fake links that misbehave as a real transport may. They take partial
+//! writes of random size, offer received bytes one at a time (or a few, or many) so elements
+//! arrive in pieces, fill up (small capacities), and answer readiness in a shuffled way:
+//! spurious `Ready`s, ranks scheduled in random order, and a rank that sleeps is only woken when
+//! a link it armed fires. So a plan that waits on the wrong link, forgets to arm one, or merges
+//! a byte before it may (reduce-scatter's merge-after-send) deadlocks or computes a wrong
+//! result here, reproducibly from the seed.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{RngAlgorithm, TestRng};
+use rustix::event::PollFd;
+
+use super::Plan;
+use super::engine::{self, Buffers, Call, Channel, Execution};
+use super::ring::Geometry;
+use crate::error::Op;
+use crate::reduce::Reducer;
+use crate::transport::{Interest, Link, LinkError, Readiness};
+use crate::wait::WaitPolicy;
+use crate::{Dtype, ReduceOp};
+
+/// One direction of a fake connection.
+#[derive(Default)]
+struct Pipe {
+    bytes: VecDeque<u8>,
+    cap: usize,
+    /// The reader armed for bytes / the writer armed for room, and whether that fired since.
+    reader: Alarm,
+    writer: Alarm,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Alarm {
+    armed: bool,
+    fired: bool,
+}
+
+impl Alarm {
+    fn ring(&mut self) {
+        self.fired |= self.armed;
+    }
+}
+
+type Shared = Arc<Mutex<Pipe>>;
+
+fn lock(p: &Shared) -> MutexGuard<'_, Pipe> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct FakeLink {
+    tx: Shared,
+    rx: Shared,
+    rng: TestRng,
+    /// How many bytes were queued when `try_recv` last returned 0: readable again only when
+    /// more arrived.
+    stalled_at: Option<usize>,
+}
+
+impl FakeLink {
+    /// A chunk size: often 1, often small, sometimes large.
+    fn chunk(&mut self) -> usize {
+        match self.rng.random_range(0..10) {
+            0..=2 => 1,
+            3..=6 => self.rng.random_range(2..64),
+            _ => self.rng.random_range(64..8192),
+        }
+    }
+}
+
+impl Link for FakeLink {
+    fn try_send(&mut self, parts: &[&[u8]]) -> Result<usize, LinkError> {
+        let want = self.chunk();
+        let mut tx = lock(&self.tx);
+        let mut n = want.min(tx.cap - tx.bytes.len());
+        let mut sent = 0;
+        for part in parts {
+            let k = n.min(part.len());
+            tx.bytes.extend(&part[..k]);
+            sent += k;
+            n -= k;
+        }
+        if sent > 0 {
+            tx.reader.ring();
+        }
+        Ok(sent)
+    }
+
+    fn try_recv(
+        &mut self,
+        max: usize,
+        consume: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<usize, LinkError> {
+        let mut offer = self.chunk();
+        let rx = Arc::clone(&self.rx);
+        let mut rx = lock(&rx);
+        let avail = rx.bytes.len().min(max);
+        loop {
+            let k = offer.min(avail);
+            let piece: Vec<u8> = rx.bytes.iter().take(k).copied().collect();
+            let used = if k == 0 { 0 } else { consume(&piece).min(k) };
+            if used > 0 {
+                rx.bytes.drain(..used);
+                rx.writer.ring();
+                self.stalled_at = None;
+                return Ok(used);
+            }
+            if k == avail {
+                self.stalled_at = Some(rx.bytes.len());
+                return Ok(0);
+            }
+            // The consumer needs more (a whole element): offer a longer prefix.
+            offer = k + 1;
+        }
+    }
+
+    fn in_memory(&self) -> bool {
+        true
+    }
+
+    fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError> {
+        if self.rng.random_range(0..8) == 0 {
+            return Ok(Readiness::Ready); // spurious, and legal
+        }
+        let (mut rx, mut tx) = (lock(&self.rx), lock(&self.tx));
+        let readable = rx.bytes.len() > self.stalled_at.unwrap_or(0);
+        let writable = tx.bytes.len() < tx.cap;
+        if (interest.read && readable) || (interest.write && writable) {
+            return Ok(Readiness::Ready);
+        }
+        rx.reader.armed = interest.read;
+        tx.writer.armed = interest.write;
+        Ok(Readiness::Armed)
+    }
+
+    fn wait_fds<'a>(&'a self, _interest: Interest, _fds: &mut Vec<PollFd<'a>>) {}
+
+    fn disarm(&mut self) {
+        lock(&self.rx).reader = Alarm::default();
+        lock(&self.tx).writer = Alarm::default();
+    }
+}
+
+/// The pipes of one channel, kept by the harness to see whether an armed link fired.
+struct Ends {
+    tx: Shared,
+    rx: Shared,
+}
+
+impl Ends {
+    fn fired(&self) -> bool {
+        lock(&self.rx).reader.fired || lock(&self.tx).writer.fired
+    }
+}
+
+/// The ring's channels for every rank (as `Ring::new` lays them out), over fake links.
+fn fake_ring(size: usize, wires: usize, seed: u64) -> (Vec<Vec<Channel>>, Vec<Vec<Ends>>) {
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(seed));
+    let mut slots: Vec<Vec<Option<(Channel, Ends)>>> = (0..size)
+        .map(|_| (0..2 * wires).map(|_| None).collect())
+        .collect();
+    for r in 0..size {
+        let right = (r + 1) % size;
+        for w in 0..wires {
+            let mut pipe = || {
+                // At least two elements: a receiver that may merge only what it has sent itself
+                // (merge after send) needs whole elements in its buffer, as every real one has.
+                let cap = [16, 24, 64, 1000, 1 << 16][rng.random_range(0..5)];
+                Arc::new(Mutex::new(Pipe {
+                    cap,
+                    ..Pipe::default()
+                }))
+            };
+            let (to_right, to_left) = (pipe(), pipe());
+            let mut link = |tx: &Shared, rx: &Shared| FakeLink {
+                tx: Arc::clone(tx),
+                rx: Arc::clone(rx),
+                rng: TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(rng.random())),
+                stalled_at: None,
+            };
+            let mine = link(&to_right, &to_left);
+            let theirs = link(&to_left, &to_right);
+            // My right channel w is the right neighbour's left channel w.
+            slots[r][wires + w] = Some((
+                Channel::new(Box::new(mine), right),
+                Ends {
+                    tx: Arc::clone(&to_right),
+                    rx: Arc::clone(&to_left),
+                },
+            ));
+            slots[right][w] = Some((
+                Channel::new(Box::new(theirs), r),
+                Ends {
+                    tx: to_left,
+                    rx: to_right,
+                },
+            ));
+        }
+    }
+    slots
+        .into_iter()
+        .map(|chans| chans.into_iter().flatten().unzip())
+        .unzip()
+}
+
+fn seed_bytes(seed: u64) -> [u8; 32] {
+    let mut b = [0u8; 32];
+    b[..8].copy_from_slice(&seed.to_le_bytes());
+    b
+}
+
+/// One rank's part in a harness run.
+struct RankCall {
+    plan: Plan,
+    input: Option<Vec<u8>>,
+    output: Vec<u8>,
+    call: Call,
+}
+
+enum Phase {
+    Runnable,
+    Sleeping { armed: usize },
+    Done,
+}
+
+/// Runs every rank's call to the end over fake links, scheduling ranks at random. Panics on a
+/// deadlock (no rank can run and not all are done) or an error.
+fn run_all(mut ranks: Vec<RankCall>, wires: usize, seed: u64) -> Vec<Vec<u8>> {
+    let size = ranks.len();
+    let (mut channels, ends) = fake_ring(size, wires, seed);
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(!seed));
+    let reducer = Reducer::new(Dtype::Int64, ReduceOp::Sum);
+    let calls: Vec<Call> = ranks.iter().map(|rc| rc.call).collect();
+    {
+        let mut execs: Vec<Execution<'_>> = ranks
+            .iter_mut()
+            .zip(channels.iter_mut())
+            .map(|(rc, chans)| {
+                let bufs = Buffers {
+                    input: rc.input.as_deref(),
+                    output: &mut rc.output,
+                };
+                Execution::start(chans, &rc.plan, bufs, Some(&reducer), &rc.call)
+            })
+            .collect();
+        let mut phases: Vec<Phase> = (0..size).map(|_| Phase::Runnable).collect();
+        for _ in 0..20_000_000u64 {
+            let runnable: Vec<usize> = (0..size)
+                .filter(|&r| match phases[r] {
+                    Phase::Runnable => true,
+                    Phase::Sleeping { .. } => ends[r].iter().any(Ends::fired),
+                    Phase::Done => false,
+                })
+                .collect();
+            if runnable.is_empty() {
+                assert!(
+                    phases.iter().all(|p| matches!(p, Phase::Done)),
+                    "deadlock: no rank can run (seed {seed})"
+                );
+                break;
+            }
+            let r = runnable[rng.random_range(0..runnable.len())];
+            let (exec, chans) = (&mut execs[r], &mut channels[r]);
+            if let Phase::Sleeping { armed } = phases[r] {
+                engine::disarm(chans, exec.wants(), armed);
+                phases[r] = Phase::Runnable;
+            }
+            let progress = exec
+                .pass(chans)
+                .unwrap_or_else(|e| panic!("rank {r}: {e} (seed {seed})"));
+            if exec.done() {
+                phases[r] = Phase::Done;
+            } else if !progress {
+                let wants = exec.wants().to_vec();
+                match engine::arm(chans, &wants, &calls[r]) {
+                    (armed, Ok(Readiness::Armed)) => phases[r] = Phase::Sleeping { armed },
+                    (armed, Ok(Readiness::Ready)) => engine::disarm(chans, &wants, armed),
+                    (_, Err(e)) => panic!("rank {r}: {e} (seed {seed})"),
+                }
+            }
+        }
+        assert!(
+            phases.iter().all(|p| matches!(p, Phase::Done)),
+            "did not finish (seed {seed})"
+        );
+    }
+    ranks.into_iter().map(|rc| rc.output).collect()
+}
+
+fn call(rank: usize, op: Op, count: usize) -> Call {
+    Call {
+        rank,
+        op,
+        dtype: Dtype::Int64,
+        reduce: ReduceOp::Sum,
+        count,
+        timeout: Duration::from_secs(60),
+        wait: WaitPolicy::SLEEP,
+    }
+}
+
+fn value(rank: usize, i: usize) -> i64 {
+    (rank as i64 + 1) * 1_000_003 + i as i64 * 7919
+}
+
+fn bytes(values: impl Iterator<Item = i64>) -> Vec<u8> {
+    values.flat_map(i64::to_le_bytes).collect()
+}
+
+fn geometry(rank: usize, size: usize, wires: usize) -> Geometry {
+    Geometry { rank, size, wires }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// All-reduce by the ring's reduce-scatter + all-gather, in place and out of place, with
+    /// counts that give one lane (small) or both directions on every wire.
+    #[test]
+    fn all_reduce_over_misbehaving_links(
+        size in 2usize..=5, wires in 1usize..=3, small in any::<bool>(),
+        extra in 0usize..40, in_place in any::<bool>(), seed in any::<u64>(),
+    ) {
+        let count = if small { extra } else { 4097 + extra };
+        let ranks = (0..size)
+            .map(|r| {
+                let mine = bytes((0..count).map(|i| value(r, i)));
+                let plan = geometry(r, size, wires).all_reduce(count, 8, in_place);
+                let (input, output) = if in_place { (None, mine) } else { (Some(mine), vec![0; count * 8]) };
+                RankCall { plan, input, output, call: call(r, Op::AllReduce, count) }
+            })
+            .collect();
+        let expect = bytes((0..count).map(|i| (0..size).map(|r| value(r, i)).sum()));
+        for out in run_all(ranks, wires, seed) {
+            prop_assert!(out == expect);
+        }
+    }
+
+    /// Reduce-scatter: each step receives into the span it sends from (merge after send).
+    #[test]
+    fn reduce_scatter_over_misbehaving_links(
+        size in 2usize..=5, wires in 1usize..=3, small in any::<bool>(),
+        extra in 0usize..40, seed in any::<u64>(),
+    ) {
+        let count = if small { 1 + extra } else { 4097 + extra };
+        let ranks = (0..size)
+            .map(|r| RankCall {
+                plan: geometry(r, size, wires).reduce_scatter(count, 8),
+                input: Some(bytes((0..size * count).map(|i| value(r, i)))),
+                output: vec![0; count * 8],
+                call: call(r, Op::ReduceScatter, count),
+            })
+            .collect();
+        for (r, out) in run_all(ranks, wires, seed).into_iter().enumerate() {
+            let expect = bytes((0..count).map(|i| (0..size).map(|q| value(q, r * count + i)).sum()));
+            prop_assert!(out == expect, "rank {}", r);
+        }
+    }
+
+    /// All-gather by the ring (large) and by whole blocks both ways (small).
+    #[test]
+    fn all_gather_over_misbehaving_links(
+        size in 2usize..=6, wires in 1usize..=3, small in any::<bool>(),
+        extra in 0usize..40, seed in any::<u64>(),
+    ) {
+        let block = if small { 8 * (1 + extra) } else { 40_000 + extra };
+        let ranks = (0..size)
+            .map(|r| {
+                let g = geometry(r, size, wires);
+                let mut output = vec![0u8; size * block];
+                for (i, b) in output[r * block..(r + 1) * block].iter_mut().enumerate() {
+                    *b = (r * 31 + i) as u8;
+                }
+                let plan = if small { g.gather_both_ways(block) } else { g.all_gather(block) };
+                RankCall { plan, input: None, output, call: call(r, Op::AllGather, block) }
+            })
+            .collect();
+        let expect: Vec<u8> = (0..size)
+            .flat_map(|r| (0..block).map(move |i| (r * 31 + i) as u8))
+            .collect();
+        for out in run_all(ranks, wires, seed) {
+            prop_assert!(out == expect);
+        }
+    }
+
+    /// Send and receive between two neighbours, split over the wires; the other ranks idle.
+    #[test]
+    fn send_recv_over_misbehaving_links(
+        size in 2usize..=4, wires in 1usize..=3, len in 0usize..50_000, seed in any::<u64>(),
+    ) {
+        let data: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
+        let ranks = (0..size)
+            .map(|r| {
+                let g = geometry(r, size, wires);
+                match r {
+                    0 => RankCall { plan: g.send(len, 1), input: Some(data.clone()), output: Vec::new(), call: call(r, Op::Send, len) },
+                    1 => RankCall { plan: g.recv(len, 0), input: None, output: vec![0; len], call: call(r, Op::Recv, len) },
+                    _ => RankCall { plan: Plan::default(), input: None, output: Vec::new(), call: call(r, Op::Recv, 0) },
+                }
+            })
+            .collect();
+        let outs = run_all(ranks, wires, seed);
+        prop_assert!(outs[1] == data);
+    }
+}

@@ -1,0 +1,251 @@
+//! Start-up of a group: every rank publishes through the side channel what its peers need (its
+//! host, where it accepts TCP data connections, where it accepts shared-memory peers), the
+//! ranks check that they agree on the settings, and each rank opens its links. Each ring
+//! neighbour gets its own transport: shared memory when both ranks are on one host, TCP
+//! otherwise; so 2 hosts × 4 ranks use shared memory inside each host and TCP between them.
+//! When every rank is on this host, each also maps every other rank's segment for the direct
+//! collectives (`algo::direct`).
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algo::direct::Direct;
+use crate::algo::engine::Channel;
+use crate::algo::ring::{Geometry, Ring};
+use crate::bootstrap::SideChannel;
+use crate::config::{Config, Topology, Transport};
+use crate::error::{Error, Result};
+use crate::transport::shm::{self, Layout, PeerSpec, Shm, link::ShmLink};
+use crate::transport::{Identity, Link, tcp};
+use crate::wait::WaitPolicy;
+
+/// What each rank publishes at start-up.
+#[derive(Debug, Serialize, Deserialize)]
+struct PeerInfo {
+    /// Ranks with the same host share memory ([`shm::host_identity`]).
+    host: String,
+    /// Where this rank accepts TCP data connections.
+    tcp: SocketAddr,
+    /// Where this rank accepts shared-memory peers, when its transport allows it.
+    shm: Option<String>,
+    wires: usize,
+    transport: String,
+    topology: String,
+}
+
+/// A group's connections, ready for collectives.
+pub(crate) struct Connected {
+    pub(crate) ring: Ring,
+    /// The direct collectives, when every rank is on this host and shares memory.
+    pub(crate) direct: Option<Direct>,
+    /// This rank's shared memory, if it has any peer on this host.
+    pub(crate) shm: Option<Shm>,
+    /// The transport to each ring neighbour: the left one, then the right one if different.
+    pub(crate) neighbours: Vec<(usize, Transport)>,
+    pub(crate) wait: WaitPolicy,
+    /// Kept open for the life of the group.
+    _side: SideChannel,
+}
+
+/// Joins the group of `config` (size > 1) and opens its links.
+pub(crate) fn connect(config: &Config) -> Result<Connected> {
+    let (rank, size) = (config.rank, config.size);
+    let deadline = Instant::now() + config.timeout;
+    let fail = |what: String| Error::Bootstrap(format!("rank {rank}: {what}"));
+    let mut side = SideChannel::join(config, deadline)?;
+    let listener = TcpListener::bind((side.local_ip(), 0))
+        .map_err(|e| Error::io(rank, "listening for data connections", e))?;
+    let shm_listener = match config.transport {
+        Transport::Auto | Transport::Shm => match shm::Listener::new() {
+            Ok(l) => Some(l),
+            Err(e) if config.transport == Transport::Auto => {
+                tracing::debug!(rank, error = %e, "no shared memory, using TCP only");
+                None
+            }
+            Err(e) => return Err(fail(format!("cannot set up shared memory: {e}"))),
+        },
+        _ => None,
+    };
+    let me = PeerInfo {
+        host: shm::host_identity(config.host_id.as_deref()),
+        tcp: listener
+            .local_addr()
+            .map_err(|e| Error::io(rank, "data listener address", e))?,
+        shm: shm_listener.as_ref().map(|l| l.name().to_owned()),
+        wires: config.wire_count(),
+        transport: config.transport.to_string(),
+        topology: Topology::Ring.to_string(),
+    };
+    let mine = serde_json::to_vec(&me).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    let infos = side
+        .all_gather(&mine, deadline)?
+        .iter()
+        .enumerate()
+        .map(|(r, bytes)| {
+            serde_json::from_slice::<PeerInfo>(bytes)
+                .map_err(|e| fail(format!("rank {r} published unreadable start-up data: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    agree(rank, &me, &infos)?;
+
+    let geometry = Geometry {
+        rank,
+        size,
+        wires: me.wires,
+    };
+    let (left, right) = (geometry.left(), geometry.right());
+    let shares_memory =
+        |peer: usize| me.shm.is_some() && infos[peer].shm.is_some() && infos[peer].host == me.host;
+    let transport_to = |peer: usize| -> Result<Transport> {
+        match (shares_memory(peer), config.transport) {
+            (true, _) => Ok(Transport::Shm),
+            (false, Transport::Shm) => Err(Error::Unsupported(format!(
+                "rank {rank}: the shm transport needs every ring neighbour on this host, but \
+                 rank {peer} is on another one ({}; this rank: {}); use auto or tcp",
+                infos[peer].host, me.host
+            ))),
+            (false, _) => Ok(Transport::Tcp),
+        }
+    };
+    let (to_left, to_right) = (transport_to(left)?, transport_to(right)?);
+    let all_here = (0..size).all(|r| r == rank || shares_memory(r));
+
+    let identity = Identity {
+        rank,
+        size,
+        token: config.job_token,
+    };
+    let connect_to: Vec<_> = (to_right == Transport::Tcp)
+        .then(|| (right, infos[right].tcp))
+        .into_iter()
+        .collect();
+    let accept_from: Vec<usize> = (to_left == Transport::Tcp)
+        .then_some(left)
+        .into_iter()
+        .collect();
+    let tcp_links = tcp::establish(
+        &listener,
+        identity,
+        &connect_to,
+        &accept_from,
+        me.wires,
+        deadline,
+    )?;
+    drop(listener);
+
+    // Shared memory: with every rank for the direct collectives, else with the neighbours on
+    // this host. A neighbour sends to this rank on its rings towards this rank.
+    let wires = me.wires;
+    let specs: Vec<PeerSpec> = (0..size)
+        .filter(|&p| p != rank && (all_here || (shares_memory(p) && (p == left || p == right))))
+        .map(|p| {
+            let mut reads = Vec::new();
+            if p == left && to_left == Transport::Shm {
+                reads.extend((0..wires).map(|w| wires + w));
+            }
+            if p == right && to_right == Transport::Shm {
+                reads.extend(0..wires);
+            }
+            PeerSpec {
+                rank: p,
+                name: infos[p].shm.clone().unwrap_or_default(),
+                reads,
+            }
+        })
+        .collect();
+    let shm = match (specs.is_empty(), shm_listener) {
+        (false, Some(l)) => {
+            let layout = Layout::new(wires, shm::RING_BYTES, shm::AREA_BYTES);
+            Some(shm::establish(l, identity, layout, &specs, deadline)?)
+        }
+        _ => None,
+    };
+
+    let mut from_left = tcp_links.incoming.into_iter().flatten();
+    let mut to_right_tcp = tcp_links.outgoing.into_iter().flatten();
+    let shm_ref = shm.as_ref();
+    let left_channels = channels(left, to_left, shm_ref, &mut from_left, (0, wires), wires)?;
+    let right_channels = channels(
+        right,
+        to_right,
+        shm_ref,
+        &mut to_right_tcp,
+        (wires, 0),
+        wires,
+    )?;
+    let ring = Ring::new(geometry, left_channels, right_channels);
+    let direct = match (&shm, all_here) {
+        (Some(shm), true) => Direct::new(rank, size, shm),
+        _ => None,
+    };
+    let here = infos.iter().filter(|i| i.host == me.host).count();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut neighbours = vec![(left, to_left)];
+    if right != left {
+        neighbours.push((right, to_right));
+    }
+    side.barrier(deadline)?;
+    Ok(Connected {
+        ring,
+        direct,
+        shm,
+        neighbours,
+        wait: config.wait.unwrap_or_else(|| WaitPolicy::auto(here, cpus)),
+        _side: side,
+    })
+}
+
+/// The `wires` channels to `peer` over `transport`: shared-memory links sending on this rank's
+/// rings `rings.0 + w` and receiving on the peer's rings `rings.1 + w`, or the TCP links.
+fn channels(
+    peer: usize,
+    transport: Transport,
+    shm: Option<&Shm>,
+    tcp: &mut impl Iterator<Item = tcp::TcpLink>,
+    rings: (usize, usize),
+    wires: usize,
+) -> Result<Vec<Channel>> {
+    (0..wires)
+        .map(|w| {
+            let link: Box<dyn Link> = match (
+                transport,
+                shm.and_then(|s| Some((s, s.peers[peer].as_ref()?))),
+            ) {
+                (Transport::Shm, Some((shm, p))) => Box::new(ShmLink::new(
+                    Arc::clone(&shm.local),
+                    Arc::clone(p),
+                    rings.0 + w,
+                    rings.1 + w,
+                )),
+                _ => Box::new(tcp.next().ok_or_else(|| {
+                    Error::Bootstrap(format!("internal error: no link to rank {peer}, wire {w}"))
+                })?),
+            };
+            Ok(Channel::new(link, peer))
+        })
+        .collect()
+}
+
+/// Checks that every rank uses the same settings.
+fn agree(rank: usize, me: &PeerInfo, infos: &[PeerInfo]) -> Result<()> {
+    for (r, info) in infos.iter().enumerate() {
+        if info.wires != me.wires {
+            return Err(Error::Bootstrap(format!(
+                "ranks disagree on the number of wires: rank {rank} uses {}, rank {r} uses {}; \
+                 set JACCL_WIRES (or Config::wires) the same on every rank",
+                me.wires, info.wires
+            )));
+        }
+        if info.transport != me.transport {
+            return Err(Error::Bootstrap(format!(
+                "ranks disagree on the transport: rank {rank} uses {}, rank {r} uses {}; set \
+                 JACCL_TRANSPORT (or Config::transport) the same on every rank",
+                me.transport, info.transport
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! A [`Link`] over shared memory: two single-producer byte rings, each in its sender's segment.
+//!
+//! The sender copies bytes into its ring and publishes the new tail; the receiver offers them
+//! to the consumer straight out of the ring (both ends map it twice back to back, so the bytes
+//! are contiguous across the ring's end, and the reduction reads them in place) and publishes
+//! the new head. Tails and heads only grow (64-bit byte counts), so "something changed since I
+//! last looked" is a comparison, which is what [`Link::arm`] checks before a rank sleeps.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::event::PollFd;
+
+use super::{Local, Mapping, Peer};
+use crate::transport::{Interest, Link, LinkError, Readiness, poll_fd};
+
+/// One wire to one peer on this host.
+pub(crate) struct ShmLink {
+    local: Arc<Local>,
+    peer: Arc<Peer>,
+    /// This rank's outgoing ring, and the peer's ring this rank reads.
+    tx: usize,
+    rx: usize,
+    cap: u64,
+    /// This rank's copies of the cursors only it writes.
+    tail: u64,
+    head: u64,
+    /// The peer's tail when `try_recv` last found nothing usable, and the peer's head when
+    /// `try_send` last found the ring full: readiness means "moved since".
+    stalled_tail: u64,
+    stalled_head: u64,
+    /// Why the peer is gone, once [`Link::arm`] found out.
+    gone: Option<String>,
+}
+
+impl ShmLink {
+    /// The link sending on this rank's ring `tx` and receiving on the peer's ring `rx` (which
+    /// must be mapped in `peer`).
+    pub(crate) fn new(local: Arc<Local>, peer: Arc<Peer>, tx: usize, rx: usize) -> ShmLink {
+        let cap = local.layout.ring_bytes as u64;
+        ShmLink {
+            local,
+            peer,
+            tx,
+            rx,
+            cap,
+            tail: 0,
+            head: 0,
+            stalled_tail: 0,
+            stalled_head: 0,
+            gone: None,
+        }
+    }
+
+    /// The tail (written by the sender) and head (written by the reader) of ring `ring` in the
+    /// control page `main`, laid out as `local`'s (every rank's layout is the same).
+    fn cursors<'a>(
+        local: &Local,
+        main: &'a Mapping,
+        ring: usize,
+    ) -> (&'a AtomicU64, &'a AtomicU64) {
+        let (tail, head) = local.layout.ring_cursors(ring);
+        (main.atomic_u64(tail), main.atomic_u64(head))
+    }
+
+    /// The error for a peer that will never read or write again.
+    fn closed(&self) -> Option<LinkError> {
+        self.gone
+            .clone()
+            .or_else(|| self.peer.departed())
+            .map(LinkError::Closed)
+    }
+}
+
+impl Link for ShmLink {
+    fn try_send(&mut self, parts: &[&[u8]]) -> Result<usize, LinkError> {
+        if let Some(e) = self.closed() {
+            return Err(e);
+        }
+        let (tail_word, head_word) = Self::cursors(&self.local, &self.local.main, self.tx);
+        let head = head_word.load(Ordering::Acquire);
+        let room = (self.cap - (self.tail - head)) as usize;
+        if room == 0 {
+            self.stalled_head = head;
+            return Ok(0);
+        }
+        let ring = &self.local.rings[self.tx];
+        let mut sent = 0;
+        for part in parts {
+            let n = part.len().min(room - sent);
+            ring.write(((self.tail + sent as u64) % self.cap) as usize, &part[..n]);
+            sent += n;
+            if sent == room {
+                break;
+            }
+        }
+        if sent > 0 {
+            self.tail += sent as u64;
+            tail_word.store(self.tail, Ordering::SeqCst);
+            self.peer.wake();
+        }
+        Ok(sent)
+    }
+
+    fn try_recv(
+        &mut self,
+        max: usize,
+        consume: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<usize, LinkError> {
+        let (tail_word, head_word) = Self::cursors(&self.local, &self.peer.main, self.rx);
+        let mut tail = tail_word.load(Ordering::Acquire);
+        if tail == self.head
+            && let Some(e) = self.closed()
+        {
+            // Whatever it published before leaving is still to be read.
+            tail = tail_word.load(Ordering::Acquire);
+            if tail == self.head {
+                return Err(e);
+            }
+        }
+        let available = (tail - self.head) as usize;
+        let offered = available.min(max);
+        let used = match (&self.peer.rings[self.rx], offered) {
+            (_, 0) | (None, _) => 0,
+            (Some(ring), _) => ring
+                .with_bytes((self.head % self.cap) as usize, offered, |bytes| {
+                    consume(bytes)
+                })
+                .min(offered),
+        };
+        if used == 0 {
+            self.stalled_tail = tail;
+            return Ok(0);
+        }
+        self.head += used as u64;
+        head_word.store(self.head, Ordering::SeqCst);
+        self.peer.wake();
+        Ok(used)
+    }
+
+    fn in_memory(&self) -> bool {
+        true
+    }
+
+    fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError> {
+        self.local.arm();
+        let (tail_word, _) = Self::cursors(&self.local, &self.peer.main, self.rx);
+        let (_, head_word) = Self::cursors(&self.local, &self.local.main, self.tx);
+        let readable = interest.read && tail_word.load(Ordering::SeqCst) != self.stalled_tail;
+        let writable = interest.write && head_word.load(Ordering::SeqCst) != self.stalled_head;
+        if readable || writable {
+            return Ok(Readiness::Ready);
+        }
+        if let Some(why) = self.peer.lost() {
+            // The next pass reads what is left, then reports it.
+            self.gone = Some(why);
+            return Ok(Readiness::Ready);
+        }
+        Ok(Readiness::Armed)
+    }
+
+    fn wait_fds<'a>(&'a self, _interest: Interest, fds: &mut Vec<PollFd<'a>>) {
+        let read = Interest {
+            read: true,
+            write: false,
+        };
+        fds.push(poll_fd(self.local.doorbell.fd(), read));
+        fds.push(self.peer.poll_liveness());
+    }
+
+    fn disarm(&mut self) {
+        self.local.disarm();
+    }
+}

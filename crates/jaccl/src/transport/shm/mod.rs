@@ -1,0 +1,514 @@
+//! Shared memory between the ranks of one host.
+//!
+//! Each rank creates one sealed memfd segment ([`Layout`]): its mailbox, the two areas of the
+//! direct collectives (`crate::algo::direct`) and its outgoing rings ([`link`]); and a doorbell,
+//! an eventfd its peers ring to wake it when it sleeps. At start-up it listens on an abstract
+//! Unix socket (a name, no file) chosen at random and published through the side channel. For
+//! every peer on this host it needs, the higher rank connects; the two check that they belong to
+//! the same job, then each hands the other its segment and doorbell (`SCM_RIGHTS`). Nothing
+//! outside the job can map a segment: it has no name, and only travels over these sockets.
+//!
+//! The socket stays open for liveness. A rank that leaves marks its mailbox and rings its
+//! peers' doorbells; a rank whose process dies (`SIGKILL`) closes nothing itself, but the kernel
+//! closes its end of every socket, which wakes peers sleeping on it. A segment's memory is freed
+//! when the last process mapping it exits, however it exits: nothing is ever left in `/dev/shm`
+//! or `/tmp`.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+
+use super::Identity;
+use crate::error::{Error, Result};
+use crate::wire::{HELLO_LEN, Hello};
+
+pub(crate) mod link;
+pub(crate) mod segment;
+mod sys;
+
+pub(crate) use segment::{Layout, Mailbox, State};
+pub(crate) use sys::Mapping;
+
+/// Bytes of each ring (one per neighbour, wire and direction): the most a sender may be ahead.
+pub(crate) const RING_BYTES: usize = 256 * 1024;
+/// Bytes of each of a rank's two areas: the most one round of a direct collective moves.
+pub(crate) const AREA_BYTES: usize = 1024 * 1024;
+
+/// How long a connection to our socket may take to prove it belongs to the job.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Opens the second message of the handshake, which carries the segment and the doorbell.
+const OFFER_MAGIC: [u8; 4] = *b"JCSM";
+const OFFER_LEN: usize = 4 + 24;
+
+/// This host as ranks compare it: ranks with equal identities share memory. It is the kernel's
+/// boot id, the host name and the network namespace (abstract sockets reach only within one),
+/// plus `pretend` (`JACCL_HOST_ID` / `Config::host_id`), which lets tests play several hosts on
+/// one machine. Where the boot id cannot be read, a random identity: no sharing.
+pub(crate) fn host_identity(pretend: Option<&str>) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_owned());
+    let boot = read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| random_hex(16));
+    let host = read("/proc/sys/kernel/hostname").unwrap_or_default();
+    let netns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+    format!("{host} boot {boot} netns {netns} {}", pretend.unwrap_or(""))
+}
+
+/// `bytes` random bytes in hex.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    // Only names and identities come from this; a failing generator leaves zeros, which a
+    // bind then reports as "in use" if two ranks collide.
+    let _ = getrandom::fill(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A rank's doorbell: an eventfd that peers write to wake it.
+pub(crate) struct Doorbell(OwnedFd);
+
+impl Doorbell {
+    fn new() -> io::Result<Doorbell> {
+        Ok(Doorbell(rustix::event::eventfd(
+            0,
+            EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+        )?))
+    }
+
+    /// Wakes the owner (the counter only grows, so this cannot block).
+    pub(crate) fn ring(&self) {
+        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
+    }
+
+    /// Resets the counter after a wake-up.
+    pub(crate) fn drain(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.0, &mut b);
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// This rank's own segment, mapped, and its doorbell.
+pub(crate) struct Local {
+    pub(crate) layout: Layout,
+    /// The control page and the areas.
+    pub(crate) main: Mapping,
+    /// Outgoing rings, mirrored, indexed like the ring's channels.
+    pub(crate) rings: Vec<Mapping>,
+    pub(crate) doorbell: Doorbell,
+}
+
+impl Local {
+    fn create(layout: Layout) -> io::Result<(Local, OwnedFd)> {
+        let segment = sys::create_segment(layout.total())?;
+        let main = Mapping::new(segment.as_fd(), 0, layout.main_len())?;
+        let rings = (0..layout.rings)
+            .map(|i| Mapping::mirrored(segment.as_fd(), layout.ring(i), layout.ring_bytes))
+            .collect::<io::Result<_>>()?;
+        let local = Local {
+            layout,
+            main,
+            rings,
+            doorbell: Doorbell::new()?,
+        };
+        Ok((local, segment))
+    }
+
+    pub(crate) fn mailbox(&self) -> Mailbox<'_> {
+        Mailbox::of(&self.main)
+    }
+
+    /// Marks this rank as possibly asleep (see [`Peer::wake`]); the caller re-checks what it
+    /// waits for afterwards, then sleeps on the doorbell.
+    pub(crate) fn arm(&self) {
+        self.mailbox().sleeping().store(1, Ordering::SeqCst);
+    }
+
+    /// Undoes [`Local::arm`] after the sleep.
+    pub(crate) fn disarm(&self) {
+        self.mailbox().sleeping().store(0, Ordering::SeqCst);
+        self.doorbell.drain();
+    }
+}
+
+/// A peer on this host: its segment (the main part, and the rings it sends to this rank), its
+/// doorbell, and the socket that tells when its process is gone.
+pub(crate) struct Peer {
+    pub(crate) rank: usize,
+    pub(crate) main: Mapping,
+    /// Its rings that this rank reads, by ring index.
+    pub(crate) rings: Vec<Option<Mapping>>,
+    doorbell: Doorbell,
+    socket: OwnedFd,
+}
+
+impl Peer {
+    pub(crate) fn mailbox(&self) -> Mailbox<'_> {
+        Mailbox::of(&self.main)
+    }
+
+    /// Wakes the peer if it may be asleep. Call after publishing what it may wait for; the
+    /// `SeqCst` store before and this `SeqCst` load pair with its [`Local::arm`] and re-check,
+    /// so either it sees what was published or this sees it sleeping.
+    pub(crate) fn wake(&self) {
+        if self.mailbox().sleeping().load(Ordering::SeqCst) != 0 {
+            self.doorbell.ring();
+        }
+    }
+
+    /// Why this peer will never answer, from its mailbox (no system call): it left the group
+    /// or its group failed.
+    pub(crate) fn departed(&self) -> Option<String> {
+        match self.mailbox().state_word().load(Ordering::Acquire) {
+            s if s == State::Running as u32 => None,
+            s if s == State::Closed as u32 => Some(format!("rank {} left the group", self.rank)),
+            _ => Some(format!(
+                "rank {}'s group failed (its own error says why)",
+                self.rank
+            )),
+        }
+    }
+
+    /// Why this peer will never answer, also checking whether its process ended (one system
+    /// call: its end of the socket is closed).
+    pub(crate) fn lost(&self) -> Option<String> {
+        if let Some(why) = self.departed() {
+            return Some(why);
+        }
+        let mut b = [0u8; 1];
+        match rustix::net::recv(&self.socket, &mut b, RecvFlags::DONTWAIT | RecvFlags::PEEK) {
+            Err(Errno::AGAIN | Errno::INTR) => None,
+            // End of stream, a reset, or bytes it should never send: it is gone.
+            _ => Some(format!(
+                "rank {}'s process ended without leaving the group (killed?)",
+                self.rank
+            )),
+        }
+    }
+
+    /// The descriptor that becomes readable when the peer's process ends.
+    pub(crate) fn poll_liveness(&self) -> PollFd<'_> {
+        PollFd::new(&self.socket, PollFlags::IN)
+    }
+}
+
+/// The shared memory of one group: this rank's segment and its peers on this host. Dropping it
+/// tells the peers this rank left; [`Shm::fail`] tells them its group failed.
+pub(crate) struct Shm {
+    pub(crate) local: Arc<Local>,
+    /// By rank; `None` for this rank and ranks without shared memory.
+    pub(crate) peers: Vec<Option<Arc<Peer>>>,
+}
+
+impl Shm {
+    /// Marks this rank's group as failed, so that peers waiting for it fail at once.
+    pub(crate) fn fail(&self) {
+        self.set_state(State::Failed);
+    }
+
+    fn set_state(&self, state: State) {
+        let word = self.local.mailbox().state_word();
+        if word.load(Ordering::Relaxed) == State::Running as u32 {
+            word.store(state as u32, Ordering::SeqCst);
+        }
+        for peer in self.peers.iter().flatten() {
+            peer.wake();
+        }
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        self.set_state(State::Closed);
+    }
+}
+
+/// Where this rank accepts its shared-memory peers: an abstract Unix socket (no file) with a
+/// random name.
+pub(crate) struct Listener {
+    fd: OwnedFd,
+    name: String,
+}
+
+impl Listener {
+    pub(crate) fn new() -> io::Result<Listener> {
+        let name = format!("jaccl-{}", random_hex(16));
+        let fd = seqpacket_socket()?;
+        rustix::net::bind(&fd, &SocketAddrUnix::new_abstract_name(name.as_bytes())?)?;
+        rustix::net::listen(&fd, 128)?;
+        Ok(Listener { fd, name })
+    }
+
+    /// The name peers connect to.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A peer to share memory with, as start-up found it.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerSpec {
+    pub(crate) rank: usize,
+    /// Its listener's name.
+    pub(crate) name: String,
+    /// Its rings this rank reads (it sends to this rank on them).
+    pub(crate) reads: Vec<usize>,
+}
+
+/// Creates this rank's segment and exchanges segments with every peer of `peers` (connecting to
+/// lower ranks, accepting higher ones on `listener`) before `deadline`.
+pub(crate) fn establish(
+    listener: Listener,
+    me: Identity,
+    layout: Layout,
+    peers: &[PeerSpec],
+    deadline: Instant,
+) -> Result<Shm> {
+    let fail = |what: String| Error::Bootstrap(format!("rank {}: shared memory: {what}", me.rank));
+    let (local, segment) =
+        Local::create(layout).map_err(|e| fail(format!("cannot create a segment: {e}")))?;
+    let offer = Offer {
+        layout,
+        segment: segment.as_fd(),
+        doorbell: local.doorbell.fd(),
+    };
+    let mut found: Vec<Option<Peer>> = (0..me.size).map(|_| None).collect();
+    for spec in peers.iter().filter(|s| s.rank < me.rank) {
+        let peer = connect(me, spec, &offer, deadline)
+            .map_err(|why| fail(format!("with rank {}: {why}", spec.rank)))?;
+        found[spec.rank] = Some(peer);
+    }
+    let mut missing: Vec<&PeerSpec> = peers.iter().filter(|s| s.rank > me.rank).collect();
+    while !missing.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ready = super::tcp::wait_readable(listener.fd.as_fd(), left)
+            .map_err(|e| Error::io(me.rank, "waiting for shared-memory peers", e))?;
+        if !ready {
+            let ranks: Vec<String> = missing.iter().map(|s| s.rank.to_string()).collect();
+            return Err(fail(format!(
+                "timed out waiting for rank(s) {} to connect",
+                ranks.join(", ")
+            )));
+        }
+        let socket = match rustix::net::accept_with(&listener.fd, SocketFlags::CLOEXEC) {
+            Ok(s) => s,
+            Err(Errno::AGAIN | Errno::INTR | Errno::CONNABORTED) => continue,
+            Err(e) => {
+                return Err(Error::io(
+                    me.rank,
+                    "accepting a shared-memory peer",
+                    e.into(),
+                ));
+            }
+        };
+        match accept(me, socket, &missing, &offer, deadline) {
+            Ok(peer) => {
+                missing.retain(|s| s.rank != peer.rank);
+                let rank = peer.rank;
+                found[rank] = Some(peer);
+            }
+            Err(why) => {
+                tracing::debug!(rank = me.rank, %why, "ignoring a shared-memory connection")
+            }
+        }
+    }
+    drop(segment);
+    Ok(Shm {
+        local: Arc::new(local),
+        peers: found.into_iter().map(|p| p.map(Arc::new)).collect(),
+    })
+}
+
+/// What this rank hands each peer.
+struct Offer<'a> {
+    layout: Layout,
+    segment: BorrowedFd<'a>,
+    doorbell: BorrowedFd<'a>,
+}
+
+impl Offer<'_> {
+    fn bytes(&self) -> [u8; OFFER_LEN] {
+        let mut b = [0u8; OFFER_LEN];
+        b[..4].copy_from_slice(&OFFER_MAGIC);
+        b[4..].copy_from_slice(&self.layout.encode());
+        b
+    }
+
+    fn send(&self, socket: &OwnedFd, prefix: &[u8]) -> io::Result<()> {
+        let mut message = prefix.to_vec();
+        message.extend_from_slice(&self.bytes());
+        send_with_fds(socket, &message, &[self.segment, self.doorbell])
+    }
+}
+
+/// Connects to a lower rank: hello, then its hello and offer, then ours.
+fn connect(
+    me: Identity,
+    spec: &PeerSpec,
+    offer: &Offer<'_>,
+    deadline: Instant,
+) -> std::result::Result<Peer, String> {
+    let socket = seqpacket_socket().map_err(|e| e.to_string())?;
+    let addr =
+        SocketAddrUnix::new_abstract_name(spec.name.as_bytes()).map_err(|e| e.to_string())?;
+    rustix::net::connect(&socket, &addr)
+        .map_err(|e| format!("cannot connect to its socket @{}: {e}", spec.name))?;
+    rustix::net::send(&socket, &me.hello(0).encode(), SendFlags::NOSIGNAL)
+        .map_err(|e| format!("cannot greet it: {e}"))?;
+    let (bytes, fds) = recv_message(&socket, deadline).map_err(|e| format!("no answer: {e}"))?;
+    let (hello, rest) = bytes
+        .split_first_chunk::<HELLO_LEN>()
+        .ok_or("its answer is too short")?;
+    let hello = Hello::decode(hello)?;
+    match me.admits(&hello) {
+        Ok(rank) if rank == spec.rank => {}
+        Ok(rank) => return Err(format!("rank {rank} answered instead")),
+        Err(why) => return Err(format!("the socket's owner is not of this job: {why}")),
+    }
+    let (segment, doorbell) = check_offer(offer.layout, rest, fds)?;
+    offer
+        .send(&socket, &[])
+        .map_err(|e| format!("cannot hand over the segment: {e}"))?;
+    map_peer(spec, offer.layout, &segment, doorbell, socket)
+}
+
+/// Accepts a higher rank on `socket`: its hello, then our hello and offer, then its offer.
+fn accept(
+    me: Identity,
+    socket: OwnedFd,
+    expected: &[&PeerSpec],
+    offer: &Offer<'_>,
+    deadline: Instant,
+) -> std::result::Result<Peer, String> {
+    let handshake = deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
+    let (bytes, _) = recv_message(&socket, handshake).map_err(|e| e.to_string())?;
+    let hello = bytes
+        .first_chunk::<HELLO_LEN>()
+        .ok_or("a message too short for a hello")
+        .and_then(|b| Hello::decode(b).map_err(|_| "not a jaccl hello"))?;
+    let rank = me.admits(&hello)?;
+    let spec = expected.iter().find(|s| s.rank == rank).ok_or_else(|| {
+        format!("rank {rank} is not an expected shared-memory peer (or connected twice)")
+    })?;
+    offer
+        .send(&socket, &me.hello(0).encode())
+        .map_err(|e| format!("cannot answer rank {rank}: {e}"))?;
+    let (bytes, fds) = recv_message(&socket, deadline).map_err(|e| format!("rank {rank}: {e}"))?;
+    let (segment, doorbell) = check_offer(offer.layout, &bytes, fds)?;
+    map_peer(spec, offer.layout, &segment, doorbell, socket)
+}
+
+/// Checks a peer's offer: its layout, a sealed segment of the right size, a doorbell.
+fn check_offer(
+    layout: Layout,
+    bytes: &[u8],
+    mut fds: Vec<OwnedFd>,
+) -> std::result::Result<(OwnedFd, OwnedFd), String> {
+    if bytes.len() != OFFER_LEN || bytes[..4] != OFFER_MAGIC {
+        return Err("malformed segment offer".into());
+    }
+    if bytes[4..] != layout.encode() {
+        return Err("its segment layout differs (another jaccl version?)".into());
+    }
+    let (Some(doorbell), Some(segment), true) = (fds.pop(), fds.pop(), fds.is_empty()) else {
+        return Err("its offer did not carry a segment and a doorbell".into());
+    };
+    sys::check_segment(segment.as_fd(), layout.total())
+        .map_err(|why| format!("its segment is unusable: {why}"))?;
+    Ok((segment, doorbell))
+}
+
+/// Maps a checked peer segment: the main part, and the rings it sends to this rank.
+fn map_peer(
+    spec: &PeerSpec,
+    layout: Layout,
+    segment: &OwnedFd,
+    doorbell: OwnedFd,
+    socket: OwnedFd,
+) -> std::result::Result<Peer, String> {
+    let map_err = |e: io::Error| format!("cannot map its segment: {e}");
+    let main = Mapping::new(segment.as_fd(), 0, layout.main_len()).map_err(map_err)?;
+    let mut rings: Vec<Option<Mapping>> = (0..layout.rings).map(|_| None).collect();
+    for &i in &spec.reads {
+        let ring = Mapping::mirrored(segment.as_fd(), layout.ring(i), layout.ring_bytes);
+        rings[i] = Some(ring.map_err(map_err)?);
+    }
+    Ok(Peer {
+        rank: spec.rank,
+        main,
+        rings,
+        doorbell: Doorbell(doorbell),
+        socket,
+    })
+}
+
+fn seqpacket_socket() -> io::Result<OwnedFd> {
+    Ok(rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
+fn send_with_fds(socket: &OwnedFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut ancillary = SendAncillaryBuffer::new(&mut space);
+    if !ancillary.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many descriptors for one message"));
+    }
+    rustix::net::sendmsg(
+        socket,
+        &[IoSlice::new(bytes)],
+        &mut ancillary,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// Receives one message and the descriptors it carries, waiting until `deadline`.
+fn recv_message(socket: &OwnedFd, deadline: Instant) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if !super::tcp::wait_readable(socket.as_fd(), left)? {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
+    }
+    let mut buf = [0u8; 128];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(
+        socket,
+        &mut [IoSliceMut::new(&mut buf)],
+        &mut ancillary,
+        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+    )?;
+    let mut fds = Vec::new();
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    if msg.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the connection closed",
+        ));
+    }
+    if msg
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+    {
+        return Err(io::Error::other("an oversized message"));
+    }
+    Ok((buf[..msg.bytes].to_vec(), fds))
+}

@@ -1,0 +1,148 @@
+//! The layout of a rank's segment and typed views of its control words.
+//!
+//! ```text
+//! page 0      control: the mailbox (lines 0-1), then a tail and a head line per outgoing ring
+//! 2 areas     the direct collectives' data (rounds alternate between them)
+//! rings       per outgoing ring, its bytes (both ends map them twice, back to back)
+//! ```
+//!
+//! Every line of the control page has one writer: the mailbox and the tails are the owner's,
+//! a ring's head is its reader's (the peer). Page 0 and the areas are mapped as one
+//! [`Mapping`]; each ring separately, mirrored.
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use super::sys::{self, Mapping};
+
+const LINE: usize = 64;
+/// Rings per wire: one to each side (the left and the right neighbour).
+pub(crate) const SIDES: usize = 2;
+
+/// Where everything is in a segment. Every rank of a group computes the same layout, and a
+/// peer's is checked against it at set-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Outgoing rings: `SIDES × wires`, indexed like the ring's channels (left wires first).
+    pub(crate) rings: usize,
+    /// Bytes of each ring (a page multiple).
+    pub(crate) ring_bytes: usize,
+    /// Bytes of each of the two areas (a page multiple).
+    pub(crate) area_bytes: usize,
+}
+
+impl Layout {
+    /// The layout for `wires` wires per neighbour, with each size rounded up to whole pages.
+    pub(crate) fn new(wires: usize, ring_bytes: usize, area_bytes: usize) -> Layout {
+        let page = sys::page_size();
+        Layout {
+            rings: SIDES * wires,
+            ring_bytes: ring_bytes.div_ceil(page) * page,
+            area_bytes: area_bytes.div_ceil(page) * page,
+        }
+    }
+
+    /// Bytes of the control page and the areas, mapped together.
+    pub(crate) fn main_len(&self) -> usize {
+        sys::page_size() + 2 * self.area_bytes
+    }
+
+    /// The whole segment.
+    pub(crate) fn total(&self) -> usize {
+        self.main_len() + self.rings * self.ring_bytes
+    }
+
+    /// Offset of area `parity` (0 or 1) in the main mapping.
+    pub(crate) fn area(&self, parity: usize) -> usize {
+        sys::page_size() + (parity % 2) * self.area_bytes
+    }
+
+    /// Offset of ring `i`'s bytes in the segment.
+    pub(crate) fn ring(&self, i: usize) -> usize {
+        self.main_len() + i * self.ring_bytes
+    }
+
+    /// Offsets of ring `i`'s tail (written by the owner) and head (written by the reader) in
+    /// the control page.
+    pub(crate) fn ring_cursors(&self, i: usize) -> (usize, usize) {
+        let tail = 2 * LINE + i * 2 * LINE;
+        (tail, tail + LINE)
+    }
+
+    /// The layout as bytes, for the handshake.
+    pub(crate) fn encode(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        for (i, v) in [self.rings, self.ring_bytes, self.area_bytes]
+            .into_iter()
+            .enumerate()
+        {
+            b[i * 8..i * 8 + 8].copy_from_slice(&(v as u64).to_le_bytes());
+        }
+        b
+    }
+}
+
+/// What a rank is doing, as its peers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum State {
+    /// In the group (the zero-filled start).
+    Running = 0,
+    /// Left the group normally.
+    Closed = 1,
+    /// An operation failed; its group is poisoned.
+    Failed = 2,
+}
+
+/// A rank's mailbox: the first two lines of its segment, written only by its owner.
+///
+/// Line 0 is what peers wait on, so one cache-line transfer brings all they need:
+/// - `stamp`: how many synchronisation points of the direct collectives it has reached;
+/// - two call slots (calls of even and odd number, see `algo::direct`): the call's description
+///   (two words) and up to [`INLINE`] bytes of its data.
+///
+/// Line 1 changes rarely, so peers keep it cached: `state` ([`State`]), `sleeping` (non-zero
+/// while the owner may be asleep on its doorbell, read by every waker), and rank 0's store
+/// hints (for the call after call `c`, the slot of `c`'s parity).
+#[derive(Clone, Copy)]
+pub(crate) struct Mailbox<'a>(&'a Mapping);
+
+/// Bytes of data a call slot carries inline.
+pub(crate) const INLINE: usize = 8;
+
+impl<'a> Mailbox<'a> {
+    pub(crate) fn of(main: &'a Mapping) -> Mailbox<'a> {
+        Mailbox(main)
+    }
+
+    pub(crate) fn stamp(self) -> &'a AtomicU64 {
+        self.0.atomic_u64(0)
+    }
+
+    /// The two words of the description of calls with this parity.
+    pub(crate) fn call(self, parity: u64) -> [&'a AtomicU64; 2] {
+        let at = Mailbox::slot(parity);
+        [self.0.atomic_u64(at), self.0.atomic_u64(at + 8)]
+    }
+
+    /// Offset (in the main mapping) of the inline data of calls with this parity.
+    pub(crate) fn inline(parity: u64) -> usize {
+        Mailbox::slot(parity) + 16
+    }
+
+    fn slot(parity: u64) -> usize {
+        8 + (parity % 2) as usize * 24
+    }
+
+    pub(crate) fn state_word(self) -> &'a AtomicU32 {
+        self.0.atomic_u32(LINE)
+    }
+
+    pub(crate) fn sleeping(self) -> &'a AtomicU32 {
+        self.0.atomic_u32(LINE + 4)
+    }
+
+    /// Rank 0's store hints published with calls of this parity.
+    pub(crate) fn hints(self, parity: u64) -> &'a AtomicU64 {
+        self.0.atomic_u64(LINE + 8 + (parity % 2) as usize * 8)
+    }
+}

@@ -1,0 +1,191 @@
+//! How a rank waits for its peers: spin, then yield the CPU, then sleep.
+//!
+//! Shared memory answers in a fraction of a microsecond, but only if the waiting rank is looking
+//! at the right moment; a sleeping rank pays a wake-up (tens of µs on a VM). So a rank spins
+//! first, then offers its CPU to other runnable processes with `sched_yield` between checks, and
+//! only then sleeps in `poll(2)` on its doorbell. With a core per rank, spinning gives the
+//! cache-line round trip; with more ranks than cores, a spinning rank takes the core the rank it
+//! waits for needs (a whole scheduler slice, 4 ms, per hop), so the automatic policy yields at
+//! once. Links that cost a system call to re-check (TCP) are slept on at once.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// How a rank waits for shared-memory peers: busy-wait for `spin` after the last progress, then
+/// give the CPU away between checks (`sched_yield`) until `spin + yield_for` has passed, then
+/// sleep until woken. [`Config::wait`](crate::Config::wait) / `JACCL_WAIT` set it; by default
+/// ([`WaitPolicy::auto`]) it depends on whether every rank of this host has a CPU of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WaitPolicy {
+    /// How long to busy-wait.
+    pub spin: Duration,
+    /// How long to yield the CPU between checks after spinning, before sleeping.
+    pub yield_for: Duration,
+}
+
+impl WaitPolicy {
+    /// Sleep as soon as nothing moves (the least CPU, the most latency).
+    pub const SLEEP: WaitPolicy = WaitPolicy {
+        spin: Duration::ZERO,
+        yield_for: Duration::ZERO,
+    };
+
+    /// The measured default for `ranks` ranks on a host with `cpus` CPUs (docs/algorithms.md,
+    /// "Waiting"). With a CPU per rank, spin long enough to catch a peer that is a few µs behind;
+    /// with more ranks than CPUs, never spin: yield, so the peer can run.
+    pub fn auto(ranks: usize, cpus: usize) -> WaitPolicy {
+        if ranks <= cpus {
+            WaitPolicy {
+                spin: Duration::from_micros(100),
+                yield_for: Duration::from_millis(2),
+            }
+        } else {
+            WaitPolicy {
+                spin: Duration::ZERO,
+                yield_for: Duration::from_millis(2),
+            }
+        }
+    }
+}
+
+impl fmt::Display for WaitPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "spin={},yield={}",
+            humantime::format_duration(self.spin),
+            humantime::format_duration(self.yield_for)
+        )
+    }
+}
+
+impl FromStr for WaitPolicy {
+    type Err = String;
+
+    /// `sleep`, `spin=50us`, `yield=2ms`, or both separated by a comma (`spin=20us,yield=1ms`);
+    /// a phase not named lasts 0.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("sleep") {
+            return Ok(WaitPolicy::SLEEP);
+        }
+        let mut policy = WaitPolicy::SLEEP;
+        for part in s.split(',').map(str::trim) {
+            let (key, value) = part.split_once('=').ok_or_else(|| {
+                format!("'{part}' is not key=duration (expected e.g. spin=50us,yield=2ms or sleep)")
+            })?;
+            let duration = humantime::parse_duration(value.trim())
+                .map_err(|e| format!("'{value}' is not a duration ({e})"))?;
+            match key.trim().to_ascii_lowercase().as_str() {
+                "spin" => policy.spin = duration,
+                "yield" => policy.yield_for = duration,
+                other => {
+                    return Err(format!(
+                        "unknown phase '{other}' (expected spin and/or yield)"
+                    ));
+                }
+            }
+        }
+        Ok(policy)
+    }
+}
+
+/// What to do after a check found nothing to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Idle {
+    /// Check again (the backoff spun or yielded).
+    Retry,
+    /// Sleep until woken, at most this long.
+    Sleep(Duration),
+    /// The timeout passed without progress.
+    TimedOut,
+}
+
+/// One wait: tracks the time since the last progress and applies a [`WaitPolicy`].
+pub(crate) struct Backoff {
+    policy: WaitPolicy,
+    timeout: Duration,
+    since: Instant,
+    /// Checks since the clock was last read: spinning reads it only every [`CLOCK_EVERY`].
+    unclocked: u32,
+}
+
+const CLOCK_EVERY: u32 = 32;
+
+impl Backoff {
+    pub(crate) fn new(policy: WaitPolicy, timeout: Duration) -> Backoff {
+        Backoff {
+            policy,
+            timeout,
+            since: Instant::now(),
+            unclocked: 0,
+        }
+    }
+
+    /// Something moved: the timeout and the spin phase start again.
+    pub(crate) fn progressed(&mut self) {
+        self.since = Instant::now();
+        self.unclocked = 0;
+    }
+
+    /// Nothing moved. `spinnable`: re-checking costs no system call.
+    pub(crate) fn idle(&mut self, spinnable: bool) -> Idle {
+        if spinnable && self.unclocked < CLOCK_EVERY && !self.policy.spin.is_zero() {
+            self.unclocked += 1;
+            std::hint::spin_loop();
+            return Idle::Retry;
+        }
+        self.unclocked = 0;
+        let idle = self.since.elapsed();
+        if idle >= self.timeout {
+            return Idle::TimedOut;
+        }
+        if spinnable && idle < self.policy.spin {
+            std::hint::spin_loop();
+            return Idle::Retry;
+        }
+        if spinnable && idle < self.policy.spin.saturating_add(self.policy.yield_for) {
+            rustix::thread::sched_yield();
+            return Idle::Retry;
+        }
+        Idle::Sleep(self.timeout - idle)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse_and_print() {
+        let p: WaitPolicy = "spin=20us,yield=1ms".parse().unwrap();
+        assert_eq!(p.spin, Duration::from_micros(20));
+        assert_eq!(p.yield_for, Duration::from_millis(1));
+        assert_eq!(p.to_string().parse::<WaitPolicy>(), Ok(p));
+        assert_eq!("sleep".parse::<WaitPolicy>(), Ok(WaitPolicy::SLEEP));
+        assert_eq!(
+            "yield=5ms".parse::<WaitPolicy>().unwrap().spin,
+            Duration::ZERO
+        );
+        assert!("spin".parse::<WaitPolicy>().is_err());
+        assert!("spin=fast".parse::<WaitPolicy>().is_err());
+        assert!("nap=1s".parse::<WaitPolicy>().is_err());
+    }
+
+    #[test]
+    fn oversubscribed_ranks_never_spin() {
+        assert_eq!(WaitPolicy::auto(8, 2).spin, Duration::ZERO);
+        assert!(WaitPolicy::auto(2, 2).spin > Duration::ZERO);
+    }
+
+    #[test]
+    fn links_that_need_a_system_call_sleep_at_once() {
+        let mut b = Backoff::new(WaitPolicy::auto(1, 1), Duration::from_secs(5));
+        assert!(matches!(b.idle(false), Idle::Sleep(_)));
+        assert_eq!(b.idle(true), Idle::Retry);
+        let mut b = Backoff::new(WaitPolicy::SLEEP, Duration::from_nanos(1));
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(b.idle(true), Idle::TimedOut);
+    }
+}

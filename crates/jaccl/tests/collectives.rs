@@ -1,5 +1,6 @@
-//! Every collective, every dtype and reduction, in place and out of place, over real loopback
-//! TCP with one thread per rank; compared with the reference and across ranks.
+//! Every collective, every dtype and reduction, in place and out of place, with one thread per
+//! rank over real loopback TCP, real shared memory, and a ring that mixes both (two pretend
+//! hosts); compared with the reference and across ranks.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 mod common;
 
@@ -8,7 +9,7 @@ use std::sync::Mutex;
 use common::*;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Dtype, Group, ReduceOp};
+use jaccl::{Dtype, Element, Group, ReduceOp};
 
 const SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
 const WIRES: [usize; 3] = [1, 2, 4];
@@ -57,18 +58,69 @@ fn all_reduce_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
     digest
 }
 
+/// Sizes around the shared-memory algorithms' limits: the inline payload (8 bytes), the
+/// one-round all-reduce (8 KiB, 64 KiB with 2 ranks) and an area (1 MiB) per round.
+fn shm_lengths<T: Element>() -> Vec<usize> {
+    let elems = |bytes: usize| bytes / size_of::<T>().max(1);
+    let mut v: Vec<usize> = [8, 8 * 1024, 64 * 1024, 1 << 20]
+        .into_iter()
+        .flat_map(|b| [elems(b).saturating_sub(1), elems(b), elems(b) + 1])
+        .collect();
+    v.push(elems(3 << 20) + 7);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 #[test]
 fn all_reduce_every_dtype_op_size_and_wires() {
-    for size in SIZES {
-        for wires in WIRES {
-            let digests = with_group(size, wires, |g| {
-                for_all_dtypes!(all_reduce_case, g, &edge_lengths(size, wires))
+    for net in NETS {
+        for size in SIZES {
+            for wires in WIRES {
+                let digests = with_group(net, size, wires, |g| {
+                    for_all_dtypes!(all_reduce_case, g, &edge_lengths(size, wires))
+                });
+                for (rank, d) in digests.iter().enumerate() {
+                    assert_eq!(
+                        d, &digests[0],
+                        "{net:?}: rank {rank} differs from rank 0 (size {size} wires {wires})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn shared_memory_sizes_around_every_algorithm_limit() {
+    for size in [2, 3, 4] {
+        let digests = with_group(Net::Shm, size, 1, |g| {
+            let mut d = all_reduce_case::<f32>(g, &shm_lengths::<f32>());
+            d.extend(all_reduce_case::<u8>(g, &shm_lengths::<u8>()));
+            d.extend(all_reduce_case::<Complex32>(g, &shm_lengths::<Complex32>()));
+            d.extend(all_gather_case::<f64>(g, &shm_lengths::<f64>()));
+            reduce_scatter_case::<i16>(g, &shm_lengths::<i16>());
+            d
+        });
+        assert!(digests.iter().all(|d| d == &digests[0]), "size {size}");
+    }
+}
+
+#[test]
+fn transports_are_chosen_per_neighbour() {
+    for net in NETS {
+        for size in [2, 3, 4, 5] {
+            let seen = with_group(net, size, 1, |g| {
+                (g.transport(), g.shares_memory_with_all())
             });
-            for (rank, d) in digests.iter().enumerate() {
-                assert_eq!(
-                    d, &digests[0],
-                    "rank {rank} differs from rank 0 (size {size} wires {wires})"
-                );
+            for (rank, (transports, direct)) in seen.into_iter().enumerate() {
+                let (left, right) = ((rank + size - 1) % size, (rank + 1) % size);
+                let mut expect = vec![(left, net.between(rank, left, size))];
+                if right != left {
+                    expect.push((right, net.between(rank, right, size)));
+                }
+                assert_eq!(transports, expect, "{net:?} size {size} rank {rank}");
+                assert_eq!(direct, net == Net::Shm, "{net:?} size {size} rank {rank}");
             }
         }
     }
@@ -77,10 +129,10 @@ fn all_reduce_every_dtype_op_size_and_wires() {
 #[test]
 fn large_messages_of_byte_types_take_the_ring_path() {
     // Small messages gather whole vectors; 1-byte elements need long vectors to reach the ring.
-    for size in [2, 3, 5] {
-        for wires in [1, 3] {
+    for net in NETS {
+        for (size, wires) in [(2, 1), (3, 3), (5, 1)] {
             let lengths = [300_007];
-            let digests = with_group(size, wires, |g| {
+            let digests = with_group(net, size, wires, |g| {
                 let mut d = all_reduce_case::<bool>(g, &lengths);
                 d.extend(all_reduce_case::<i8>(g, &lengths));
                 d.extend(all_reduce_case::<u8>(g, &lengths));
@@ -135,15 +187,17 @@ fn reduce_scatter_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64
 
 #[test]
 fn all_gather_and_reduce_scatter_every_dtype_size_and_wires() {
-    for size in SIZES {
-        for wires in WIRES {
-            let lengths = edge_lengths(size, wires);
-            let digests = with_group(size, wires, |g| {
-                let mut d = for_all_dtypes!(all_gather_case, g, &lengths);
-                d.extend(for_all_dtypes!(reduce_scatter_case, g, &lengths));
-                d
-            });
-            assert!(digests.iter().all(|d| d == &digests[0]));
+    for net in NETS {
+        for size in SIZES {
+            for wires in WIRES {
+                let lengths = edge_lengths(size, wires);
+                let digests = with_group(net, size, wires, |g| {
+                    let mut d = for_all_dtypes!(all_gather_case, g, &lengths);
+                    d.extend(for_all_dtypes!(reduce_scatter_case, g, &lengths));
+                    d
+                });
+                assert!(digests.iter().all(|d| d == &digests[0]), "{net:?}");
+            }
         }
     }
 }
@@ -177,28 +231,31 @@ fn send_recv_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
 
 #[test]
 fn send_recv_to_both_neighbours() {
-    for size in [2, 3, 4, 5] {
-        for wires in WIRES {
-            let lengths = [0, 1, 5, 4096, 70_001];
-            with_group(size, wires, |g| {
-                for_all_dtypes!(send_recv_case, g, &lengths)
-            });
+    for net in NETS {
+        for size in [2, 3, 4, 5] {
+            for wires in WIRES {
+                // 300 KiB of u8 and more of wider types overflow a shared-memory ring.
+                let lengths = [0, 1, 5, 4096, 70_001, 300_007];
+                with_group(net, size, wires, |g| {
+                    for_all_dtypes!(send_recv_case, g, &lengths)
+                });
+            }
         }
     }
 }
 
 #[test]
 fn barrier_waits_for_every_rank() {
-    for size in SIZES {
+    for (net, size) in NETS.into_iter().flat_map(|n| SIZES.map(|s| (n, s))) {
         let entered = Mutex::new(vec![0usize; size]);
-        with_group(size, 1, |g| {
+        with_group(net, size, 1, |g| {
             for round in 1..=20 {
                 entered.lock().unwrap()[g.rank()] = round;
                 g.barrier().unwrap();
                 let seen = entered.lock().unwrap().clone();
                 assert!(
                     seen.iter().all(|&r| r >= round),
-                    "rank {} left barrier {round} before all entered: {seen:?}",
+                    "{net:?}: rank {} left barrier {round} before all entered: {seen:?}",
                     g.rank()
                 );
                 // A second barrier keeps anyone from entering round + 1 before all checked.
@@ -210,8 +267,8 @@ fn barrier_waits_for_every_rank() {
 
 #[test]
 fn wrappers_raw_api_and_mixed_sequences() {
-    for size in [1, 2, 3, 4] {
-        with_group(size, 2, |g| {
+    for (net, size) in NETS.into_iter().flat_map(|n| [1, 2, 3, 4].map(|s| (n, s))) {
+        with_group(net, size, 2, |g| {
             let (rank, n) = (g.rank(), g.size());
             for _ in 0..3 {
                 let x = vec![rank as i32 + 1; 1000];
@@ -256,9 +313,15 @@ fn wrappers_raw_api_and_mixed_sequences() {
 
 #[test]
 fn float_sums_are_bit_identical_across_ranks_and_runs() {
+    for net in NETS {
+        float_sums_are_bit_identical_on(net);
+    }
+}
+
+fn float_sums_are_bit_identical_on(net: Net) {
     // Values whose sums round, so the order of additions matters.
     let run = || {
-        with_group(5, 2, |g| {
+        with_group(net, 5, 2, |g| {
             let rank = g.rank();
             let x: Vec<f32> = (0..50_003)
                 .map(|i| (mix(rank, i) % 1_000_003) as f32 * 1.37e-3 + 1e-7)
@@ -275,9 +338,9 @@ fn float_sums_are_bit_identical_across_ranks_and_runs() {
     };
     let first = run();
     for (rank, r) in first.iter().enumerate() {
-        assert_eq!(r, &first[0], "rank {rank} differs");
+        assert_eq!(r, &first[0], "{net:?}: rank {rank} differs");
     }
-    assert_eq!(run()[0], first[0], "a second run gives other bits");
+    assert_eq!(run()[0], first[0], "{net:?}: a second run gives other bits");
 }
 
 mod properties {
@@ -290,13 +353,16 @@ mod properties {
 
         #[test]
         fn random_shapes_match_the_reference(
+            net_index in 0usize..3,
             size in 2usize..=5,
             wires in 1usize..=3,
-            len in 0usize..20_000,
+            len in 0usize..400_000,
             op_index in 0usize..3,
         ) {
-            let op = ReduceOp::ALL[op_index];
-            let results = with_group(size, wires, |g| {
+            // Up to 1.6 MB of f32: past the small-message limits and over several rounds of
+            // the shared-memory areas (1 MiB).
+            let (net, op) = (NETS[net_index], ReduceOp::ALL[op_index]);
+            let results = with_group(net, size, wires, |g| {
                 let rank = g.rank();
                 let ins = inputs::<f32>(size, len, op);
                 let mut out = vec![0f32; len];

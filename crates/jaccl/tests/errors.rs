@@ -1,5 +1,6 @@
 //! The error contract: argument errors, start-up failures, mismatched calls, vanished and
-//! stopped peers, poisoning. Ranks are threads over real loopback TCP.
+//! stopped peers, poisoning. Ranks are threads over real loopback TCP, real shared memory, or
+//! a ring of both.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 mod common;
 
@@ -19,7 +20,13 @@ fn invalid(r: jaccl::Result<()>) -> String {
 
 #[test]
 fn bad_lengths_are_invalid_arguments_and_leave_the_group_usable() {
-    with_group(3, 2, |g| {
+    for net in NETS {
+        bad_lengths_on(net);
+    }
+}
+
+fn bad_lengths_on(net: Net) {
+    with_group(net, 3, 2, |g| {
         let rank = g.rank();
         let mut out = vec![0f32; 9];
         let msg = invalid(g.all_sum(&[1.0f32; 10], &mut out));
@@ -43,7 +50,7 @@ fn bad_lengths_are_invalid_arguments_and_leave_the_group_usable() {
 
 #[test]
 fn send_to_a_non_neighbour_fails_at_once_naming_both_ranks() {
-    with_group(5, 1, |g| {
+    with_group(Net::Shm, 5, 1, |g| {
         let rank = g.rank();
         let far = (rank + 2) % 5;
         let msg = invalid(g.send(&[1u8; 4], far));
@@ -127,7 +134,7 @@ fn invalid_configurations_are_refused_before_any_network() {
 
 #[test]
 fn ranks_that_disagree_on_wires_fail_at_start_up() {
-    let mut cfgs = configs(3, 1, Duration::from_secs(30));
+    let mut cfgs = configs(Net::Tcp, 3, 1, Duration::from_secs(30));
     cfgs[2] = cfgs[2].clone().wires(2);
     let results: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = cfgs
@@ -166,18 +173,61 @@ fn expect_mismatch(size: usize, odd: usize, results: Vec<jaccl::Result<()>>) {
 }
 
 #[test]
+fn ranks_that_disagree_on_the_transport_fail_at_start_up() {
+    let mut cfgs = configs(Net::Tcp, 3, 1, Duration::from_secs(30));
+    cfgs[1] = cfgs[1].clone().transport(Transport::Shm);
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = cfgs
+            .into_iter()
+            .map(|c| s.spawn(move || jaccl::init_with(c).map(drop)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        match r {
+            Err(Error::Bootstrap(msg)) => assert!(msg.contains("transport"), "{msg}"),
+            other => panic!("expected Bootstrap, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
+    // Forced shared memory, but rank 2 pretends to be on another host.
+    let mut cfgs = configs(Net::Shm, 3, 1, Duration::from_secs(30));
+    cfgs[2] = cfgs[2].clone().host_id("elsewhere");
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = cfgs
+            .into_iter()
+            .map(|c| s.spawn(move || jaccl::init_with(c).map(drop)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Every rank has rank 2 as a neighbour in a ring of 3.
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Err(Error::Unsupported(msg)) => {
+                assert!(msg.contains("another") && msg.contains("rank"), "{msg}")
+            }
+            Err(Error::Bootstrap(_)) => {} // a peer gave up first
+            other => panic!("rank {rank}: expected Unsupported, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn different_lengths_ops_types_or_reductions_give_mismatch() {
-    for size in [2, 3, 4] {
+    for (net, size) in NETS.into_iter().flat_map(|n| [2, 3, 4].map(|s| (n, s))) {
         let odd = size - 1;
         let timeout = Duration::from_secs(30);
         // Different lengths.
-        let r = with_group_timeout(size, 1, timeout, |g| {
+        let r = with_group_timeout(net, size, 1, timeout, |g| {
             let len = if g.rank() == odd { 10 } else { 20 };
             g.all_sum(&vec![1f32; len], &mut vec![0f32; len])
         });
         expect_mismatch(size, odd, r);
         // Different collectives with the same byte count.
-        let r = with_group_timeout(size, 2, timeout, |g| {
+        let r = with_group_timeout(net, size, 2, timeout, |g| {
             if g.rank() == odd {
                 g.all_gather(&[1u8; 4], &mut vec![0u8; 4 * g.size()])
             } else {
@@ -186,7 +236,7 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
         });
         expect_mismatch(size, odd, r);
         // Same length, different types.
-        let r = with_group_timeout(size, 1, timeout, |g| {
+        let r = with_group_timeout(net, size, 1, timeout, |g| {
             if g.rank() == odd {
                 g.all_sum(&[1i32; 64], &mut [0i32; 64])
             } else {
@@ -195,7 +245,7 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
         });
         expect_mismatch(size, odd, r);
         // Same everything but the reduction.
-        let r = with_group_timeout(size, 1, timeout, |g| {
+        let r = with_group_timeout(net, size, 1, timeout, |g| {
             let op = if g.rank() == odd {
                 ReduceOp::Max
             } else {
@@ -209,7 +259,13 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
 
 #[test]
 fn a_send_of_another_length_is_a_mismatch_at_the_receiver() {
-    let r = with_group_timeout(2, 1, Duration::from_secs(30), |g| {
+    for net in NETS {
+        send_of_another_length_on(net);
+    }
+}
+
+fn send_of_another_length_on(net: Net) {
+    let r = with_group_timeout(net, 2, 1, Duration::from_secs(30), |g| {
         if g.rank() == 0 {
             g.send(&[1u32; 8], 1)
         } else {
@@ -226,16 +282,16 @@ fn a_send_of_another_length_is_a_mismatch_at_the_receiver() {
                 ..
             })
         ),
-        "{:?}",
+        "{net:?}: {:?}",
         r[1]
     );
 }
 
 #[test]
 fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
-    for size in [2, 4, 5] {
+    for (net, size) in NETS.into_iter().flat_map(|n| [2, 4, 5].map(|s| (n, s))) {
         let gone = 1;
-        let results = with_group_timeout(size, 2, Duration::from_secs(120), |g| {
+        let results = with_group_timeout(net, size, 2, Duration::from_secs(120), |g| {
             if g.rank() == gone {
                 return None; // drops the group: its connections close
             }
@@ -250,7 +306,9 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
                     op: Op::AllReduce,
                     ..
                 })) => assert_eq!(who, rank),
-                Some(other) => panic!("size {size} rank {rank}: expected PeerLost, got {other:?}"),
+                Some(other) => {
+                    panic!("{net:?} size {size} rank {rank}: expected PeerLost, got {other:?}")
+                }
             }
         }
     }
@@ -258,8 +316,14 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
 
 #[test]
 fn a_silent_peer_times_out_and_the_group_stays_failed() {
+    for net in NETS {
+        silent_peer_on(net);
+    }
+}
+
+fn silent_peer_on(net: Net) {
     let timeout = Duration::from_millis(300);
-    let results = with_group_timeout(2, 1, timeout, |g| {
+    let results = with_group_timeout(net, 2, 1, timeout, |g| {
         if g.rank() == 1 {
             std::thread::sleep(Duration::from_millis(1500));
             return None;
@@ -276,7 +340,7 @@ fn a_silent_peer_times_out_and_the_group_stays_failed() {
             op: Op::AllReduce,
             after,
         }) => assert_eq!(*after, timeout),
-        other => panic!("expected Timeout, got {other:?}"),
+        other => panic!("{net:?}: expected Timeout, got {other:?}"),
     }
     assert_eq!(format!("{first:?}"), format!("{second:?}"));
 }

@@ -380,7 +380,9 @@ impl Direct {
                     }
                     pending.swap_remove(i);
                 } else if let Some(why) = peer.departed() {
-                    return Err(lost(call, peer.rank, why));
+                    return Err(self
+                        .root_cause(call, pending)
+                        .unwrap_or(lost(call, peer.rank, why)));
                 } else {
                     i += 1;
                 }
@@ -408,10 +410,10 @@ impl Direct {
             peer.mailbox().stamp().load(Ordering::SeqCst) >= target || peer.departed().is_some()
         });
         if !arrived {
-            let gone = pending.iter().map(|&q| &self.others[q]);
-            if let Some((rank, why)) = gone.filter_map(|p| p.lost().map(|w| (p.rank, w))).next() {
+            let mut waited = pending.iter().map(|&q| &self.others[q]);
+            if let Some(e) = waited.find_map(|p| p.lost().map(|why| lost(call, p.rank, why))) {
                 self.local.disarm();
-                return Err(lost(call, rank, why));
+                return Err(self.root_cause(call, pending).unwrap_or(e));
             }
             let read = Interest {
                 read: true,
@@ -426,6 +428,13 @@ impl Direct {
         }
         self.local.disarm();
         Ok(())
+    }
+
+    /// When a peer gave up, the rank it lost may be one this rank waits for too: the rank whose
+    /// process vanished is the one to name, not the peer that noticed first.
+    fn root_cause(&self, call: &Call, pending: &[usize]) -> Option<Error> {
+        let mut waited = pending.iter().map(|&q| &self.others[q]);
+        waited.find_map(|p| p.vanished().map(|why| lost(call, p.rank, why)))
     }
 
     /// Checks that `peer` describes call `seq` as this rank does.

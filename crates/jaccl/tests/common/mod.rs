@@ -1,5 +1,6 @@
-//! Shared helpers of the multi-rank tests: groups of threads over real loopback TCP, element
-//! generators, and a plain reference implementation of the reductions.
+//! Shared helpers of the multi-rank tests: groups of threads over real loopback TCP, real shared
+//! memory, or both (two pretend hosts), element generators, and a plain reference
+//! implementation of the reductions.
 #![allow(
     dead_code,
     unreachable_pub,
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Config, Element, Error, Group, ReduceOp};
+use jaccl::{Config, Element, Error, Group, ReduceOp, Transport};
 
 /// A random number from the OS-seeded hasher (no extra dependency).
 pub fn random_u64() -> u64 {
@@ -32,17 +33,59 @@ pub fn free_coordinator() -> String {
     }
 }
 
-/// Configs for one group of `size` ranks on loopback.
-pub fn configs(size: usize, wires: usize, timeout: Duration) -> Vec<Config> {
+/// How the ranks of a test group are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// TCP between all ranks.
+    Tcp,
+    /// Shared memory between all ranks (the direct collectives).
+    Shm,
+    /// Two pretend hosts (`Config::host_id`): the first ⌈size/2⌉ ranks and the rest. Shared
+    /// memory inside each, TCP between them, so the ring mixes both (with 2 ranks, TCP only).
+    Mixed,
+}
+
+/// Every way of connecting a test group.
+pub const NETS: [Net; 3] = [Net::Tcp, Net::Shm, Net::Mixed];
+
+impl Net {
+    /// The pretend host of `rank` in a group of `size` (`Mixed` only).
+    pub fn host(self, rank: usize, size: usize) -> Option<&'static str> {
+        (self == Net::Mixed).then_some(if rank < size.div_ceil(2) { "a" } else { "b" })
+    }
+
+    /// `cfg` for `rank` of `size` on this net.
+    pub fn apply(self, cfg: Config, rank: usize, size: usize) -> Config {
+        match self {
+            Net::Tcp => cfg.transport(Transport::Tcp),
+            Net::Shm => cfg.transport(Transport::Shm),
+            Net::Mixed => cfg.host_id(self.host(rank, size).unwrap_or_default()),
+        }
+    }
+
+    /// The transport this net must give between ranks `a` and `b`.
+    pub fn between(self, a: usize, b: usize, size: usize) -> Transport {
+        match self {
+            Net::Tcp => Transport::Tcp,
+            Net::Shm => Transport::Shm,
+            Net::Mixed if self.host(a, size) == self.host(b, size) => Transport::Shm,
+            Net::Mixed => Transport::Tcp,
+        }
+    }
+}
+
+/// Configs for one group of `size` ranks on loopback, connected as `net` says.
+pub fn configs(net: Net, size: usize, wires: usize, timeout: Duration) -> Vec<Config> {
     let coordinator = free_coordinator();
     let token = random_u64();
     (0..size)
         .map(|rank| {
-            Config::new(rank, size)
+            let cfg = Config::new(rank, size)
                 .coordinator(coordinator.clone())
                 .wires(wires)
                 .timeout(timeout)
-                .job_token(token)
+                .job_token(token);
+            net.apply(cfg, rank, size)
         })
         .collect()
 }
@@ -50,21 +93,23 @@ pub fn configs(size: usize, wires: usize, timeout: Duration) -> Vec<Config> {
 /// Runs `f` on every rank of a fresh group, one thread per rank, and returns the results in
 /// rank order. Retries with another port if the coordinator port was taken in between.
 pub fn with_group<R: Send>(
+    net: Net,
     size: usize,
     wires: usize,
     f: impl Fn(&mut Group) -> R + Sync,
 ) -> Vec<R> {
-    with_group_timeout(size, wires, Duration::from_secs(60), f)
+    with_group_timeout(net, size, wires, Duration::from_secs(60), f)
 }
 
 pub fn with_group_timeout<R: Send>(
+    net: Net,
     size: usize,
     wires: usize,
     timeout: Duration,
     f: impl Fn(&mut Group) -> R + Sync,
 ) -> Vec<R> {
     for _attempt in 0..5 {
-        let cfgs = configs(size, wires, timeout);
+        let cfgs = configs(net, size, wires, timeout);
         let results: Vec<Result<R, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = cfgs
                 .into_iter()
@@ -84,7 +129,7 @@ pub fn with_group_timeout<R: Send>(
         return results
             .into_iter()
             .enumerate()
-            .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank}: init failed: {e}")))
+            .map(|(rank, r)| r.unwrap_or_else(|e| panic!("{net:?} rank {rank}: init failed: {e}")))
             .collect();
     }
     panic!("could not find a free coordinator port in 5 attempts");

@@ -180,12 +180,14 @@ impl Peer {
         }
     }
 
-    /// Why this peer will never answer, also checking whether its process ended (one system
-    /// call: its end of the socket is closed).
+    /// Why this peer will never answer, also checking whether its process ended.
     pub(crate) fn lost(&self) -> Option<String> {
-        if let Some(why) = self.departed() {
-            return Some(why);
-        }
+        self.departed().or_else(|| self.vanished())
+    }
+
+    /// Whether its process ended without leaving the group (one system call: its end of the
+    /// socket is closed), and the reason to give.
+    pub(crate) fn vanished(&self) -> Option<String> {
         let mut b = [0u8; 1];
         match rustix::net::recv(&self.socket, &mut b, RecvFlags::DONTWAIT | RecvFlags::PEEK) {
             Err(Errno::AGAIN | Errno::INTR) => None,

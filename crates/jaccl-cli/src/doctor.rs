@@ -8,6 +8,15 @@ use std::process::{Command, Stdio};
 
 use crate::hostfile::{self, Parsed};
 
+/// `println!` that ignores a closed standard output (`jaccl doctor | head`), where `println!`
+/// would panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// Where the RDMA library is looked for (besides `LD_LIBRARY_PATH`).
 const LIB_DIRS: [&str; 6] = [
     "/usr/lib/x86_64-linux-gnu",
@@ -22,14 +31,20 @@ const RDMA_SYSFS: &str = "/sys/class/infiniband";
 
 /// Prints the report; returns the exit code.
 pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
-    println!("jaccl {} doctor", env!("CARGO_PKG_VERSION"));
+    say!("jaccl {} doctor", env!("CARGO_PKG_VERSION"));
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!("host: {} ({cpus} CPUs)", host.trim());
+    say!("host: {} ({cpus} CPUs)", host.trim());
 
-    println!("\ntransports:");
-    println!("  tcp   available");
-    println!("  shm   not available in this build (planned: ranks on one host)");
+    say!("\ntransports:");
+    say!("  tcp   available");
+    match jaccl::probe::shared_memory() {
+        Ok(()) => say!(
+            "  shm   available: ranks on this host use it (auto), host identity \"{}\"",
+            jaccl::probe::host_identity()
+        ),
+        Err(why) => say!("  shm   not available: {why}; ranks on this host will use tcp"),
+    }
     let devices = rdma_devices();
     let lib = find_verbs_lib();
     let rdma = match (&lib, devices.is_empty()) {
@@ -39,9 +54,9 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
         (Some(_), true) => format!("not available: no RDMA devices in {RDMA_SYSFS}"),
         (Some(_), false) => "devices present, but this build has no RDMA transport yet".into(),
     };
-    println!("  rdma  {rdma}");
+    say!("  rdma  {rdma}");
 
-    println!("\nnetwork interfaces:");
+    say!("\nnetwork interfaces:");
     match if_addrs::get_if_addrs() {
         Ok(ifs) => {
             let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -52,26 +67,26 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
                     .push(i.ip().to_string());
             }
             for (name, ips) in by_name {
-                println!("  {name:<12} {}", ips.join(", "));
+                say!("  {name:<12} {}", ips.join(", "));
             }
         }
-        Err(e) => println!("  cannot list interfaces: {e}"),
+        Err(e) => say!("  cannot list interfaces: {e}"),
     }
 
-    println!("\nRDMA devices:");
+    say!("\nRDMA devices:");
     if devices.is_empty() {
-        println!("  none ({RDMA_SYSFS} is empty or missing)");
+        say!("  none ({RDMA_SYSFS} is empty or missing)");
     }
     for (name, ports) in &devices {
-        println!("  {name:<12} {}", ports.join("; "));
+        say!("  {name:<12} {}", ports.join("; "));
     }
     match &lib {
-        Some(path) => println!("  {VERBS_LIB}: {}", path.display()),
-        None => println!("  {VERBS_LIB}: not found"),
+        Some(path) => say!("  {VERBS_LIB}: {}", path.display()),
+        None => say!("  {VERBS_LIB}: not found"),
     }
 
     match rustix::process::getrlimit(rustix::process::Resource::Memlock).current {
-        Some(bytes) => println!(
+        Some(bytes) => say!(
             "\nlocked-memory limit (ulimit -l): {} KiB{}",
             bytes / 1024,
             if bytes < 64 << 20 {
@@ -81,47 +96,47 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
                 ""
             }
         ),
-        None => println!("\nlocked-memory limit (ulimit -l): unlimited"),
+        None => say!("\nlocked-memory limit (ulimit -l): unlimited"),
     }
 
     let Some(path) = file else { return 0 };
-    println!("\n{}:", path.display());
+    say!("\n{}:", path.display());
     match hostfile::read(path) {
         Err(problems) => {
             for p in &problems {
-                println!("  problem: {p}");
+                say!("  problem: {p}");
             }
-            println!("  {} problem(s)", problems.len());
+            say!("  {} problem(s)", problems.len());
             1
         }
         Ok(Parsed::Devices(matrix)) => {
-            println!("  device matrix for {} ranks", matrix.len());
+            say!("  device matrix for {} ranks", matrix.len());
             match hostfile::device_topology(&matrix) {
                 Ok(topology) => {
-                    println!("  usable as: {topology}");
+                    say!("  usable as: {topology}");
                     0
                 }
                 Err(why) => {
-                    println!("  problem: {why}");
+                    say!("  problem: {why}");
                     1
                 }
             }
         }
         Ok(Parsed::Hostfile(h)) => {
-            println!("  hostfile with {} host(s)", h.hosts.len());
+            say!("  hostfile with {} host(s)", h.hosts.len());
             for (i, entry) in h.hosts.iter().enumerate() {
-                println!(
+                say!(
                     "  host {i}: ssh {}, ips [{}]",
                     entry.ssh,
                     entry.ips.join(", ")
                 );
             }
             if let Some(b) = &h.backend {
-                println!("  backend: {b}");
+                say!("  backend: {b}");
             }
             let mut problems = 0;
             if h.hosts.len() > 1 && h.hosts[0].ips.is_empty() {
-                println!(
+                say!(
                     "  note: host 0 has no \"ips\"; the others will reach the coordinator at \"{}\"",
                     crate::ssh_host_name(&h.hosts[0].ssh)
                 );
@@ -131,10 +146,10 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
                     ssh_reachable(&h.hosts.iter().map(|e| e.ssh.clone()).collect::<Vec<_>>())
                 {
                     match result {
-                        Ok(()) => println!("  ssh {host}: ok"),
+                        Ok(()) => say!("  ssh {host}: ok"),
                         Err(why) => {
                             problems += 1;
-                            println!("  problem: ssh {host}: {why}");
+                            say!("  problem: ssh {host}: {why}");
                         }
                     }
                 }

@@ -67,6 +67,7 @@ struct JsonRow<'a> {
     reduce: Option<String>,
     transport: String,
     topology: String,
+    route: String,
     wires: usize,
     n: usize,
     bytes: usize,
@@ -87,10 +88,31 @@ pub(crate) struct Report<'a> {
     n: usize,
     transport: String,
     topology: String,
+    /// How the collectives move data (see [`route`]).
+    route: String,
     wires: usize,
     json: Option<BufWriter<File>>,
     rows: Vec<Row>,
     progress: Option<ProgressBar>,
+}
+
+/// How a group's collectives move data: `direct over shm` when every rank shares memory,
+/// else the ring over its neighbours' transports (`ring over shm+tcp (left 3 shm, right 1
+/// tcp)`).
+pub(crate) fn route(g: &Group) -> String {
+    let transports = g.transport();
+    match (g.shares_memory_with_all(), transports.as_slice()) {
+        (_, []) => "no transport (one rank)".into(),
+        (true, _) => "direct over shm".into(),
+        (false, [(_, t)]) => format!("ring over {t}"),
+        (false, [(l, lt), (r, rt)]) if lt == rt => format!("ring over {lt} (ranks {l} and {r})"),
+        (false, [(l, lt), (r, rt), ..]) => {
+            format!(
+                "ring over {} (left {l} {lt}, right {r} {rt})",
+                transport_summary(g)
+            )
+        }
+    }
 }
 
 /// What carries the data: the transports to the neighbours (`shm`, `tcp`, `shm+tcp`), or
@@ -129,6 +151,7 @@ impl<'a> Report<'a> {
             n: g.size(),
             transport,
             topology,
+            route: route(g),
             wires: g.wires(),
             json,
             rows: Vec::new(),
@@ -158,12 +181,11 @@ impl<'a> Report<'a> {
         };
         let wires = if self.wires == 1 { "wire" } else { "wires" };
         print_line(&format!(
-            "# jaccl bench: {} ({}{redop}) on {} ranks, {} over {}, {} {wires}",
+            "# jaccl bench: {} ({}{redop}) on {} ranks, {}, {} {wires}",
             a.op.name(),
             a.dtype,
             self.n,
-            self.topology,
-            self.transport,
+            self.route,
             self.wires
         ));
         let iters = a
@@ -267,6 +289,7 @@ impl<'a> Report<'a> {
                 reduce: self.args.op.reduces().then(|| self.args.reduce.to_string()),
                 transport: self.transport.clone(),
                 topology: self.topology.clone(),
+                route: self.route.clone(),
                 wires: self.wires,
                 n: self.n,
                 bytes: row.bytes,

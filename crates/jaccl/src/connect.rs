@@ -99,18 +99,26 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let (left, right) = (geometry.left(), geometry.right());
     let shares_memory =
         |peer: usize| me.shm.is_some() && infos[peer].shm.is_some() && infos[peer].host == me.host;
-    let transport_to = |peer: usize| -> Result<Transport> {
-        match (shares_memory(peer), config.transport) {
-            (true, _) => Ok(Transport::Shm),
-            (false, Transport::Shm) => Err(Error::Unsupported(format!(
-                "rank {rank}: the shm transport needs every ring neighbour on this host, but \
-                 rank {peer} is on another one ({}; this rank: {}); use auto or tcp",
-                infos[peer].host, me.host
-            ))),
-            (false, _) => Ok(Transport::Tcp),
+    // Forced shared memory needs every pair of ring neighbours on one host; every rank checks
+    // every pair, so all fail at once instead of waiting for the ones that noticed.
+    if config.transport == Transport::Shm
+        && let Some(r) = (0..size).find(|&r| infos[r].host != infos[(r + 1) % size].host)
+    {
+        let next = (r + 1) % size;
+        return Err(Error::Unsupported(format!(
+            "rank {rank}: the shm transport needs all ranks on one host, but ring neighbours \
+             {r} ({}) and {next} ({}) are not; use auto or tcp",
+            infos[r].host, infos[next].host
+        )));
+    }
+    let transport_to = |peer: usize| {
+        if shares_memory(peer) {
+            Transport::Shm
+        } else {
+            Transport::Tcp
         }
     };
-    let (to_left, to_right) = (transport_to(left)?, transport_to(right)?);
+    let (to_left, to_right) = (transport_to(left), transport_to(right));
     let all_here = (0..size).all(|r| r == rank || shares_memory(r));
 
     let identity = Identity {

@@ -2,7 +2,8 @@
 //!
 //! All-reduce, all-gather, reduce-scatter, send/recv and barrier between processes on one or
 //! many machines, after the design of Apple MLX's JACCL: a bidirectional, multi-wire,
-//! pipelined ring over TCP (shared memory and RDMA verbs to come).
+//! pipelined ring over TCP, and shared memory between the ranks of one host (RDMA verbs to
+//! come).
 //!
 //! ```no_run
 //! # fn main() -> jaccl::Result<()> {
@@ -84,12 +85,47 @@ pub mod fuzzing {
         }
     }
 
+    /// Parses `bytes` as what a shared-memory peer hands over: the bytes of a segment offer,
+    /// and a call description published in its mailbox.
+    pub fn shared_memory(bytes: &[u8]) {
+        use crate::transport::shm::{self, Layout};
+        let layout = Layout::new(1, shm::RING_BYTES, shm::AREA_BYTES);
+        let _ = shm::check_offer_bytes(layout, bytes);
+        if let Some(b) = bytes.first_chunk::<16>() {
+            let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+            if let Ok(header) = crate::wire::Header::from_words([word(0), word(8)], 1) {
+                let _ = header.mismatch(&header);
+                let _ = header.to_string();
+            }
+        }
+    }
+
     /// Parses `bytes` as every side-channel message.
     pub fn side_channel(bytes: &[u8]) {
         let _ = crate::bootstrap::Join::decode(bytes);
         let _ = crate::bootstrap::decode_reply(bytes);
         let expected = bytes.first().map_or(0, |&b| usize::from(b));
         let _ = crate::bootstrap::decode_list(bytes, expected);
+    }
+}
+
+/// What this machine offers jaccl's transports, for diagnostics (`jaccl doctor`).
+pub mod probe {
+    /// This host as ranks compare it (boot id, host name, network namespace, and
+    /// `JACCL_HOST_ID` if set): ranks with equal identities use shared memory between them
+    /// unless told otherwise.
+    pub fn host_identity() -> String {
+        let pretend = std::env::var("JACCL_HOST_ID").ok();
+        crate::transport::shm::host_identity(pretend.as_deref())
+    }
+
+    /// Checks that shared memory works here: creates, seals and maps a segment, a doorbell
+    /// (eventfd) and an abstract Unix socket, and frees them.
+    ///
+    /// # Errors
+    /// The step that failed, and why.
+    pub fn shared_memory() -> Result<(), String> {
+        crate::transport::shm::probe()
     }
 }
 

@@ -60,7 +60,17 @@ pub(crate) fn host_identity(pretend: Option<&str>) -> String {
     let boot = read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| random_hex(16));
     let host = read("/proc/sys/kernel/hostname").unwrap_or_default();
     let netns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
-    format!("{host} boot {boot} netns {netns} {}", pretend.unwrap_or(""))
+    let pretend = pretend.map(|p| format!(" as {p}")).unwrap_or_default();
+    format!("{host} boot {boot} netns {netns}{pretend}")
+}
+
+/// Checks that shared memory works here: a sealed segment, its mapping (also mirrored), a
+/// doorbell and an abstract socket.
+pub(crate) fn probe() -> std::result::Result<(), String> {
+    let layout = Layout::new(1, sys::page_size(), sys::page_size());
+    Local::create(layout).map_err(|e| format!("cannot create or map a memfd segment: {e}"))?;
+    Listener::new().map_err(|e| format!("cannot listen on an abstract Unix socket: {e}"))?;
+    Ok(())
 }
 
 /// `bytes` random bytes in hex.
@@ -417,18 +427,24 @@ fn check_offer(
     bytes: &[u8],
     mut fds: Vec<OwnedFd>,
 ) -> std::result::Result<(OwnedFd, OwnedFd), String> {
-    if bytes.len() != OFFER_LEN || bytes[..4] != OFFER_MAGIC {
-        return Err("malformed segment offer".into());
-    }
-    if bytes[4..] != layout.encode() {
-        return Err("its segment layout differs (another jaccl version?)".into());
-    }
+    check_offer_bytes(layout, bytes)?;
     let (Some(doorbell), Some(segment), true) = (fds.pop(), fds.pop(), fds.is_empty()) else {
         return Err("its offer did not carry a segment and a doorbell".into());
     };
     sys::check_segment(segment.as_fd(), layout.total())
         .map_err(|why| format!("its segment is unusable: {why}"))?;
     Ok((segment, doorbell))
+}
+
+/// Checks the bytes of a peer's offer: magic and layout.
+pub(crate) fn check_offer_bytes(layout: Layout, bytes: &[u8]) -> std::result::Result<(), String> {
+    if bytes.len() != OFFER_LEN || bytes[..4] != OFFER_MAGIC {
+        return Err("malformed segment offer".into());
+    }
+    if bytes[4..] != layout.encode() {
+        return Err("its segment layout differs (another jaccl version?)".into());
+    }
+    Ok(())
 }
 
 /// Maps a checked peer segment: the main part, and the rings it sends to this rank.

@@ -136,19 +136,24 @@ fn invalid_configurations_are_refused_before_any_network() {
 fn ranks_that_disagree_on_wires_fail_at_start_up() {
     let mut cfgs = configs(Net::Tcp, 3, 1, Duration::from_secs(30));
     cfgs[2] = cfgs[2].clone().wires(2);
-    let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = cfgs
-            .into_iter()
-            .map(|c| s.spawn(move || jaccl::init_with(c).map(drop)))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results = init_all(cfgs);
     for r in results {
         match r {
             Err(Error::Bootstrap(msg)) => assert!(msg.contains("wires"), "{msg}"),
             other => panic!("expected Bootstrap, got {other:?}"),
         }
     }
+}
+
+/// Starts a group from `cfgs`, one thread per rank, and returns how each start-up ended.
+fn init_all(cfgs: Vec<Config>) -> Vec<jaccl::Result<()>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = cfgs
+            .into_iter()
+            .map(|c| s.spawn(move || jaccl::init_with(c).map(drop)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 /// Every rank must fail, never with a timeout; ranks next to the odd one report `Mismatch`.
@@ -176,13 +181,7 @@ fn expect_mismatch(size: usize, odd: usize, results: Vec<jaccl::Result<()>>) {
 fn ranks_that_disagree_on_the_transport_fail_at_start_up() {
     let mut cfgs = configs(Net::Tcp, 3, 1, Duration::from_secs(30));
     cfgs[1] = cfgs[1].clone().transport(Transport::Shm);
-    let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = cfgs
-            .into_iter()
-            .map(|c| s.spawn(move || jaccl::init_with(c).map(drop)))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results = init_all(cfgs);
     for r in results {
         match r {
             Err(Error::Bootstrap(msg)) => assert!(msg.contains("transport"), "{msg}"),
@@ -197,13 +196,7 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
     // neighbour, and must not wait for those who are.
     let mut cfgs = configs(Net::Shm, 4, 1, Duration::from_secs(30));
     cfgs[2] = cfgs[2].clone().host_id("elsewhere");
-    let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = cfgs
-            .into_iter()
-            .map(|c| s.spawn(move || jaccl::init_with(c).map(drop)))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results = init_all(cfgs);
     // Every rank sees every host, so all fail at once, naming the pair.
     for (rank, r) in results.into_iter().enumerate() {
         match r {

@@ -117,27 +117,21 @@ impl Direct {
             }
             self.sync(call, (k == 0).then_some(seq))?;
             // Reduce this rank's slice, block by block, in rank order.
-            let scratch: &mut [u8] = bytemuck::cast_slice_mut(self.scratch.as_mut_slice());
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let blocks: &mut [u8] = bytemuck::cast_slice_mut(scratch.as_mut_slice());
             for b in (mine.start..mine.end).step_by(BLOCK) {
                 let n = BLOCK.min(mine.end - b);
-                let tmp = &mut scratch[..n];
-                for q in 0..self.size {
-                    let own = &input.unwrap_or(output)[at + b..at + b + n];
-                    let mut fold = |src: &[u8]| {
-                        if q == 0 {
-                            copy(tmp, src);
-                        } else {
-                            reducer.accumulate(tmp, src);
-                        }
-                    };
-                    match &self.peers[q] {
-                        None => fold(own),
-                        Some(peer) => peer.main.with_bytes(area + b, n, fold),
-                    }
-                }
+                let tmp = &mut blocks[..n];
+                self.fold(
+                    tmp,
+                    area + b,
+                    &input.unwrap_or(output)[at + b..at + b + n],
+                    reducer,
+                );
                 copy(&mut output[at + b..at + b + n], tmp);
-                store(&self.local.main, self.streaming, area + b, tmp);
+                self.write_area(area + b, tmp);
             }
+            self.scratch = scratch;
             self.sync(call, None)?;
             for (q, peer) in self.others() {
                 let theirs = self.slice(len / elem, q, elem);
@@ -171,14 +165,10 @@ impl Direct {
         };
         self.write_area(area, input.unwrap_or(output));
         self.sync(call, Some(seq))?;
-        self.main(0).with_bytes(area, n, |a0| {
-            self.main(1)
-                .with_bytes(area, n, |a1| reducer.combine(output, a0, a1))
-        });
-        for q in 2..self.size {
-            self.main(q)
-                .with_bytes(area, n, |a| reducer.accumulate(output, a));
-        }
+        // This rank's own vector from its area: `output` may be the input.
+        self.local
+            .main
+            .with_bytes(area, n, |own| self.fold(output, area, own, reducer));
         Ok(())
     }
 
@@ -232,22 +222,13 @@ impl Direct {
                 self.write_area(area + q * part, src);
             }
             self.sync(call, (k == 0).then_some(seq))?;
-            let dst = &mut output[at..at + len];
             let own = &input[self.rank * block + at..self.rank * block + at + len];
-            let mine = area + self.rank * part;
-            for q in 0..self.size {
-                let mut fold = |src: &[u8]| {
-                    if q == 0 {
-                        copy(dst, src);
-                    } else {
-                        reducer.accumulate(dst, src);
-                    }
-                };
-                match &self.peers[q] {
-                    None => fold(own),
-                    Some(peer) => peer.main.with_bytes(mine, len, fold),
-                }
-            }
+            self.fold(
+                &mut output[at..at + len],
+                area + self.rank * part,
+                own,
+                reducer,
+            );
         }
         self.end(timing)
     }
@@ -334,9 +315,30 @@ impl Direct {
         s.start * elem..s.end * elem
     }
 
-    /// Rank `q`'s main mapping (this rank's own, or a peer's).
-    fn main(&self, q: usize) -> &Mapping {
-        self.peers[q].as_ref().map_or(&self.local.main, |p| &p.main)
+    /// `dst` = the reduction, in rank order, of every rank's contribution: this rank's is
+    /// `own`, each peer's the `dst.len()` bytes at `offset` of its segment.
+    fn fold(&self, dst: &mut [u8], offset: usize, own: &[u8], reducer: &Reducer) {
+        self.contribution(0, offset, own, |a0| {
+            self.contribution(1, offset, own, |a1| reducer.combine(dst, a0, a1))
+        });
+        for q in 2..self.size {
+            self.contribution(q, offset, own, |a| reducer.accumulate(dst, a));
+        }
+    }
+
+    /// Runs `f` over rank `q`'s contribution: `own` for this rank, else `own.len()` bytes at
+    /// `offset` of its segment.
+    fn contribution<R>(
+        &self,
+        q: usize,
+        offset: usize,
+        own: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> R {
+        match &self.peers[q] {
+            None => f(own),
+            Some(peer) => peer.main.with_bytes(offset, own.len(), f),
+        }
     }
 
     fn others(&self) -> impl Iterator<Item = (usize, &Peer)> {

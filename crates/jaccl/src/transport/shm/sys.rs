@@ -149,10 +149,8 @@ impl Mapping {
         // SAFETY: in bounds; no one else accesses the range while we write it (the protocol),
         // and it cannot overlap `src`, a Rust slice (we never hand out slices of a mapping for
         // writing, and this one dies with the call).
-        crate::reduce::copy(
-            unsafe { std::slice::from_raw_parts_mut(dst, src.len()) },
-            src,
-        );
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst, src.len()) };
+        crate::reduce::copy(dst, src);
     }
 
     /// [`Mapping::write`] with non-temporal stores where the CPU has them (x86-64): the bytes

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
-use crate::transport::tcp::{connect_with_retry, remaining, wait_readable};
+use crate::transport::tcp::{connect_with_retry, remaining};
+use crate::transport::wait_readable;
 use crate::wire::{PROTOCOL_VERSION, to_u32};
 
 const MAGIC: [u8; 4] = *b"JCBS";

@@ -16,7 +16,7 @@ use crate::algo::direct::Direct;
 use crate::algo::engine::Channel;
 use crate::algo::ring::{Geometry, Ring};
 use crate::bootstrap::SideChannel;
-use crate::config::{Config, Topology, Transport};
+use crate::config::{Config, Transport};
 use crate::error::{Error, Result};
 use crate::transport::shm::{self, Layout, PeerSpec, Shm, link::ShmLink};
 use crate::transport::{Identity, Link, tcp};
@@ -33,7 +33,6 @@ struct PeerInfo {
     shm: Option<String>,
     wires: usize,
     transport: String,
-    topology: String,
 }
 
 /// A group's connections, ready for collectives.
@@ -77,7 +76,6 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         shm: shm_listener.as_ref().map(|l| l.name().to_owned()),
         wires: config.wire_count(),
         transport: config.transport.to_string(),
-        topology: Topology::Ring.to_string(),
     };
     let mine = serde_json::to_vec(&me).map_err(|e| Error::Bootstrap(e.to_string()))?;
     let infos = side

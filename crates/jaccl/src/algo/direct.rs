@@ -29,13 +29,13 @@ use std::time::{Duration, Instant};
 
 use rustix::event::PollFd;
 
-use super::engine::{Call, poll};
+use super::engine::Call;
 use super::ring::lane_slice;
 use crate::error::{Error, Result};
 use crate::reduce::{Reducer, copy};
 use crate::transport::shm::segment::INLINE;
 use crate::transport::shm::{Local, Mailbox, Mapping, Peer, Shm};
-use crate::transport::{Interest, poll_fd};
+use crate::transport::{Interest, poll, poll_fd};
 use crate::wait::{Backoff, Idle};
 use crate::wire::Header;
 
@@ -102,7 +102,8 @@ impl Direct {
         let (seq, timing) = self.begin(call, bytes);
         if bytes <= small_all_reduce(self.size).min(self.area_bytes()) {
             self.all_reduce_small(input, output, reducer, call, seq)?;
-            return self.end(timing);
+            self.end(timing);
+            return Ok(());
         }
         let elem = reducer.elem_size();
         let chunk = self.area_bytes() / elem * elem;
@@ -117,6 +118,7 @@ impl Direct {
             }
             self.sync(call, (k == 0).then_some(seq))?;
             // Reduce this rank's slice, block by block, in rank order.
+            // Taken out for the loop (`fold` borrows `self`); nothing in it returns early.
             let mut scratch = std::mem::take(&mut self.scratch);
             let blocks: &mut [u8] = bytemuck::cast_slice_mut(scratch.as_mut_slice());
             for b in (mine.start..mine.end).step_by(BLOCK) {
@@ -141,10 +143,8 @@ impl Direct {
                 );
             }
         }
-        if bytes == 0 {
-            self.sync(call, Some(seq))?;
-        }
-        self.end(timing)
+        self.end(timing);
+        Ok(())
     }
 
     /// One round: every rank reduces every vector, in rank order. Up to [`INLINE`] bytes
@@ -195,7 +195,8 @@ impl Direct {
                     .read(area, &mut output[q * block + at..q * block + at + len]);
             }
         }
-        self.end(timing)
+        self.end(timing);
+        Ok(())
     }
 
     /// Reduce-scatter: `input` holds `size` blocks of `output.len()` bytes; this rank keeps the
@@ -230,7 +231,8 @@ impl Direct {
                 reducer,
             );
         }
-        self.end(timing)
+        self.end(timing);
+        Ok(())
     }
 
     /// Returns once every rank has entered.
@@ -265,7 +267,7 @@ impl Direct {
         };
         // Written only when it changes: peers read this line only for tuned sizes, and small
         // calls should not pay for a line that moves between cores on every call.
-        let (slot, hints) = (mailbox.hints(seq), tuner.hints());
+        let (slot, hints) = (mailbox.hints(seq), tuner.hints);
         if slot.load(Ordering::Relaxed) != hints {
             slot.store(hints, Ordering::Relaxed);
         }
@@ -279,11 +281,10 @@ impl Direct {
     }
 
     /// Ends a call: rank 0 records how long it took.
-    fn end(&mut self, timing: Option<Timing>) -> Result<()> {
+    fn end(&mut self, timing: Option<Timing>) {
         if let (Some(tuner), Some(t)) = (self.tuner.as_deref_mut(), timing) {
-            tuner.record(&t);
+            tuner.record(t.class, t.streaming, t.bytes, t.start.elapsed());
         }
-        Ok(())
     }
 
     fn rank0_mailbox(&self) -> Mailbox<'_> {
@@ -425,7 +426,7 @@ impl Direct {
             fds.extend(pending.iter().map(|&q| self.others[q].poll_liveness()));
             if let Err(e) = poll(&mut fds, limit) {
                 self.local.disarm();
-                return Err(Error::io(call.rank, format!("{}: poll", call.op), e.into()));
+                return Err(Error::io(call.rank, format!("{}: poll", call.op), e));
             }
         }
         self.local.disarm();
@@ -491,6 +492,8 @@ struct StoreTuner {
     stats: [[(f64, u32); 2]; CLASSES],
     /// Calls timed per class, to explore the other kind now and then.
     calls: [u32; CLASSES],
+    /// Bit `k`: streaming stores for class `k` (updated with every sample).
+    hints: u64,
 }
 
 const CLASSES: usize = 64;
@@ -504,16 +507,12 @@ impl StoreTuner {
         StoreTuner {
             stats: [[(0.0, 0); 2]; CLASSES],
             calls: [0; CLASSES],
+            hints: 0,
         }
     }
 
     fn class(bytes: usize) -> Option<usize> {
         (bytes >= TUNED_FROM).then(|| bytes.ilog2() as usize)
-    }
-
-    /// Bit `k`: streaming stores for class `k`.
-    fn hints(&self) -> u64 {
-        (0..CLASSES).fold(0, |bits, k| bits | (u64::from(self.streams(k)) << k))
     }
 
     fn streams(&self, k: usize) -> bool {
@@ -525,16 +524,23 @@ impl StoreTuner {
         faster != (self.calls[k] % EXPLORE_EVERY == EXPLORE_EVERY - 1)
     }
 
-    fn record(&mut self, t: &Timing) {
-        let per_byte = t.start.elapsed().as_nanos() as f64 / t.bytes as f64;
-        let (avg, n) = &mut self.stats[t.class][usize::from(t.streaming)];
+    /// Notes that a call of `class` moving `bytes` took `elapsed` with these stores.
+    fn record(&mut self, class: usize, streaming: bool, bytes: usize, elapsed: Duration) {
+        let per_byte = elapsed.as_nanos() as f64 / bytes as f64;
+        let (avg, n) = &mut self.stats[class][usize::from(streaming)];
         *avg = if *n == 0 {
             per_byte
         } else {
             0.75 * *avg + 0.25 * per_byte
         };
         *n = n.saturating_add(1);
-        self.calls[t.class] = self.calls[t.class].wrapping_add(1);
+        self.calls[class] = self.calls[class].wrapping_add(1);
+        let bit = 1 << class;
+        self.hints = if self.streams(class) {
+            self.hints | bit
+        } else {
+            self.hints & !bit
+        };
     }
 }
 
@@ -544,5 +550,42 @@ fn lost(call: &Call, peer: usize, cause: String) -> Error {
         peer,
         op: call.op,
         cause,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plays calls of one class against the tuner, timed as `cost` says for each kind.
+    fn play(tuner: &mut StoreTuner, calls: usize, cost: impl Fn(bool) -> u64) -> Vec<bool> {
+        let class = StoreTuner::class(1 << 20).unwrap();
+        (0..calls)
+            .map(|_| {
+                let streaming = tuner.hints & (1 << class) != 0;
+                let took = Duration::from_micros(cost(streaming));
+                tuner.record(class, streaming, 1 << 20, took);
+                streaming
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_tuner_keeps_the_faster_stores_and_notices_a_change() {
+        let mut tuner = StoreTuner::new();
+        // Streaming is 3× faster: after trying both, it streams, except to explore.
+        let used = play(&mut tuner, 64, |s| if s { 100 } else { 300 });
+        assert!(
+            used[..4].contains(&true) && used[..4].contains(&false),
+            "{used:?}"
+        );
+        let later = &used[8..];
+        let plain = later.iter().filter(|s| !**s).count();
+        assert!(plain >= 2 && plain <= later.len() / 8, "{used:?}");
+        // The placement changes: ordinary stores become faster, and the tuner follows.
+        let used = play(&mut tuner, 96, |s| if s { 300 } else { 100 });
+        assert!(used[48..].iter().filter(|s| **s).count() <= 3, "{used:?}");
+        // Small calls are never tuned.
+        assert_eq!(StoreTuner::class(TUNED_FROM - 1), None);
     }
 }

@@ -14,12 +14,11 @@
 use std::time::{Duration, Instant};
 
 use rustix::event::PollFd;
-use rustix::io::Errno;
 
 use super::{Buf, Merge, Plan, Span, Transfer};
 use crate::error::{Error, Op, Result};
 use crate::reduce::{Reducer, copy};
-use crate::transport::{Interest, Link, LinkError, Readiness};
+use crate::transport::{Interest, Link, LinkError, Readiness, poll};
 use crate::wait::{Backoff, Idle, WaitPolicy};
 use crate::wire::{HEADER_LEN, Header, Kind};
 use crate::{Dtype, ReduceOp};
@@ -518,8 +517,8 @@ fn sleep(channels: &mut [Channel], wants: &[Interest], limit: Duration, call: &C
             }
         }
         outcome = poll(&mut fds, limit)
-            .map(|()| Readiness::Armed)
-            .map_err(|e| Error::io(call.rank, format!("{}: poll", call.op), e.into()));
+            .map(|_| Readiness::Armed)
+            .map_err(|e| Error::io(call.rank, format!("{}: poll", call.op), e));
     }
     disarm(channels, wants, armed);
     outcome.map(drop)
@@ -557,17 +556,5 @@ pub(crate) fn disarm(channels: &mut [Channel], wants: &[Interest], armed: usize)
     let waited = channels.iter_mut().zip(wants).filter(|(_, w)| w.any());
     for (ch, _) in waited.take(armed) {
         ch.link.disarm();
-    }
-}
-
-/// `poll(2)` for at most `limit`; an interrupted poll counts as a wake-up.
-pub(crate) fn poll(fds: &mut [PollFd<'_>], limit: Duration) -> std::result::Result<(), Errno> {
-    let timeout = rustix::time::Timespec::try_from(limit).unwrap_or(rustix::time::Timespec {
-        tv_sec: i64::MAX,
-        tv_nsec: 0,
-    });
-    match rustix::event::poll(fds, Some(&timeout)) {
-        Ok(_) | Err(Errno::INTR) => Ok(()),
-        Err(e) => Err(e),
     }
 }

@@ -24,6 +24,7 @@
 
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
 
@@ -123,6 +124,35 @@ pub(crate) trait Link: Send {
 
     /// Undoes [`Link::arm`] after the sleep (or when another link was ready).
     fn disarm(&mut self);
+}
+
+/// Waits in `poll(2)` until one of `fds` is ready or `limit` passes; returns how many are
+/// ready (0 after a timeout or an interrupted wait, which callers treat as a wake-up).
+pub(crate) fn poll(fds: &mut [PollFd<'_>], limit: Duration) -> io::Result<usize> {
+    let timeout = rustix::time::Timespec::try_from(limit).unwrap_or(rustix::time::Timespec {
+        tv_sec: i64::MAX,
+        tv_nsec: 0,
+    });
+    match rustix::event::poll(fds, Some(&timeout)) {
+        Ok(n) => Ok(n),
+        Err(rustix::io::Errno::INTR) => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Waits until `fd` is readable or `limit` passes; returns whether it is readable.
+pub(crate) fn wait_readable(fd: BorrowedFd<'_>, limit: Duration) -> io::Result<bool> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if poll(&mut fds, left)? > 0 {
+            return Ok(true);
+        }
+        if left.is_zero() || std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+    }
 }
 
 /// A poll entry for `fd`, readable or writable as `interest` asks.

@@ -6,14 +6,14 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags};
+use rustix::event::PollFd;
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
-use super::{Identity, Interest, Link, LinkError, Readiness, poll_fd};
+use super::{Identity, Interest, Link, LinkError, Readiness, poll_fd, wait_readable};
 use crate::error::{Error, Result};
 use crate::wire::{HELLO_LEN, Hello};
 
@@ -346,22 +346,6 @@ pub(crate) fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Res
                 std::thread::sleep(backoff.min(left));
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }
-        }
-    }
-}
-
-/// Waits until `fd` is readable or `timeout` passes; returns whether it is readable.
-pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
-    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-    let timeout = rustix::time::Timespec::try_from(timeout).unwrap_or(rustix::time::Timespec {
-        tv_sec: i64::MAX,
-        tv_nsec: 0,
-    });
-    loop {
-        match rustix::event::poll(&mut fds, Some(&timeout)) {
-            Ok(n) => return Ok(n > 0),
-            Err(Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -304,7 +304,7 @@ pub(crate) fn establish(
     let mut missing: Vec<&PeerSpec> = peers.iter().filter(|s| s.rank > me.rank).collect();
     while !missing.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
-        let ready = super::tcp::wait_readable(listener.fd.as_fd(), left)
+        let ready = super::wait_readable(listener.fd.as_fd(), left)
             .map_err(|e| Error::io(me.rank, "waiting for shared-memory peers", e))?;
         if !ready {
             let ranks: Vec<String> = missing.iter().map(|s| s.rank.to_string()).collect();
@@ -498,7 +498,7 @@ fn send_with_fds(socket: &OwnedFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::
 /// Receives one message and the descriptors it carries, waiting until `deadline`.
 fn recv_message(socket: &OwnedFd, deadline: Instant) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let left = deadline.saturating_duration_since(Instant::now());
-    if !super::tcp::wait_readable(socket.as_fd(), left)? {
+    if !super::wait_readable(socket.as_fd(), left)? {
         return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
     }
     let mut buf = [0u8; 128];

@@ -214,7 +214,7 @@ fn ssh_reachable(hosts: &[String]) -> Vec<(String, Result<(), String>)> {
             std::thread::spawn(move || {
                 let out = Command::new(&ssh[0])
                     .args(&ssh[1..])
-                    .args(["-o", "ConnectTimeout=5", &host, "true"])
+                    .args(["-o", "ConnectTimeout=5", "--", &host, "true"])
                     .stdin(Stdio::null())
                     .output();
                 let result = match out {

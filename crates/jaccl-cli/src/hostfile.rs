@@ -369,7 +369,7 @@ mod tests {
 
     fn parse(text: &str) -> Result<Parsed, Vec<String>> {
         let dir =
-            std::env::temp_dir().join(format!("jaccl-hostfile-{}", crate::launch::new_token()));
+            std::env::temp_dir().join(format!("jaccl-hostfile-{}", crate::launch::random_number()));
         std::fs::write(&dir, text).unwrap();
         let r = read(&dir);
         let _ = std::fs::remove_file(&dir);

@@ -1,9 +1,13 @@
 //! Starting ranks: locally as child processes, or on other hosts over `ssh`.
 //!
-//! Each local rank runs in its own process group, so stopping it also stops what it started.
-//! A remote rank is started by a small `sh` script that prints its PID (which `exec` hands on
-//! to the program) before anything else; stopping it runs `kill` on that host, because killing
-//! the local `ssh` client alone would leave the remote program running.
+//! Each local rank runs in its own process group, so stopping it also stops what it started,
+//! and dies with the launcher however the launcher ends: it is started through `jaccl
+//! exec-rank`, which asks the kernel for `SIGKILL` when its parent dies
+//! (`PR_SET_PDEATHSIG`) before it `exec`s the program. A remote rank is run by an `sh` script
+//! that ssh's standard input carries, with the rank's environment, so the job token and
+//! `--env` values never appear on a command line (`ps`); the script reports its PID, starts the
+//! program, and kills it when its standard input ends, which happens when the launcher (or its
+//! local `ssh`, which dies with it) is gone. Stopping a remote rank runs `kill` on its host.
 //!
 //! Every line a rank prints reaches our stdout or stderr whole, prefixed with the rank. When a
 //! rank fails, the others are stopped and the launcher exits non-zero naming it; SIGINT,
@@ -67,19 +71,19 @@ pub(crate) struct Job {
 }
 
 /// The environment every rank gets: who it is and how to find the others.
-pub(crate) fn rank_env(job: &Job, rank: usize, token: u64) -> Vec<(String, String)> {
+pub(crate) fn rank_env(job: &Job, rank: usize, token: &str) -> Vec<(String, String)> {
     let mut env = vec![
         ("JACCL_RANK".to_string(), rank.to_string()),
         ("JACCL_SIZE".to_string(), job.hosts.len().to_string()),
         ("JACCL_COORDINATOR".to_string(), job.coordinator.clone()),
-        ("JACCL_JOB_TOKEN".to_string(), format!("{token:#x}")),
+        ("JACCL_JOB_TOKEN".to_string(), token.to_string()),
     ];
     env.extend(job.env.iter().cloned());
     env
 }
 
-/// A random job token, so that ranks of an old job cannot join this one.
-pub(crate) fn new_token() -> u64 {
+/// A number that differs from run to run (for ports and file names; not a secret).
+pub(crate) fn random_number() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one((std::process::id(), Instant::now()))
 }
@@ -109,13 +113,13 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
             .map_err(|e| format!("cannot handle signal {sig}: {e}"))?;
     }
 
-    let token = new_token();
+    let token = jaccl::JobToken::generate().map_err(|e| e.to_string())?;
     let width = (job.hosts.len().saturating_sub(1)).to_string().len();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut pipes: Vec<JoinHandle<()>> = Vec::new();
     let mut ranks: Vec<Running> = Vec::with_capacity(job.hosts.len());
     for (rank, host) in job.hosts.iter().enumerate() {
-        let env = rank_env(job, rank, token);
+        let env = rank_env(job, rank, &token);
         let inherit = rank == 0 && job.rank0_inherits_terminal && *host == Host::Local;
         let mut cmd = command(job, host, &env, rank == 0);
         if inherit {
@@ -153,7 +157,10 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
                 pipes.push(relay(err, label, true, pid, done_tx.clone()));
             }
             if let Some(stdin) = child.stdin.take() {
-                forward_stdin(stdin);
+                match host {
+                    Host::Local => forward_stdin(stdin),
+                    Host::Ssh(_) => hand_over_script(stdin, remote_script(job, &env)),
+                }
             }
         }
         ranks.push(Running {
@@ -247,42 +254,87 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
         .map_or(0, exit_code))
 }
 
-/// The command that starts `host`'s rank with `env`.
-fn command(job: &Job, host: &Host, env: &[(String, String)], stdin: bool) -> Command {
-    let mut cmd = match host {
-        Host::Local => {
-            let mut cmd = Command::new(&job.program[0]);
-            cmd.args(&job.program[1..]).envs(env.iter().cloned());
-            if let Some(cwd) = &job.cwd {
-                cmd.current_dir(cwd);
-            }
-            cmd
-        }
+/// The command that starts `host`'s rank with `env` (a remote rank's script and environment
+/// go to its standard input, see [`remote_script`]).
+fn command(job: &Job, host: &Host, env: &[(String, String)], rank0: bool) -> Command {
+    let (program, args): (&str, Vec<String>) = match host {
+        Host::Local => (&job.program[0], job.program[1..].to_vec()),
         Host::Ssh(dest) => {
-            let mut cmd = Command::new(&job.ssh[0]);
-            cmd.args(&job.ssh[1..]);
-            if !stdin {
-                cmd.arg("-n");
-            }
-            cmd.arg(dest).arg(remote_script(job, env));
-            cmd
+            let mut args = job.ssh[1..].to_vec();
+            // `--`: a host name that starts with `-` is not an option.
+            args.extend(["--".into(), dest.clone(), "sh -s".into()]);
+            (&job.ssh[0], args)
         }
     };
+    let mut cmd = dying_with_us(program, &args);
+    if let Host::Local = host {
+        cmd.envs(env.iter().cloned());
+        if let Some(cwd) = &job.cwd {
+            cmd.current_dir(cwd);
+        }
+    }
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let stdin = rank0 || matches!(host, Host::Ssh(_));
     cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
 }
 
-/// The `sh` script a remote rank runs: report the PID, change directory, `exec` the program.
+/// `program args`, started through `jaccl exec-rank` so that it dies with the launcher.
+pub(crate) fn dying_with_us(program: &str, args: &[String]) -> Command {
+    let Ok(me) = std::env::current_exe() else {
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        return cmd;
+    };
+    let mut cmd = Command::new(me);
+    cmd.args([
+        "exec-rank",
+        "--parent",
+        &std::process::id().to_string(),
+        "--",
+        program,
+    ])
+    .args(args);
+    cmd
+}
+
+/// `jaccl exec-rank`: asks for `SIGKILL` when the launcher dies, checks it has not already,
+/// and becomes `program`. Returns only on failure.
+pub(crate) fn exec_rank(parent: u32, program: &[String]) -> String {
+    use std::os::unix::process::CommandExt;
+    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::KILL)) {
+        return format!("cannot tie this rank to its launcher: {e}");
+    }
+    // The launcher may have died before the line above: then nobody would kill us.
+    if rustix::process::getppid()
+        .map(Pid::as_raw_nonzero)
+        .map(|p| p.get() as u32)
+        != Some(parent)
+    {
+        return "the launcher is gone".into();
+    }
+    let Some((first, rest)) = program.split_first() else {
+        return "no program to run".into();
+    };
+    let err = Command::new(first).args(rest).exec();
+    format!("cannot run {first}: {err}")
+}
+
+/// The `sh` script a remote rank reads from its standard input: report the PID, set the
+/// environment, change directory, run the program, and kill it if the input ends (the launcher
+/// is gone) before it exits. The launcher keeps the input open until the rank has ended.
 pub(crate) fn remote_script(job: &Job, env: &[(String, String)]) -> String {
-    let mut script = format!("printf '{PID_MARKER}%s\\n' $$ >&2; ");
+    let mut script = format!("printf '{PID_MARKER}%s\\n' $$ >&2\n");
+    for (k, v) in env {
+        script += &format!("export {}\n", shell_words::quote(&format!("{k}={v}")));
+    }
     match &job.cwd {
         Some(dir) => {
             let dir = shell_words::quote(&dir.to_string_lossy()).into_owned();
             script += &format!(
-                "cd {dir} || {{ echo \"jaccl launch: cannot cd to {}\" >&2; exit 126; }}; ",
+                "cd {dir} || {{ echo \"jaccl launch: cannot cd to {}\" >&2; exit 126; }}\n",
                 dir.replace('"', "'")
             );
         }
@@ -290,22 +342,38 @@ pub(crate) fn remote_script(job: &Job, env: &[(String, String)]) -> String {
             // Like mlx.launch: try the launcher's directory, quietly.
             if let Ok(here) = std::env::current_dir() {
                 script += &format!(
-                    "cd {} 2>/dev/null; ",
+                    "cd {} 2>/dev/null\n",
                     shell_words::quote(&here.to_string_lossy())
                 );
             }
         }
     }
-    script += "exec env";
-    for (k, v) in env {
-        script += " ";
-        script += &shell_words::quote(&format!("{k}={v}"));
-    }
-    for arg in &job.program {
-        script += " ";
-        script += &shell_words::quote(arg);
-    }
+    let program: Vec<String> = job
+        .program
+        .iter()
+        .map(|a| shell_words::quote(a).into_owned())
+        .collect();
+    // A background job's standard input is /dev/null unless redirected, hence fd 3.
+    script += "exec 3<&0\n";
+    script += &format!("{} </dev/null 3<&- &\n", program.join(" "));
+    script += "pid=$!\n";
+    script += "(cat <&3 >/dev/null 2>&1; kill -KILL \"$pid\" 2>/dev/null) &\n";
+    script += "exec 3<&-\nwait \"$pid\"\nexit $?\n";
     script
+}
+
+/// Writes a remote rank's script to its ssh's standard input, and keeps that open.
+fn hand_over_script(mut to: std::process::ChildStdin, script: String) {
+    std::thread::spawn(move || {
+        if to
+            .write_all(script.as_bytes())
+            .and_then(|()| to.flush())
+            .is_ok()
+        {
+            // Held open until the launcher exits: its end tells the rank the launcher is gone.
+            std::mem::forget(to);
+        }
+    });
 }
 
 /// Copies one output pipe of a rank to ours, a whole line at a time.
@@ -383,6 +451,7 @@ fn stop(ranks: &mut [Running], which: &[usize], sig: Signal, job: &Job) {
                 let mut cmd = Command::new(&job.ssh[0]);
                 cmd.args(&job.ssh[1..])
                     .arg("-n")
+                    .arg("--")
                     .arg(dest)
                     .arg(script)
                     .stdin(Stdio::null())
@@ -468,13 +537,17 @@ fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
+/// The command as text for `--verbose`, the job token hidden.
 fn describe(cmd: &Command) -> String {
     let mut parts: Vec<String> = cmd
         .get_envs()
         .filter_map(|(k, v)| {
             let k = k.to_string_lossy();
-            k.starts_with("JACCL_")
-                .then(|| format!("{k}={}", v.map(|v| v.to_string_lossy()).unwrap_or_default()))
+            let v = match (k.as_ref(), v) {
+                ("JACCL_JOB_TOKEN", _) => "(hidden)".into(),
+                (_, v) => v.map(|v| v.to_string_lossy()).unwrap_or_default(),
+            };
+            k.starts_with("JACCL_").then(|| format!("{k}={v}"))
         })
         .collect();
     parts.push(cmd.get_program().to_string_lossy().into_owned());
@@ -505,22 +578,44 @@ mod tests {
 
     #[test]
     fn ranks_get_their_identity_and_the_extra_environment_last() {
-        let env = rank_env(&job(), 1, 255);
+        let env = rank_env(&job(), 1, "0123456789abcdef");
         assert_eq!(env[0], ("JACCL_RANK".into(), "1".into()));
         assert_eq!(env[1], ("JACCL_SIZE".into(), "2".into()));
         assert_eq!(env[2], ("JACCL_COORDINATOR".into(), "10.0.0.1:5000".into()));
-        assert_eq!(env[3], ("JACCL_JOB_TOKEN".into(), "0xff".into()));
+        assert_eq!(
+            env[3],
+            ("JACCL_JOB_TOKEN".into(), "0123456789abcdef".into())
+        );
         assert_eq!(env.last(), Some(&("A".into(), "x y".into())));
     }
 
     #[test]
-    fn the_remote_script_quotes_everything() {
+    fn the_remote_script_quotes_everything_and_secrets_stay_off_command_lines() {
         let j = job();
-        let script = remote_script(&j, &rank_env(&j, 1, 1));
-        assert!(script.starts_with("printf 'JACCL_LAUNCH_PID %s\\n' $$ >&2; cd '/tmp/a b' ||"));
-        assert!(script.ends_with("'A=x y' 'my prog' 'it'\\''s'"), "{script}");
-        let words = shell_words::split(&script[script.find("exec").unwrap_or(0)..]).unwrap();
-        assert_eq!(words.last().map(String::as_str), Some("it's"));
+        let env = rank_env(&j, 1, "the secret token");
+        let script = remote_script(&j, &env);
+        assert!(
+            script.starts_with("printf 'JACCL_LAUNCH_PID %s\\n' $$ >&2\n"),
+            "{script}"
+        );
+        assert!(
+            script.contains("export 'JACCL_JOB_TOKEN=the secret token'\n"),
+            "{script}"
+        );
+        assert!(script.contains("cd '/tmp/a b' ||"), "{script}");
+        assert!(
+            script.contains("'my prog' 'it'\\''s' </dev/null 3<&- &"),
+            "{script}"
+        );
+        let cmd = command(&j, &Host::Ssh("-oProxyCommand=x".into()), &env, false);
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let dash = args.iter().rposition(|a| a == "--").unwrap();
+        assert_eq!(args[dash + 1], "-oProxyCommand=x", "{args:?}");
+        assert!(!args.iter().any(|a| a.contains("secret")), "{args:?}");
+        assert!(!describe(&command(&j, &Host::Local, &env, false)).contains("secret"));
     }
 
     #[test]

@@ -37,6 +37,16 @@ enum Command {
     /// Show what this machine offers (transports, interfaces, RDMA devices, limits) and check a
     /// hostfile or device file.
     Doctor(DoctorArgs),
+    /// Internal: how `jaccl launch` starts a local rank, so that it dies with the launcher.
+    #[command(hide = true)]
+    ExecRank {
+        /// The launcher's PID.
+        #[arg(long)]
+        parent: u32,
+        /// The rank's program and arguments.
+        #[arg(required = true, allow_hyphen_values = true, num_args = 1.., last = true)]
+        program: Vec<String>,
+    },
 }
 
 /// Options of `jaccl launch`.
@@ -144,6 +154,7 @@ fn main() -> ExitCode {
         Command::Launch(args) => launch_main(&args),
         Command::Bench(args) => bench_main(&args),
         Command::Doctor(args) => Ok(doctor::run(args.file.as_deref(), args.ssh)),
+        Command::ExecRank { parent, program } => Err(launch::exec_rank(parent, &program)),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -201,7 +212,7 @@ fn launch_main(args: &LaunchArgs) -> Result<u8, String> {
         (Some(p), _) => p,
         (None, None) => free_local_port()?,
         // Rank 0 is on another host: any port is a guess; pick one away from the ephemeral range.
-        (None, Some(_)) => 20_000 + (launch::new_token() % 10_000) as u16,
+        (None, Some(_)) => 20_000 + (launch::random_number() % 10_000) as u16,
     };
     let host = coordinator_host.unwrap_or_else(|| "127.0.0.1".into());
     let coordinator = if host.contains(':') {

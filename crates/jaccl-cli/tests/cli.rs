@@ -61,6 +61,16 @@ fn sleeping(duration: &str) -> Vec<String> {
         .collect()
 }
 
+fn command_lines_containing(what: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| text(&c).replace('\0', " "))
+        .filter(|c| c.contains(what))
+        .collect()
+}
+
 fn sorted_lines(b: &[u8]) -> Vec<String> {
     let mut v: Vec<String> = text(b).lines().map(str::to_string).collect();
     v.sort();
@@ -157,7 +167,18 @@ fn a_failing_rank_stops_the_others_and_the_launcher_names_it() {
 /// Starts a launcher whose ranks print READY then sleep for a duration unique to this test;
 /// interrupts it once all are ready and checks that it exits with 128 + signal and leaves no
 /// rank behind.
-fn interrupt_leaves_nothing(mut launch_args: Vec<String>, ranks: usize, salt: u32) {
+fn interrupt_leaves_nothing(launch_args: Vec<String>, ranks: usize, salt: u32) {
+    signal_leaves_nothing(launch_args, ranks, salt, rustix::process::Signal::INT);
+}
+
+/// As [`interrupt_leaves_nothing`], with `signal` (SIGKILL: the launcher cannot clean up; the
+/// ranks must die with it). Also checks that no command line carries the job token.
+fn signal_leaves_nothing(
+    mut launch_args: Vec<String>,
+    ranks: usize,
+    salt: u32,
+    signal: rustix::process::Signal,
+) {
     let marker = format!("3600.{}{salt}", std::process::id());
     launch_args.extend([
         "sh".into(),
@@ -180,12 +201,16 @@ fn interrupt_leaves_nothing(mut launch_args: Vec<String>, ranks: usize, salt: u3
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(sleeping(&marker).len(), ranks, "{:?}", sleeping(&marker));
+    let on_command_lines = command_lines_containing("JACCL_JOB_TOKEN");
+    assert!(on_command_lines.is_empty(), "{on_command_lines:?}");
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
-    // The ranks are gone by the time the launcher exits (remote ones may take a moment).
-    let deadline = Instant::now() + Duration::from_secs(10);
+    if signal == rustix::process::Signal::INT {
+        assert_eq!(status.code(), Some(130));
+    }
+    // The ranks are gone soon after the launcher (remote ones may take a moment).
+    let deadline = Instant::now() + Duration::from_secs(5);
     while !sleeping(&marker).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -195,6 +220,12 @@ fn interrupt_leaves_nothing(mut launch_args: Vec<String>, ranks: usize, salt: u3
 #[test]
 fn ctrl_c_stops_every_local_rank() {
     interrupt_leaves_nothing(vec!["launch".into(), "-n".into(), "3".into()], 3, 1);
+}
+
+#[test]
+fn local_ranks_die_with_a_killed_launcher() {
+    let args = vec!["launch".into(), "-n".into(), "3".into()];
+    signal_leaves_nothing(args, 3, 3, rustix::process::Signal::KILL);
 }
 
 #[test]
@@ -506,4 +537,15 @@ fn ctrl_c_stops_every_remote_rank() {
         .map(String::from)
         .to_vec();
     interrupt_leaves_nothing(args, 2, 2);
+}
+
+#[test]
+fn remote_ranks_die_with_a_killed_launcher() {
+    if !ssh_ready() {
+        return;
+    }
+    let args = ["launch", "--hosts", "127.0.0.1", "-n", "2"]
+        .map(String::from)
+        .to_vec();
+    signal_leaves_nothing(args, 2, 4, rustix::process::Signal::KILL);
 }

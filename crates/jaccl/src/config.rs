@@ -16,8 +16,12 @@
 //! | waiting on shared memory | `JACCL_WAIT` (`auto`, `sleep`, `spin=50us,yield=2ms`) | `auto`: [`WaitPolicy::auto`] |
 //! | host identity | `JACCL_HOST_ID` (any string; ranks with different ones never share memory, so one machine can play several hosts in tests) | unset |
 //! | wires | `JACCL_WIRES` (1 to 4) | measured default, [`Config::DEFAULT_WIRES`] |
-//! | timeout | `JACCL_TIMEOUT` (seconds, `2.5`, or with a unit: `500ms`, `30s`, `5m`) | [`Config::DEFAULT_TIMEOUT`] |
-//! | job token | `JACCL_JOB_TOKEN` (decimal or `0x` hex; set by `jaccl launch`) | 0 |
+//! | operation timeout | `JACCL_TIMEOUT` (seconds, `2.5`, with a unit: `500ms`, `30s`, `5m`, or `off`) | [`Config::DEFAULT_TIMEOUT`] |
+//! | start-up timeout | `JACCL_STARTUP_TIMEOUT` (as above) | [`Config::DEFAULT_STARTUP_TIMEOUT`] |
+//! | liveness window | `JACCL_LIVENESS` (as above) | [`Config::DEFAULT_LIVENESS`] |
+//! | job token | `JACCL_JOB_TOKEN` (a secret of at least 16 bytes; set by `jaccl launch`), or `JACCL_JOB_TOKEN_FILE` (a file holding it) | derived from the launcher's job identity (see [`Config::job_token`](#structfield.job_token)) |
+//!
+//! Durations saturate: `off` (or a duration too long to count) means "no timeout".
 //!
 //! With nothing set, [`crate::init`] gives a group of size 1 that needs no network. A rank
 //! without a size (or the reverse) is an error, as is any value that does not parse: the error
@@ -27,6 +31,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::auth::JobToken;
 use crate::error::{Error, Result};
 use crate::wait::WaitPolicy;
 
@@ -153,12 +158,22 @@ pub struct Config {
     /// Parallel connections to each ring neighbour, 1 to 4; `None` means
     /// [`Config::DEFAULT_WIRES`].
     pub wires: Option<usize>,
-    /// How long any operation may wait without progress before it fails with
-    /// [`Error::Timeout`]. Also bounds start-up.
+    /// How long an operation may wait without progress before it fails with
+    /// [`Error::Timeout`]. Long by default: a peer that is stopped, hung or gone is found by
+    /// liveness ([`Config::liveness`](#structfield.liveness)) instead, and a peer that is only
+    /// busy (writing a checkpoint) is not an error. `Duration::MAX`: no timeout.
     pub timeout: Duration,
-    /// Ranks only join a group whose token matches theirs, so a stray process of another job
-    /// cannot join. `jaccl launch` sets a random one per job.
-    pub job_token: u64,
+    /// How long start-up (joining the coordinator, opening the links) may take.
+    pub startup_timeout: Duration,
+    /// How long a rank may be silent (its heartbeat thread, which beats while the application
+    /// computes, stopped: the process is stopped or hung, or its host or link is gone) before
+    /// every other rank fails with [`Error::PeerLost`] naming it. `Duration::MAX`: off.
+    pub liveness: Duration,
+    /// The job's secret: every connection proves knowledge of it (see [`JobToken`]). `None`:
+    /// derived from the launcher's job identity (torchrun's run id and restart count, Slurm's
+    /// job and step ids, the PMIx namespace, Open MPI's job id, if set) and the coordinator
+    /// address, which keeps jobs apart but is no secret.
+    pub job_token: Option<JobToken>,
     /// How to wait for shared-memory peers; `None` means [`WaitPolicy::auto`] for the ranks
     /// and CPUs of this host.
     pub wait: Option<WaitPolicy>,
@@ -168,9 +183,16 @@ pub struct Config {
 }
 
 impl Config {
-    /// The default of [`Config::timeout`]: long enough for a slow rank to catch up, short enough
-    /// that a stopped one is noticed.
-    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+    /// The default of [`Config::timeout`](#structfield.timeout): 30 minutes, like PyTorch's
+    /// distributed default; dead and stopped peers are found by liveness long before.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+    /// The default of [`Config::startup_timeout`](#structfield.startup_timeout).
+    pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+    /// The default of [`Config::liveness`](#structfield.liveness).
+    pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
+    /// The largest group. Rank 0 keeps a connection per rank open, so jobs near it need an
+    /// open-file limit (`ulimit -n`) above the size on rank 0's host.
+    pub const MAX_SIZE: usize = 16384;
     /// The default number of wires per ring neighbour, chosen by measurement (`jaccl bench`
     /// with `--wires 1,2,4`; see docs/algorithms.md).
     pub const DEFAULT_WIRES: usize = 1;
@@ -187,7 +209,9 @@ impl Config {
             topology: Topology::Auto,
             wires: None,
             timeout: Config::DEFAULT_TIMEOUT,
-            job_token: 0,
+            startup_timeout: Config::DEFAULT_STARTUP_TIMEOUT,
+            liveness: Config::DEFAULT_LIVENESS,
+            job_token: None,
             wait: None,
             host_id: None,
         }
@@ -217,16 +241,47 @@ impl Config {
         self
     }
 
-    /// Sets the timeout: the longest any operation waits without progress.
+    /// Sets the operation timeout: the longest an operation waits without progress.
     pub fn timeout(mut self, timeout: Duration) -> Config {
         self.timeout = timeout;
         self
     }
 
-    /// Sets the job token (see [`Config::job_token`](#structfield.job_token)).
-    pub fn job_token(mut self, token: u64) -> Config {
-        self.job_token = token;
+    /// Sets the start-up timeout.
+    pub fn startup_timeout(mut self, timeout: Duration) -> Config {
+        self.startup_timeout = timeout;
         self
+    }
+
+    /// Sets the liveness window (see [`Config::liveness`](#structfield.liveness)).
+    pub fn liveness(mut self, window: Duration) -> Config {
+        self.liveness = window;
+        self
+    }
+
+    /// Sets the job token (see [`JobToken`]).
+    pub fn job_token(mut self, token: JobToken) -> Config {
+        self.job_token = Some(token);
+        self
+    }
+
+    /// The token in use: the configured one, or one derived from the launcher's job identity
+    /// (read from the environment) and the coordinator address.
+    pub(crate) fn token(&self) -> JobToken {
+        if let Some(t) = &self.job_token {
+            return t.clone();
+        }
+        let mut identity = format!(
+            "size {} coordinator {}",
+            self.size,
+            self.coordinator.as_deref().unwrap_or("")
+        );
+        for var in JOB_ID_VARIABLES {
+            if let Ok(v) = std::env::var(var) {
+                identity += &format!(" {var}={v}");
+            }
+        }
+        JobToken::derived(&identity)
     }
 
     /// Sets how ranks wait for shared-memory peers (see [`WaitPolicy`]).
@@ -283,10 +338,16 @@ impl Config {
                      (or RANK)"
                 )));
             }
-            (Some((rvar, rval)), Some((svar, sval))) => (
-                parse_number(rvar, &rval, "a rank")?,
-                parse_number(svar, &sval, "a size")?,
-            ),
+            (Some((rvar, rval)), Some((svar, sval))) => {
+                let size: usize = parse_number(svar, &sval, "a size")?;
+                if size > Config::MAX_SIZE {
+                    return Err(Error::Config(format!(
+                        "{svar}={sval}: above the largest group jaccl supports ({})",
+                        Config::MAX_SIZE
+                    )));
+                }
+                (parse_number(rvar, &rval, "a rank")?, size)
+            }
         };
         let mut cfg = Config::new(rank, size);
         cfg.coordinator = match env.first(&["JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"])? {
@@ -339,9 +400,15 @@ impl Config {
             }
             cfg.wires = Some(wires);
         }
-        if let Some(value) = env.get("JACCL_TIMEOUT")? {
-            cfg.timeout = parse_duration(&value)
-                .map_err(|why| Error::Config(format!("JACCL_TIMEOUT={value}: {why}")))?;
+        for (var, field) in [
+            ("JACCL_TIMEOUT", &mut cfg.timeout),
+            ("JACCL_STARTUP_TIMEOUT", &mut cfg.startup_timeout),
+            ("JACCL_LIVENESS", &mut cfg.liveness),
+        ] {
+            if let Some(value) = env.get(var)? {
+                *field = parse_duration(&value)
+                    .map_err(|why| Error::Config(format!("{var}={value}: {why}")))?;
+            }
         }
         if let Some(value) = env.get("JACCL_WAIT")?
             && !value.eq_ignore_ascii_case("auto")
@@ -349,12 +416,19 @@ impl Config {
             cfg.wait = Some(parse_with("JACCL_WAIT", &value)?);
         }
         cfg.host_id = env.get("JACCL_HOST_ID")?;
+        // The token's value never appears in an error.
         if let Some(value) = env.get("JACCL_JOB_TOKEN")? {
-            cfg.job_token = parse_token(&value).ok_or_else(|| {
-                Error::Config(format!(
-                    "JACCL_JOB_TOKEN={value} is not a 64-bit number (decimal or 0x hex)"
-                ))
+            cfg.job_token = Some(
+                JobToken::new(&value)
+                    .map_err(|e| Error::Config(format!("JACCL_JOB_TOKEN: {}", e.detail())))?,
+            );
+        } else if let Some(path) = env.get("JACCL_JOB_TOKEN_FILE")? {
+            let secret = std::fs::read_to_string(&path).map_err(|e| {
+                Error::Config(format!("JACCL_JOB_TOKEN_FILE={path}: cannot read it: {e}"))
             })?;
+            cfg.job_token = Some(JobToken::new(secret.trim_end()).map_err(|e| {
+                Error::Config(format!("JACCL_JOB_TOKEN_FILE={path}: {}", e.detail()))
+            })?);
         }
         Ok(cfg)
     }
@@ -366,6 +440,13 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         if self.size == 0 {
             return Err(Error::Config("size must be at least 1, got 0".into()));
+        }
+        if self.size > Config::MAX_SIZE {
+            return Err(Error::Config(format!(
+                "size {} is above the largest group jaccl supports ({})",
+                self.size,
+                Config::MAX_SIZE
+            )));
         }
         if self.rank >= self.size {
             return Err(Error::Config(format!(
@@ -381,8 +462,16 @@ impl Config {
                 Config::MAX_WIRES
             )));
         }
-        if self.timeout.is_zero() {
-            return Err(Error::Config("timeout must be greater than zero".into()));
+        for (name, d) in [
+            ("timeout", self.timeout),
+            ("startup timeout", self.startup_timeout),
+            ("liveness window", self.liveness),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Config(format!(
+                    "the {name} must be greater than zero"
+                )));
+            }
         }
         if self.size > 1 {
             let Some(addr) = &self.coordinator else {
@@ -459,33 +548,47 @@ fn parse_with<T: FromStr<Err = String>>(var: &str, value: &str) -> Result<T> {
         .map_err(|why| Error::Config(format!("{var}={value}: {why}")))
 }
 
-/// Parses a `JACCL_TIMEOUT` value: seconds as a plain number (`30`, `2.5`), or a duration with
-/// units (`500ms`, `1m 30s`).
+/// Variables that identify a launcher's job, mixed into the token derived when none is set.
+pub const JOB_ID_VARIABLES: [&str; 6] = [
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_ess_base_jobid",
+];
+
+/// Parses a duration variable: seconds as a plain number (`30`, `2.5`), a duration with units
+/// (`500ms`, `1m 30s`), or `off` / `none` / `never` for no limit (`Duration::MAX`). A number too
+/// large to count also means no limit.
 ///
 /// # Errors
 /// A message saying why the value is not a positive duration.
 pub fn parse_duration(value: &str) -> std::result::Result<Duration, String> {
+    let value = value.trim();
+    if ["off", "none", "never"]
+        .iter()
+        .any(|w| value.eq_ignore_ascii_case(w))
+    {
+        return Ok(Duration::MAX);
+    }
     let duration = match value.parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e9 => Duration::from_secs_f64(secs),
+        Ok(secs) if secs > 0.0 => Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX),
         Ok(_) => return Err("must be a positive number of seconds".into()),
-        Err(_) => humantime::parse_duration(value).map_err(|e| {
-            format!("not a duration ({e}); use seconds (30, 2.5) or units (500ms, 30s, 5m)")
-        })?,
+        Err(_) => match humantime::parse_duration(value) {
+            Ok(d) => d,
+            Err(humantime::DurationError::NumberOverflow) => Duration::MAX,
+            Err(e) => {
+                return Err(format!(
+                    "not a duration ({e}); use seconds (30, 2.5), units (500ms, 30s, 5m) or off"
+                ));
+            }
+        },
     };
     if duration.is_zero() {
         return Err("must be greater than zero".into());
     }
     Ok(duration)
-}
-
-fn parse_token(value: &str) -> Option<u64> {
-    match value
-        .strip_prefix("0x")
-        .or_else(|| value.strip_prefix("0X"))
-    {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => value.parse().ok(),
-    }
 }
 
 fn join_host_port(host: &str, port: &str) -> String {
@@ -644,7 +747,14 @@ mod tests {
         let msg = config_error(&[("JACCL_WAIT", "fast")]);
         assert!(msg.contains("JACCL_WAIT=fast"), "{msg}");
         let msg = config_error(&[("JACCL_JOB_TOKEN", "0xzz")]);
-        assert!(msg.contains("JACCL_JOB_TOKEN=0xzz"), "{msg}");
+        assert!(
+            msg.contains("JACCL_JOB_TOKEN") && !msg.contains("0xzz"),
+            "{msg}"
+        );
+        let msg = config_error(&[("JACCL_JOB_TOKEN_FILE", "/nonexistent/token")]);
+        assert!(msg.contains("/nonexistent/token"), "{msg}");
+        let msg = config_error(&[("JACCL_RANK", "0"), ("JACCL_SIZE", "4294967297")]);
+        assert!(msg.contains("4294967297"), "{msg}");
     }
 
     #[test]
@@ -654,7 +764,9 @@ mod tests {
             ("JACCL_TIMEOUT", "1.5"),
             ("JACCL_TRANSPORT", "TCP"),
             ("JACCL_TOPOLOGY", "ring"),
-            ("JACCL_JOB_TOKEN", "0xff"),
+            ("JACCL_JOB_TOKEN", "0123456789abcdef"),
+            ("JACCL_STARTUP_TIMEOUT", "500000000000y"),
+            ("JACCL_LIVENESS", "off"),
             ("JACCL_WAIT", "spin=5us,yield=1ms"),
             ("JACCL_HOST_ID", "node-b"),
         ])
@@ -672,7 +784,10 @@ mod tests {
         assert_eq!(cfg.timeout, Duration::from_millis(1500));
         assert_eq!(cfg.transport, Transport::Tcp);
         assert_eq!(cfg.topology, Topology::Ring);
-        assert_eq!(cfg.job_token, 255);
+        assert_eq!(cfg.job_token, JobToken::new("0123456789abcdef").ok());
+        assert!(cfg.startup_timeout > Duration::from_secs(1 << 60));
+        assert_eq!(cfg.liveness, Duration::MAX);
+        assert_eq!(parse_duration("1e30"), Ok(Duration::MAX));
         let cfg = from(&[("JACCL_TIMEOUT", "250ms")]).unwrap();
         assert_eq!(cfg.timeout, Duration::from_millis(250));
         let cfg = from(&[("JACCL_RANK", ""), ("JACCL_SIZE", " ")]).unwrap();

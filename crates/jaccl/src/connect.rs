@@ -8,7 +8,6 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -20,7 +19,7 @@ use crate::config::{Config, Transport};
 use crate::error::{Error, Result};
 use crate::transport::shm::{self, Layout, PeerSpec, Shm, link::ShmLink};
 use crate::transport::{Identity, Link, tcp};
-use crate::wait::WaitPolicy;
+use crate::wait::{WaitPolicy, deadline_after};
 
 /// What each rank publishes at start-up.
 #[derive(Debug, Serialize, Deserialize)]
@@ -52,7 +51,7 @@ pub(crate) struct Connected {
 /// Joins the group of `config` (size > 1) and opens its links.
 pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let (rank, size) = (config.rank, config.size);
-    let deadline = Instant::now() + config.timeout;
+    let deadline = deadline_after(config.startup_timeout);
     let fail = |what: String| Error::Bootstrap(format!("rank {rank}: {what}"));
     let mut side = SideChannel::join(config, deadline)?;
     let listener = TcpListener::bind((side.local_ip(), 0))
@@ -122,7 +121,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let identity = Identity {
         rank,
         size,
-        token: config.job_token,
+        token: config.token(),
     };
     let connect_to: Vec<_> = (to_right == Transport::Tcp)
         .then(|| (right, infos[right].tcp))
@@ -134,7 +133,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         .collect();
     let tcp_links = tcp::establish(
         &listener,
-        identity,
+        &identity,
         &connect_to,
         &accept_from,
         me.wires,
@@ -165,7 +164,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let shm = match (specs.is_empty(), shm_listener) {
         (false, Some(l)) => {
             let layout = Layout::new(wires, shm::RING_BYTES, shm::AREA_BYTES);
-            Some(shm::establish(l, identity, layout, &specs, deadline)?)
+            Some(shm::establish(l, &identity, layout, &specs, deadline)?)
         }
         _ => None,
     };

@@ -142,6 +142,14 @@ impl Error {
         }
     }
 
+    /// The message of a `Config` error without its prefix (for re-wording), else the whole.
+    pub(crate) fn detail(&self) -> String {
+        match self {
+            Error::Config(msg) => msg.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// True for errors found before any data moved; they do not poison the group.
     pub(crate) fn is_local_argument_error(&self) -> bool {
         matches!(self, Error::InvalidArgument(_) | Error::Unsupported(_))

@@ -46,6 +46,7 @@
 //! torchrun's, Open MPI's, PMI's and Slurm's); [`init_with`] takes a [`Config`].
 
 mod algo;
+mod auth;
 mod bootstrap;
 pub mod config;
 mod connect;
@@ -57,6 +58,7 @@ mod transport;
 mod wait;
 mod wire;
 
+pub use auth::JobToken;
 pub use config::{Config, Topology, Transport};
 pub use dtype::{Dtype, Element, ReduceOp};
 pub use error::{Error, Op, Result};
@@ -72,10 +74,11 @@ pub use wait::WaitPolicy;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
-    /// Parses `bytes` as a data-connection hello and as an operation header.
+    /// Parses `bytes` as a connection's hello (every connection's first message) and as an
+    /// operation header.
     pub fn data_connection(bytes: &[u8]) {
-        if let Some(b) = bytes.first_chunk::<{ crate::wire::HELLO_LEN }>() {
-            let _ = crate::wire::Hello::decode(b);
+        if let Some(b) = bytes.first_chunk::<{ crate::auth::HELLO_LEN }>() {
+            let _ = crate::auth::Claim::parse(b);
         }
         if let Some(b) = bytes.first_chunk::<{ crate::wire::HEADER_LEN }>()
             && let Ok(header) = crate::wire::Header::decode(b)
@@ -100,10 +103,9 @@ pub mod fuzzing {
         }
     }
 
-    /// Parses `bytes` as every side-channel message.
+    /// Parses `bytes` as every side-channel message after the handshake (all-gather
+    /// results).
     pub fn side_channel(bytes: &[u8]) {
-        let _ = crate::bootstrap::Join::decode(bytes);
-        let _ = crate::bootstrap::decode_reply(bytes);
         let expected = bytes.first().map_or(0, |&b| usize::from(b));
         let _ = crate::bootstrap::decode_list(bytes, expected);
     }

@@ -88,7 +88,7 @@ fn unreachable_coordinator_is_a_bootstrap_error() {
     let addr = free_coordinator();
     let cfg = Config::new(1, 2)
         .coordinator(addr.clone())
-        .timeout(Duration::from_millis(700));
+        .startup_timeout(Duration::from_millis(700));
     match jaccl::init_with(cfg) {
         Err(Error::Bootstrap(msg)) => {
             assert!(msg.contains(&addr) && msg.contains("rank 1"), "{msg}")
@@ -102,17 +102,51 @@ fn a_foreign_server_is_refused_with_a_clear_error() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let _ = s.write_all(b"\x10\0\0\0SSH-2.0-OpenSSH_9\r\n");
+        // Answers every connection with a banner, as an ssh server would.
+        listener.set_nonblocking(true).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            if let Ok((mut s, _)) = listener.accept() {
+                let _ = s.write_all(b"SSH-2.0-OpenSSH_9\r\n");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     });
     let cfg = Config::new(1, 2)
-        .coordinator(addr)
-        .timeout(Duration::from_secs(20));
+        .coordinator(addr.clone())
+        .startup_timeout(Duration::from_secs(1));
     match jaccl::init_with(cfg) {
-        Err(Error::Bootstrap(msg)) => assert!(msg.contains("not a jaccl coordinator"), "{msg}"),
+        Err(Error::Bootstrap(msg)) => assert!(
+            msg.contains(&addr) && msg.contains("closed the connection"),
+            "{msg}"
+        ),
         other => panic!("expected Bootstrap, got {other:?}"),
     }
     server.join().unwrap();
+}
+
+#[test]
+fn a_coordinator_with_another_token_is_refused_without_learning_it() {
+    // Rank 0 of one job, rank 1 of another job of the same size on the same port.
+    let mut a = configs(Net::Tcp, 2, 1, Duration::from_secs(30));
+    let b = configs(Net::Tcp, 2, 1, Duration::from_secs(30));
+    a[1] = b[1].clone().coordinator(a[0].coordinator.clone().unwrap());
+    let results = init_all(
+        a.into_iter()
+            .map(|c| c.startup_timeout(Duration::from_secs(2)))
+            .collect(),
+    );
+    match &results[1] {
+        Err(Error::Bootstrap(msg)) => {
+            assert!(msg.contains("does not know this job's token"), "{msg}")
+        }
+        other => panic!("expected Bootstrap, got {other:?}"),
+    }
+    // Rank 0 is never told anything by the stranger and waits for its real rank 1.
+    match &results[0] {
+        Err(Error::Bootstrap(msg)) => assert!(msg.contains("waiting for rank(s) 1"), "{msg}"),
+        other => panic!("expected Bootstrap, got {other:?}"),
+    }
 }
 
 #[test]

@@ -47,12 +47,12 @@ fn spawn_child(
     child
 }
 
-fn rank_env(rank: usize, size: usize, coordinator: &str, token: u64) -> Vec<(String, String)> {
+fn rank_env(rank: usize, size: usize, coordinator: &str, token: &str) -> Vec<(String, String)> {
     vec![
         ("JACCL_RANK".into(), rank.to_string()),
         ("JACCL_SIZE".into(), size.to_string()),
         ("JACCL_COORDINATOR".into(), coordinator.into()),
-        ("JACCL_JOB_TOKEN".into(), token.to_string()),
+        ("JACCL_JOB_TOKEN".into(), token.into()),
     ]
 }
 
@@ -125,11 +125,11 @@ fn signal_mid_all_reduce(
     timeout: &str,
 ) -> (Vec<(usize, String, Instant)>, Instant) {
     let coordinator = free_coordinator();
-    let token = random_u64();
+    let token = random_token();
     let (tx, rx) = mpsc::channel();
     let mut children: Vec<Child> = (0..size)
         .map(|r| {
-            let mut env = rank_env(r, size, &coordinator, token);
+            let mut env = rank_env(r, size, &coordinator, &token);
             env.push(("JACCL_TIMEOUT".into(), timeout.into()));
             env.push(("JACCL_TRANSPORT".into(), transport.into()));
             spawn_child("loop", &env, r, &tx)

@@ -31,38 +31,12 @@ use rustix::event::{PollFd, PollFlags};
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
-/// Who this process is, for the hellos that open data connections.
-#[derive(Debug, Clone, Copy)]
+/// Who this process is, for the handshakes that open data connections.
+#[derive(Debug, Clone)]
 pub(crate) struct Identity {
     pub(crate) rank: usize,
     pub(crate) size: usize,
-    pub(crate) token: u64,
-}
-
-impl Identity {
-    /// The hello this rank opens a connection with.
-    pub(crate) fn hello(&self, wire: usize) -> crate::wire::Hello {
-        crate::wire::Hello {
-            token: self.token,
-            rank: crate::wire::to_u32(self.rank),
-            size: crate::wire::to_u32(self.size),
-            wire: u16::try_from(wire).unwrap_or(u16::MAX),
-        }
-    }
-
-    /// Whether `hello` comes from rank `from` of this job; the reason if not.
-    pub(crate) fn admits(&self, hello: &crate::wire::Hello) -> Result<usize, String> {
-        if hello.token != self.token {
-            return Err("it belongs to another job (job token differs)".into());
-        }
-        if hello.size as usize != self.size {
-            return Err(format!(
-                "it was started for {} ranks, this rank for {}",
-                hello.size, self.size
-            ));
-        }
-        Ok(hello.rank as usize)
-    }
+    pub(crate) token: crate::auth::JobToken,
 }
 
 /// Why a link failed.

@@ -4,18 +4,20 @@
 //! every call, and `MSG_NOSIGNAL` so a closed peer is an error, not a `SIGPIPE` that kills a
 //! host program which did not ignore it.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::event::PollFd;
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
-use super::{Identity, Interest, Link, LinkError, Readiness, poll_fd, wait_readable};
+use super::{Identity, Interest, Link, LinkError, Readiness, poll_fd};
+use crate::auth::{self, Admission, AuthError, Claim, Purpose};
 use crate::error::{Error, Result};
-use crate::wire::{HELLO_LEN, Hello};
+use crate::wait::{RetryDelay, deadline_after};
 
 /// Receive staging per rank, split over its receiving links. Receiving into a small buffer
 /// that stays in cache and copying out of it measured 1.5-2× cheaper on loopback than
@@ -163,55 +165,36 @@ pub(crate) struct Established {
     pub(crate) incoming: Vec<Vec<TcpLink>>,
 }
 
-/// Opens `wires` connections to each peer of `connect_to` and accepts `wires` from each peer of
-/// `accept_from` on `listener`. Every rank connects first and accepts second; connecting never
-/// waits for the other side's accept (the kernel's backlog completes it), so there is no
-/// ordering deadlock.
+/// Opens `wires` authenticated connections to each peer of `connect_to` while accepting
+/// `wires` from each peer of `accept_from` on `listener` (on another thread: every rank's
+/// handshakes as the connecting side need its neighbour to be accepting).
 pub(crate) fn establish(
     listener: &TcpListener,
-    me: Identity,
+    me: &Identity,
     connect_to: &[(usize, SocketAddr)],
     accept_from: &[usize],
     wires: usize,
     deadline: Instant,
 ) -> Result<Established> {
-    let fail = |what: String| Error::Bootstrap(format!("rank {}: {what}", me.rank));
-    let mut outgoing = Vec::with_capacity(connect_to.len());
-    for &(peer, addr) in connect_to {
-        let mut links = Vec::with_capacity(wires);
-        for wire in 0..wires {
-            let mut stream = connect_with_retry(addr, deadline).map_err(|e| {
-                fail(format!(
-                    "cannot open data connection {wire} to rank {peer} at {addr}: {e}"
-                ))
-            })?;
-            let hello = me.hello(wire);
-            stream
-                .set_write_timeout(Some(remaining(deadline)))
-                .and_then(|()| stream.write_all(&hello.encode()))
-                .map_err(|e| fail(format!("cannot greet rank {peer} at {addr}: {e}")))?;
-            links.push(stream);
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io(me.rank, "data listener", e))?;
+    let stop = AtomicBool::new(false);
+    let (incoming, outgoing) = std::thread::scope(|s| {
+        let acceptor = s.spawn(|| accept_all(listener, me, accept_from, wires, deadline, &stop));
+        let outgoing = connect_all(me, connect_to, wires, deadline);
+        if outgoing.is_err() {
+            stop.store(true, Ordering::Relaxed);
         }
-        outgoing.push(links);
-    }
-
-    let incoming = accept_all(listener, me, accept_from, wires, deadline)?;
-
-    // Every accepted connection was acknowledged with one byte; wait for ours.
-    for (links, &(peer, addr)) in outgoing.iter_mut().zip(connect_to) {
-        for (wire, stream) in links.iter_mut().enumerate() {
-            let mut ack = [0u8; 1];
-            stream
-                .set_read_timeout(Some(remaining(deadline)))
-                .and_then(|()| stream.read_exact(&mut ack))
-                .map_err(|e| {
-                    fail(format!(
-                        "rank {peer} at {addr} did not accept data connection {wire}: {e}"
-                    ))
-                })?;
-        }
-    }
-
+        let incoming = acceptor.join().unwrap_or_else(|_| {
+            Err(Error::Bootstrap(format!(
+                "rank {}: the data acceptor failed",
+                me.rank
+            )))
+        });
+        (incoming, outgoing)
+    });
+    let (outgoing, incoming) = (outgoing?, incoming?);
     // Each wire of each neighbour receives for one lane in each direction.
     let staging = (STAGING_PER_RANK / (2 * wires.max(1))).max(MIN_STAGING);
     let to_links = |streams: Vec<Vec<TcpStream>>| -> Result<Vec<Vec<TcpLink>>> {
@@ -231,26 +214,116 @@ pub(crate) fn establish(
     })
 }
 
-/// Accepts until every (peer, wire) of `accept_from` × `wires` has connected. Connections that
-/// are not ours (another job, a port scanner) are closed and ignored.
-fn accept_all(
-    listener: &TcpListener,
-    me: Identity,
-    accept_from: &[usize],
+/// Opens and authenticates `wires` connections to each peer of `connect_to`.
+fn connect_all(
+    me: &Identity,
+    connect_to: &[(usize, SocketAddr)],
     wires: usize,
     deadline: Instant,
 ) -> Result<Vec<Vec<TcpStream>>> {
     let fail = |what: String| Error::Bootstrap(format!("rank {}: {what}", me.rank));
+    connect_to
+        .iter()
+        .map(|&(peer, addr)| {
+            (0..wires)
+                .map(|wire| {
+                    let claim = Claim {
+                        purpose: Purpose::Data,
+                        rank: me.rank,
+                        size: me.size,
+                        wire,
+                    };
+                    let mut delay = RetryDelay::new();
+                    loop {
+                        let mut stream = connect_with_retry(addr, deadline).map_err(|e| {
+                            fail(format!(
+                                "cannot open data connection {wire} to rank {peer} at {addr}: {e}"
+                            ))
+                        })?;
+                        match auth::connect(&mut stream, &me.token, claim, deadline) {
+                            Ok(()) => return Ok(stream),
+                            Err(e @ (AuthError::Unknown | AuthError::Refused(_))) => {
+                                return Err(fail(format!(
+                                    "data connection {wire} to rank {peer} at {addr}: {e}"
+                                )));
+                            }
+                            Err(e @ AuthError::Failed(_)) => {
+                                if !delay.pause(deadline) {
+                                    return Err(fail(format!(
+                                        "data connection {wire} to rank {peer} at {addr}: {e}"
+                                    )));
+                                }
+                            }
+                        }
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Accepts until every (peer, wire) of `accept_from` × `wires` has connected and
+/// authenticated. Strangers are dropped; a connection that claims a taken slot, or is not
+/// expected, is refused and the slot keeps its connection.
+fn accept_all(
+    listener: &TcpListener,
+    me: &Identity,
+    accept_from: &[usize],
+    wires: usize,
+    deadline: Instant,
+    stop: &AtomicBool,
+) -> Result<Vec<Vec<TcpStream>>> {
     let mut slots: Vec<Vec<Option<TcpStream>>> = accept_from
         .iter()
         .map(|_| (0..wires).map(|_| None).collect())
         .collect();
     let mut missing = accept_from.len() * wires;
-    while missing > 0 {
-        let wait = remaining(deadline);
-        let ready = wait_readable(listener.as_fd(), wait)
-            .map_err(|e| Error::io(me.rank, "waiting for data connections", e))?;
-        if !ready {
+    if missing > 0 {
+        let done = auth::serve(
+            listener.as_fd(),
+            || crate::bootstrap::accept_tcp(listener),
+            &me.token,
+            me.rank,
+            deadline,
+            Some(stop),
+            |claim, mut stream| {
+                let reply_by = deadline.min(deadline_after(auth::HANDSHAKE_TIMEOUT));
+                let slot = accept_from
+                    .iter()
+                    .position(|&p| p == claim.rank)
+                    .filter(|_| claim.purpose == Purpose::Data && claim.size == me.size)
+                    .and_then(|i| slots[i].get_mut(claim.wire));
+                match slot {
+                    Some(slot @ None) => {
+                        if auth::verdict(&mut stream, Ok(()), reply_by).is_ok() {
+                            *slot = Some(stream);
+                            missing -= 1;
+                        }
+                    }
+                    taken => {
+                        let why = if taken.is_some() {
+                            format!(
+                                "rank {} wire {} is connected already",
+                                claim.rank, claim.wire
+                            )
+                        } else {
+                            format!(
+                                "not expecting {:?} from rank {} here",
+                                claim.purpose, claim.rank
+                            )
+                        };
+                        tracing::warn!(rank = me.rank, %why, "refused a data connection");
+                        let _ = auth::verdict(&mut stream, Err(&why), reply_by);
+                    }
+                }
+                Ok(if missing == 0 {
+                    Admission::Done
+                } else {
+                    Admission::More
+                })
+            },
+        )?;
+        if !done && !stop.load(Ordering::Relaxed) {
             let absent: Vec<String> = accept_from
                 .iter()
                 .zip(&slots)
@@ -262,58 +335,13 @@ fn accept_all(
                         .map(move |(w, _)| format!("rank {peer} wire {w}"))
                 })
                 .collect();
-            return Err(fail(format!(
-                "timed out waiting for data connections from {} (is that rank running and \
-                 reachable?)",
+            return Err(Error::Bootstrap(format!(
+                "rank {}: timed out waiting for data connections from {} (is that rank \
+                 running and reachable?)",
+                me.rank,
                 absent.join(", ")
             )));
         }
-        let (mut stream, from) = listener
-            .accept()
-            .map_err(|e| Error::io(me.rank, "accepting a data connection", e))?;
-        let mut bytes = [0u8; HELLO_LEN];
-        let read = stream
-            .set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1))))
-            .and_then(|()| stream.read_exact(&mut bytes));
-        let hello = match read
-            .map_err(|e| e.to_string())
-            .and_then(|()| Hello::decode(&bytes))
-        {
-            Ok(hello) => hello,
-            Err(why) => {
-                tracing::debug!(rank = me.rank, %from, %why, "ignoring a data connection");
-                continue;
-            }
-        };
-        let peer = match me.admits(&hello) {
-            Ok(peer) => peer,
-            Err(why) => {
-                tracing::debug!(rank = me.rank, %from, %why, "ignoring a data connection");
-                continue;
-            }
-        };
-        let Some(index) = accept_from.iter().position(|&p| p == peer) else {
-            tracing::debug!(rank = me.rank, %from, peer, "ignoring a data connection from a rank that is not a neighbour");
-            continue;
-        };
-        let wire = usize::from(hello.wire);
-        let Some(slot) = slots[index].get_mut(wire) else {
-            return Err(fail(format!(
-                "rank {peer} opened data connection {wire}, but this rank uses {wires} wires \
-                 (ranks disagree on JACCL_WIRES)"
-            )));
-        };
-        if slot.is_some() {
-            return Err(fail(format!(
-                "rank {peer} opened data connection {wire} twice (two processes claim rank {peer}?)"
-            )));
-        }
-        stream
-            .set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(1))))
-            .and_then(|()| stream.write_all(&[1]))
-            .map_err(|e| fail(format!("cannot acknowledge rank {peer}: {e}")))?;
-        *slot = Some(stream);
-        missing -= 1;
     }
     Ok(slots
         .into_iter()
@@ -324,7 +352,7 @@ fn accept_all(
 /// Connects to `addr`, retrying (with back-off up to half a second) until `deadline`: the other
 /// side may not be listening yet.
 pub(crate) fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
-    let mut backoff = Duration::from_millis(10);
+    let mut delay = RetryDelay::new();
     loop {
         let left = remaining(deadline);
         if left.is_zero() {
@@ -335,17 +363,13 @@ pub(crate) fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Res
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(stream) => return Ok(stream),
-            Err(e) => {
-                let left = remaining(deadline);
-                if left.is_zero() {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("{e} (retried until the timeout)"),
-                    ));
-                }
-                std::thread::sleep(backoff.min(left));
-                backoff = (backoff * 2).min(Duration::from_millis(500));
+            Err(e) if !delay.pause(deadline) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{e} (retried until the timeout)"),
+                ));
             }
+            Err(_) => {}
         }
     }
 }

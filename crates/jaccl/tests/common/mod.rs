@@ -15,11 +15,16 @@ use std::time::Duration;
 
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Config, Element, Error, Group, ReduceOp, Transport};
+use jaccl::{Config, Element, Error, Group, JobToken, ReduceOp, Transport};
 
 /// A random number from the OS-seeded hasher (no extra dependency).
 pub fn random_u64() -> u64 {
     RandomState::new().hash_one(std::time::Instant::now())
+}
+
+/// A new job's secret token, as `jaccl launch` makes them.
+pub fn random_token() -> String {
+    JobToken::generate().unwrap()
 }
 
 /// A coordinator address on a free port below the ephemeral range, so data listeners (which
@@ -77,14 +82,14 @@ impl Net {
 /// Configs for one group of `size` ranks on loopback, connected as `net` says.
 pub fn configs(net: Net, size: usize, wires: usize, timeout: Duration) -> Vec<Config> {
     let coordinator = free_coordinator();
-    let token = random_u64();
+    let token = JobToken::new(random_token()).unwrap();
     (0..size)
         .map(|rank| {
             let cfg = Config::new(rank, size)
                 .coordinator(coordinator.clone())
                 .wires(wires)
                 .timeout(timeout)
-                .job_token(token);
+                .job_token(token.clone());
             net.apply(cfg, rank, size)
         })
         .collect()

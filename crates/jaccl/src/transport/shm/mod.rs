@@ -18,8 +18,8 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::io::Errno;
@@ -29,8 +29,8 @@ use rustix::net::{
 };
 
 use super::Identity;
+use crate::auth::{self, Admission, Claim, Purpose};
 use crate::error::{Error, Result};
-use crate::wire::{HELLO_LEN, Hello};
 
 pub(crate) mod link;
 pub(crate) mod segment;
@@ -44,8 +44,6 @@ pub(crate) const RING_BYTES: usize = 256 * 1024;
 /// Bytes of each of a rank's two areas: the most one round of a direct collective moves.
 pub(crate) const AREA_BYTES: usize = 1024 * 1024;
 
-/// How long a connection to our socket may take to prove it belongs to the job.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Opens the second message of the handshake, which carries the segment and the doorbell.
 const OFFER_MAGIC: [u8; 4] = *b"JCSM";
 const OFFER_LEN: usize = 4 + 24;
@@ -259,6 +257,7 @@ impl Listener {
         let fd = seqpacket_socket()?;
         rustix::net::bind(&fd, &SocketAddrUnix::new_abstract_name(name.as_bytes())?)?;
         rustix::net::listen(&fd, 128)?;
+        rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK)?;
         Ok(Listener { fd, name })
     }
 
@@ -278,11 +277,12 @@ pub(crate) struct PeerSpec {
     pub(crate) reads: Vec<usize>,
 }
 
-/// Creates this rank's segment and exchanges segments with every peer of `peers` (connecting to
-/// lower ranks, accepting higher ones on `listener`) before `deadline`.
+/// Creates this rank's segment and exchanges segments with every peer of `peers` before
+/// `deadline`: connecting to lower ranks while accepting higher ones on `listener` (on another
+/// thread). Every connection is authenticated first (`crate::auth`); strangers are dropped.
 pub(crate) fn establish(
     listener: Listener,
-    me: Identity,
+    me: &Identity,
     layout: Layout,
     peers: &[PeerSpec],
     deadline: Instant,
@@ -295,50 +295,34 @@ pub(crate) fn establish(
         segment: segment.as_fd(),
         doorbell: local.doorbell.fd(),
     };
-    let mut found: Vec<Option<Peer>> = (0..me.size).map(|_| None).collect();
-    for spec in peers.iter().filter(|s| s.rank < me.rank) {
-        let peer = connect(me, spec, &offer, deadline)
-            .map_err(|why| fail(format!("with rank {}: {why}", spec.rank)))?;
-        found[spec.rank] = Some(peer);
-    }
-    let mut missing: Vec<&PeerSpec> = peers.iter().filter(|s| s.rank > me.rank).collect();
-    while !missing.is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ready = super::wait_readable(listener.fd.as_fd(), left)
-            .map_err(|e| Error::io(me.rank, "waiting for shared-memory peers", e))?;
-        if !ready {
-            let ranks: Vec<String> = missing.iter().map(|s| s.rank.to_string()).collect();
-            return Err(fail(format!(
-                "timed out waiting for rank(s) {} to connect",
-                ranks.join(", ")
-            )));
+    let stop = AtomicBool::new(false);
+    let (accepted, connected) = std::thread::scope(|s| {
+        let acceptor = s.spawn(|| accept_all(&listener, me, peers, &offer, deadline, &stop));
+        let connected: Result<Vec<Peer>> = peers
+            .iter()
+            .filter(|p| p.rank < me.rank)
+            .map(|spec| {
+                connect(me, spec, &offer, deadline)
+                    .map_err(|why| fail(format!("with rank {}: {why}", spec.rank)))
+            })
+            .collect();
+        if connected.is_err() {
+            stop.store(true, Ordering::Relaxed);
         }
-        let socket = match rustix::net::accept_with(&listener.fd, SocketFlags::CLOEXEC) {
-            Ok(s) => s,
-            Err(Errno::AGAIN | Errno::INTR | Errno::CONNABORTED) => continue,
-            Err(e) => {
-                return Err(Error::io(
-                    me.rank,
-                    "accepting a shared-memory peer",
-                    e.into(),
-                ));
-            }
-        };
-        match accept(me, socket, &missing, &offer, deadline) {
-            Ok(peer) => {
-                missing.retain(|s| s.rank != peer.rank);
-                let rank = peer.rank;
-                found[rank] = Some(peer);
-            }
-            Err(why) => {
-                tracing::debug!(rank = me.rank, %why, "ignoring a shared-memory connection")
-            }
-        }
+        let accepted = acceptor
+            .join()
+            .unwrap_or_else(|_| Err(fail("the acceptor failed".into())));
+        (accepted, connected)
+    });
+    let mut found: Vec<Option<Arc<Peer>>> = (0..me.size).map(|_| None).collect();
+    for peer in connected?.into_iter().chain(accepted?) {
+        let rank = peer.rank;
+        found[rank] = Some(Arc::new(peer));
     }
     drop(segment);
     Ok(Shm {
         local: Arc::new(local),
-        peers: found.into_iter().map(|p| p.map(Arc::new)).collect(),
+        peers: found,
     })
 }
 
@@ -350,75 +334,118 @@ struct Offer<'a> {
 }
 
 impl Offer<'_> {
-    fn bytes(&self) -> [u8; OFFER_LEN] {
-        let mut b = [0u8; OFFER_LEN];
-        b[..4].copy_from_slice(&OFFER_MAGIC);
-        b[4..].copy_from_slice(&self.layout.encode());
-        b
+    fn send(&self, socket: &OwnedFd) -> io::Result<()> {
+        let mut message = [0u8; OFFER_LEN];
+        message[..4].copy_from_slice(&OFFER_MAGIC);
+        message[4..].copy_from_slice(&self.layout.encode());
+        send_with_fds(socket, &message, &[self.segment, self.doorbell])
     }
 
-    fn send(&self, socket: &OwnedFd, prefix: &[u8]) -> io::Result<()> {
-        let mut message = prefix.to_vec();
-        message.extend_from_slice(&self.bytes());
-        send_with_fds(socket, &message, &[self.segment, self.doorbell])
+    /// Hands this rank's segment over and takes the peer's, on an authenticated socket.
+    fn exchange(
+        &self,
+        spec: &PeerSpec,
+        socket: OwnedFd,
+        deadline: Instant,
+    ) -> std::result::Result<Peer, String> {
+        self.send(&socket)
+            .map_err(|e| format!("cannot hand over the segment: {e}"))?;
+        let (bytes, fds) =
+            recv_message(&socket, deadline).map_err(|e| format!("no segment came: {e}"))?;
+        let (segment, doorbell) = check_offer(self.layout, &bytes, fds)?;
+        map_peer(spec, self.layout, &segment, doorbell, socket)
     }
 }
 
-/// Connects to a lower rank: hello, then its hello and offer, then ours.
+/// Connects to a lower rank, authenticates, and exchanges segments.
 fn connect(
-    me: Identity,
+    me: &Identity,
     spec: &PeerSpec,
     offer: &Offer<'_>,
     deadline: Instant,
 ) -> std::result::Result<Peer, String> {
-    let socket = seqpacket_socket().map_err(|e| e.to_string())?;
+    let mut socket = seqpacket_socket().map_err(|e| e.to_string())?;
     let addr =
         SocketAddrUnix::new_abstract_name(spec.name.as_bytes()).map_err(|e| e.to_string())?;
     rustix::net::connect(&socket, &addr)
         .map_err(|e| format!("cannot connect to its socket @{}: {e}", spec.name))?;
-    rustix::net::send(&socket, &me.hello(0).encode(), SendFlags::NOSIGNAL)
-        .map_err(|e| format!("cannot greet it: {e}"))?;
-    let (bytes, fds) = recv_message(&socket, deadline).map_err(|e| format!("no answer: {e}"))?;
-    let (hello, rest) = bytes
-        .split_first_chunk::<HELLO_LEN>()
-        .ok_or("its answer is too short")?;
-    let hello = Hello::decode(hello)?;
-    match me.admits(&hello) {
-        Ok(rank) if rank == spec.rank => {}
-        Ok(rank) => return Err(format!("rank {rank} answered instead")),
-        Err(why) => return Err(format!("the socket's owner is not of this job: {why}")),
-    }
-    let (segment, doorbell) = check_offer(offer.layout, rest, fds)?;
-    offer
-        .send(&socket, &[])
-        .map_err(|e| format!("cannot hand over the segment: {e}"))?;
-    map_peer(spec, offer.layout, &segment, doorbell, socket)
+    let claim = Claim {
+        purpose: Purpose::Shm,
+        rank: me.rank,
+        size: me.size,
+        wire: 0,
+    };
+    auth::connect(&mut socket, &me.token, claim, deadline).map_err(|e| e.to_string())?;
+    offer.exchange(spec, socket, deadline)
 }
 
-/// Accepts a higher rank on `socket`: its hello, then our hello and offer, then its offer.
-fn accept(
-    me: Identity,
-    socket: OwnedFd,
-    expected: &[&PeerSpec],
+/// Accepts every higher rank of `peers` on `listener`: authenticated, expected, and not yet
+/// connected; then exchanges segments with it.
+fn accept_all(
+    listener: &Listener,
+    me: &Identity,
+    peers: &[PeerSpec],
     offer: &Offer<'_>,
     deadline: Instant,
-) -> std::result::Result<Peer, String> {
-    let handshake = deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
-    let (bytes, _) = recv_message(&socket, handshake).map_err(|e| e.to_string())?;
-    let hello = bytes
-        .first_chunk::<HELLO_LEN>()
-        .ok_or("a message too short for a hello")
-        .and_then(|b| Hello::decode(b).map_err(|_| "not a jaccl hello"))?;
-    let rank = me.admits(&hello)?;
-    let spec = expected.iter().find(|s| s.rank == rank).ok_or_else(|| {
-        format!("rank {rank} is not an expected shared-memory peer (or connected twice)")
-    })?;
-    offer
-        .send(&socket, &me.hello(0).encode())
-        .map_err(|e| format!("cannot answer rank {rank}: {e}"))?;
-    let (bytes, fds) = recv_message(&socket, deadline).map_err(|e| format!("rank {rank}: {e}"))?;
-    let (segment, doorbell) = check_offer(offer.layout, &bytes, fds)?;
-    map_peer(spec, offer.layout, &segment, doorbell, socket)
+    stop: &AtomicBool,
+) -> Result<Vec<Peer>> {
+    let mut missing: Vec<&PeerSpec> = peers.iter().filter(|s| s.rank > me.rank).collect();
+    let mut found = Vec::new();
+    if missing.is_empty() {
+        return Ok(found);
+    }
+    let done = auth::serve(
+        listener.fd.as_fd(),
+        || match rustix::net::accept_with(&listener.fd, SocketFlags::CLOEXEC) {
+            Ok(s) => Ok(Some((s, "a local process".to_string()))),
+            Err(Errno::AGAIN | Errno::INTR | Errno::CONNABORTED) => Ok(None),
+            Err(e) => Err(e.into()),
+        },
+        &me.token,
+        me.rank,
+        deadline,
+        Some(stop),
+        |claim, mut socket| {
+            let reply_by = deadline.min(crate::wait::deadline_after(auth::HANDSHAKE_TIMEOUT));
+            let expected = missing
+                .iter()
+                .position(|s| s.rank == claim.rank)
+                .filter(|_| claim.purpose == Purpose::Shm && claim.size == me.size);
+            let Some(i) = expected else {
+                let why = format!(
+                    "not expecting rank {} here (or it is connected)",
+                    claim.rank
+                );
+                tracing::warn!(rank = me.rank, %why, "refused a shared-memory connection");
+                let _ = auth::verdict(&mut socket, Err(&why), reply_by);
+                return Ok(Admission::More);
+            };
+            let spec = missing.swap_remove(i);
+            auth::verdict(&mut socket, Ok(()), reply_by)
+                .map_err(|e| Error::io(me.rank, "admitting a shared-memory peer", e))?;
+            let peer = offer.exchange(spec, socket, deadline).map_err(|why| {
+                Error::Bootstrap(format!(
+                    "rank {}: shared memory with rank {}: {why}",
+                    me.rank, spec.rank
+                ))
+            })?;
+            found.push(peer);
+            Ok(if missing.is_empty() {
+                Admission::Done
+            } else {
+                Admission::More
+            })
+        },
+    )?;
+    if !done && !stop.load(Ordering::Relaxed) {
+        let ranks: Vec<String> = missing.iter().map(|s| s.rank.to_string()).collect();
+        return Err(Error::Bootstrap(format!(
+            "rank {}: shared memory: timed out waiting for rank(s) {} to connect",
+            me.rank,
+            ranks.join(", ")
+        )));
+    }
+    Ok(found)
 }
 
 /// Checks a peer's offer: its layout, a sealed segment of the right size, a doorbell.

@@ -1,0 +1,633 @@
+//! Mutual authentication of every connection against the job's secret, and serving many
+//! handshakes at once so that strangers cannot stall or kill start-up.
+//!
+//! # The handshake (HMAC-SHA-256 challenge-response, both ways)
+//!
+//! ```text
+//! connecting side                                   accepting side
+//!   hello: magic, version, claim (purpose, rank,
+//!          size, wire), nonce C (32 random bytes)  ─►
+//!                                                  ◄─ nonce S, HMAC(key, "S" ‖ hello ‖ S)
+//!   checks the accepting side knows the key
+//!   HMAC(key, "C" ‖ hello ‖ S)                      ─►
+//!                                                      checks the connecting side knows it
+//!                                                  ◄─ verdict: admitted, or why not
+//! ```
+//!
+//! The key is SHA-256 of the job token; neither crosses the network, and each side's proof
+//! covers the other's fresh nonce, so a recorded handshake cannot be replayed and a proof from
+//! one direction is useless in the other. Proofs are compared in constant time. A connection
+//! that fails is closed without a word (and logged with `tracing`): a refusal reveals nothing.
+//! Only an authenticated peer is told why it is refused (a wrong size, a taken rank).
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, KeyInit, Mac};
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::net::{RecvFlags, SendFlags};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::wait::deadline_after;
+use crate::wire::{PROTOCOL_VERSION, to_u32, u32_at};
+
+/// A job's shared secret. Every connection of the job proves knowledge of it without sending
+/// it; `Debug` never shows it.
+///
+/// Set it with `JACCL_JOB_TOKEN` (any string of at least [`JobToken::MIN_LEN`] bytes),
+/// `JACCL_JOB_TOKEN_FILE`, or [`Config::job_token`](crate::Config::job_token); `jaccl launch`
+/// makes a random one per job ([`JobToken::generate`]). Without one, the ranks derive a token
+/// from their launcher's job identity, which keeps two jobs apart but is no secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JobToken {
+    key: [u8; 32],
+    secret: bool,
+}
+
+impl JobToken {
+    /// The shortest secret accepted: 16 bytes, 128 bits if random.
+    pub const MIN_LEN: usize = 16;
+
+    /// A token from a secret of at least [`JobToken::MIN_LEN`] bytes.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the secret is shorter (the message does not show it).
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<JobToken> {
+        let secret = secret.as_ref();
+        if secret.len() < JobToken::MIN_LEN {
+            return Err(Error::Config(format!(
+                "the job token has {} bytes; it needs at least {} (e.g. `jaccl launch` makes \
+                 64 random hex digits)",
+                secret.len(),
+                JobToken::MIN_LEN
+            )));
+        }
+        Ok(JobToken::derive(b"jaccl job token\0", secret, true))
+    }
+
+    /// 256 random bits as 64 hex digits, for a new job's `JACCL_JOB_TOKEN`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] (rank 0) if the system's random number generator fails.
+    pub fn generate() -> Result<String> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::io(0, "making a job token", io::Error::other(e.to_string())))?;
+        Ok(hex(&bytes))
+    }
+
+    /// A token derived from public facts about the job (launcher ids, the coordinator
+    /// address): it keeps jobs apart, and protects nothing.
+    pub(crate) fn derived(identity: &str) -> JobToken {
+        JobToken::derive(b"jaccl derived token\0", identity.as_bytes(), false)
+    }
+
+    fn derive(label: &[u8], material: &[u8], secret: bool) -> JobToken {
+        let mut h = Sha256::new();
+        h.update(label);
+        h.update(material);
+        JobToken {
+            key: h.finalize().into(),
+            secret,
+        }
+    }
+
+    /// Whether the token came from a secret (rather than from public facts about the job).
+    pub fn is_secret(&self) -> bool {
+        self.secret
+    }
+
+    fn mac(&self, label: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
+        // HMAC takes keys of any length, so this never fails.
+        let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(&self.key) {
+            Ok(m) => m,
+            Err(_) => <Hmac<Sha256> as KeyInit>::new(&Default::default()),
+        };
+        mac.update(label);
+        for p in parts {
+            mac.update(p);
+        }
+        mac
+    }
+}
+
+impl fmt::Debug for JobToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.secret { "secret" } else { "derived" };
+        write!(f, "JobToken({kind}, hidden)")
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `n` random bytes.
+pub(crate) fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(b)
+}
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Purpose {
+    /// A member joining the coordinator.
+    Side = 1,
+    /// A TCP data connection (one wire) to a ring neighbour.
+    Data = 2,
+    /// A shared-memory peer handing over its segment.
+    Shm = 3,
+}
+
+/// Who the connecting side says it is, and what for. Authenticated by the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub(crate) purpose: Purpose,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) wire: usize,
+}
+
+const MAGIC: [u8; 4] = *b"JCAU";
+const NONCE: usize = 32;
+const TAG: usize = 32;
+/// Length of the connecting side's hello.
+pub(crate) const HELLO_LEN: usize = 4 + 2 + 1 + 1 + 4 + 4 + 2 + 2 + NONCE;
+const CHALLENGE_LEN: usize = NONCE + TAG;
+/// The longest refusal reason sent.
+const MAX_REASON: usize = 1024;
+
+impl Claim {
+    fn hello(&self, nonce: &[u8; NONCE]) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        b[6] = self.purpose as u8;
+        b[8..12].copy_from_slice(&to_u32(self.rank).to_le_bytes());
+        b[12..16].copy_from_slice(&to_u32(self.size).to_le_bytes());
+        b[16..18].copy_from_slice(&u16::try_from(self.wire).unwrap_or(u16::MAX).to_le_bytes());
+        b[20..].copy_from_slice(nonce);
+        b
+    }
+
+    /// Parses a hello; an error means it is not a jaccl hello of this protocol version.
+    pub(crate) fn parse(b: &[u8; HELLO_LEN]) -> std::result::Result<Claim, String> {
+        if b[0..4] != MAGIC {
+            return Err("not a jaccl connection (bad magic)".into());
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != PROTOCOL_VERSION {
+            return Err(format!(
+                "jaccl protocol {version}, this build speaks {PROTOCOL_VERSION}"
+            ));
+        }
+        let purpose = match b[6] {
+            1 => Purpose::Side,
+            2 => Purpose::Data,
+            3 => Purpose::Shm,
+            other => return Err(format!("unknown purpose {other}")),
+        };
+        Ok(Claim {
+            purpose,
+            rank: u32_at(b, 8) as usize,
+            size: u32_at(b, 12) as usize,
+            wire: usize::from(u16::from_le_bytes([b[16], b[17]])),
+        })
+    }
+}
+
+/// A connection that carries the handshake's messages: fixed-size messages over a stream,
+/// or one datagram each over a `SOCK_SEQPACKET` socket. Every call ends by `deadline`.
+pub(crate) trait Messages {
+    fn send(&mut self, bytes: &[u8], deadline: Instant) -> io::Result<()>;
+    fn recv(&mut self, len: usize, deadline: Instant) -> io::Result<Vec<u8>>;
+}
+
+impl Messages for TcpStream {
+    fn send(&mut self, bytes: &[u8], deadline: Instant) -> io::Result<()> {
+        self.set_write_timeout(Some(time_left(deadline)?))?;
+        self.write_all(bytes)
+    }
+
+    fn recv(&mut self, len: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+        let mut b = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            self.set_read_timeout(Some(time_left(deadline)?))?;
+            match self.read(&mut b[got..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(b)
+    }
+}
+
+impl Messages for OwnedFd {
+    fn send(&mut self, bytes: &[u8], _deadline: Instant) -> io::Result<()> {
+        // Handshake messages are far smaller than a socket buffer: this does not block.
+        rustix::net::send(&*self, bytes, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)?;
+        Ok(())
+    }
+
+    fn recv(&mut self, len: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+        if !crate::transport::wait_readable(self.as_fd(), time_left(deadline)?)? {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        let mut b = vec![0u8; len];
+        let (n, _) = rustix::net::recv(&*self, &mut b, RecvFlags::DONTWAIT)?;
+        if n != len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a {n}-byte message where {len} were expected"),
+            ));
+        }
+        Ok(b)
+    }
+}
+
+/// Time left before `deadline`, as an error once it passed (a zero socket timeout would mean
+/// "wait forever").
+pub(crate) fn time_left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
+    } else {
+        Ok(left)
+    }
+}
+
+/// Why a handshake failed.
+#[derive(Debug)]
+pub(crate) enum AuthError {
+    /// The other side does not know the job's key (another job, a stranger, a wrong token).
+    Unknown,
+    /// Not a jaccl peer of this version, or it went silent or away.
+    Failed(String),
+    /// The accepting side knows the key, and refused this connection: why.
+    Refused(String),
+}
+
+impl fmt::Display for AuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuthError::Unknown => f.write_str(
+                "it does not know this job's token (another job's, or the ranks were given \
+                 different JACCL_JOB_TOKENs)",
+            ),
+            AuthError::Failed(why) => f.write_str(why),
+            AuthError::Refused(why) => write!(f, "it refused this rank: {why}"),
+        }
+    }
+}
+
+fn failed(what: &str) -> impl Fn(io::Error) -> AuthError + '_ {
+    move |e| {
+        let why = match e.kind() {
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+                "it closed the connection (a stranger, another job, or another jaccl version)"
+                    .to_string()
+            }
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => "it did not answer".into(),
+            _ => e.to_string(),
+        };
+        AuthError::Failed(format!("{what}: {why}"))
+    }
+}
+
+/// The connecting side: proves this rank knows `token`, checks the other side does, and
+/// reads its verdict.
+pub(crate) fn connect(
+    conn: &mut impl Messages,
+    token: &JobToken,
+    claim: Claim,
+    deadline: Instant,
+) -> std::result::Result<(), AuthError> {
+    let nonce = random_bytes::<NONCE>().map_err(failed("random nonce"))?;
+    let hello = claim.hello(&nonce);
+    conn.send(&hello, deadline)
+        .map_err(failed("sending the hello"))?;
+    let challenge = conn
+        .recv(CHALLENGE_LEN, deadline)
+        .map_err(failed("waiting for the challenge"))?;
+    let (theirs, proof) = challenge.split_at(NONCE);
+    token
+        .mac(b"S", &[&hello, theirs])
+        .verify_slice(proof)
+        .map_err(|_| AuthError::Unknown)?;
+    let ours = token.mac(b"C", &[&hello, theirs]).finalize().into_bytes();
+    conn.send(&ours, deadline)
+        .map_err(failed("sending the proof"))?;
+    let head = conn
+        .recv(3, deadline)
+        .map_err(failed("waiting for the verdict"))?;
+    let len = usize::from(u16::from_le_bytes([head[1], head[2]])).min(MAX_REASON);
+    match head[0] {
+        0 => Ok(()),
+        _ if len == 0 => Err(AuthError::Refused(String::new())),
+        _ => {
+            let why = conn
+                .recv(len, deadline)
+                .map_err(failed("reading the refusal"))?;
+            Err(AuthError::Refused(
+                String::from_utf8_lossy(&why).into_owned(),
+            ))
+        }
+    }
+}
+
+/// The accepting side: reads the hello, proves it knows `token`, checks the connecting side
+/// does. Returns the authenticated claim; the caller then sends a [`verdict`].
+pub(crate) fn accept(
+    conn: &mut impl Messages,
+    token: &JobToken,
+    deadline: Instant,
+) -> std::result::Result<Claim, AuthError> {
+    let hello = conn.recv(HELLO_LEN, deadline).map_err(failed("hello"))?;
+    let hello: [u8; HELLO_LEN] = hello
+        .try_into()
+        .map_err(|_| AuthError::Failed("short hello".into()))?;
+    let claim = Claim::parse(&hello).map_err(AuthError::Failed)?;
+    let nonce = random_bytes::<NONCE>().map_err(failed("random nonce"))?;
+    let proof = token.mac(b"S", &[&hello, &nonce]).finalize().into_bytes();
+    let mut challenge = [0u8; CHALLENGE_LEN];
+    challenge[..NONCE].copy_from_slice(&nonce);
+    challenge[NONCE..].copy_from_slice(&proof);
+    conn.send(&challenge, deadline)
+        .map_err(failed("challenge"))?;
+    let theirs = conn.recv(TAG, deadline).map_err(failed("proof"))?;
+    token
+        .mac(b"C", &[&hello, &nonce])
+        .verify_slice(&theirs)
+        .map_err(|_| AuthError::Unknown)?;
+    Ok(claim)
+}
+
+/// Tells an authenticated connecting side whether it is admitted, and if not, why.
+pub(crate) fn verdict(
+    conn: &mut impl Messages,
+    outcome: std::result::Result<(), &str>,
+    deadline: Instant,
+) -> io::Result<()> {
+    let why = outcome.err().unwrap_or("").as_bytes();
+    let why = &why[..why.len().min(MAX_REASON)];
+    let mut head = [u8::from(outcome.is_err()), 0, 0];
+    head[1..].copy_from_slice(&u16::try_from(why.len()).unwrap_or(0).to_le_bytes());
+    // Two messages, as the connecting side reads them (one datagram each over SEQPACKET).
+    conn.send(&head, deadline)?;
+    if why.is_empty() {
+        return Ok(());
+    }
+    conn.send(why, deadline)
+}
+
+/// How long a connection may take to authenticate: a stranger holds no more than this.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Handshakes served at once; connections beyond are closed at once (members retry).
+const MAX_HANDSHAKES: usize = 64;
+
+/// What [`serve`]'s admission step decided.
+pub(crate) enum Admission {
+    /// Keep accepting.
+    More,
+    /// Everyone expected is in.
+    Done,
+}
+
+/// Accepts connections on `listener` until `admit` says [`Admission::Done`] (true) or
+/// `deadline` passes (false). Each connection is authenticated on its own thread (at most
+/// [`HANDSHAKE_TIMEOUT`]), so an idle or slow stranger holds up nobody; failures are dropped and
+/// logged. Authenticated connections reach `admit`, on the calling thread, in the order they
+/// finish; `admit` sends the verdict, and its error ends start-up (only members, who
+/// authenticated, can cause one). Setting `stop` ends it early (false).
+pub(crate) fn serve<S: Messages + Send + 'static>(
+    listener: BorrowedFd<'_>,
+    mut accept_one: impl FnMut() -> io::Result<Option<(S, String)>>,
+    token: &JobToken,
+    rank: usize,
+    deadline: Instant,
+    stop: Option<&AtomicBool>,
+    mut admit: impl FnMut(Claim, S) -> Result<Admission>,
+) -> Result<bool> {
+    let wake = Arc::new(
+        rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| Error::io(rank, "serving handshakes", e.into()))?,
+    );
+    let (tx, rx) = mpsc::channel::<(Claim, S)>();
+    let busy = Arc::new(AtomicUsize::new(0));
+    loop {
+        while let Ok((claim, conn)) = rx.try_recv() {
+            if let Admission::Done = admit(claim, conn)? {
+                return Ok(true);
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return Ok(false);
+        }
+        let mut fds = [
+            PollFd::new(&listener, PollFlags::IN),
+            PollFd::new(&*wake, PollFlags::IN),
+        ];
+        // With a stop flag, look at it every 100 ms.
+        let left = match stop {
+            Some(_) => left.min(Duration::from_millis(100)),
+            None => left,
+        };
+        crate::transport::poll(&mut fds, left)
+            .map_err(|e| Error::io(rank, "waiting for connections", e))?;
+        let _ = rustix::io::read(&*wake, &mut [0u8; 8]);
+        if !fds[0].revents().contains(PollFlags::IN) {
+            continue;
+        }
+        let Some((mut conn, from)) =
+            accept_one().map_err(|e| Error::io(rank, "accepting a connection", e))?
+        else {
+            continue;
+        };
+        if busy.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
+            tracing::warn!(rank, %from, "too many handshakes at once: closing a connection");
+            continue;
+        }
+        busy.fetch_add(1, Ordering::Relaxed);
+        let (token, tx, wake, busy) = (
+            token.clone(),
+            tx.clone(),
+            Arc::clone(&wake),
+            Arc::clone(&busy),
+        );
+        let until = deadline.min(deadline_after(HANDSHAKE_TIMEOUT));
+        std::thread::spawn(move || {
+            match accept(&mut conn, &token, until) {
+                Ok(claim) => {
+                    let _ = tx.send((claim, conn));
+                }
+                Err(why) => {
+                    tracing::info!(rank, %from, %why, "dropped an unauthenticated connection");
+                }
+            }
+            busy.fetch_sub(1, Ordering::Relaxed);
+            let _ = rustix::io::write(&*wake, &1u64.to_ne_bytes());
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Both ends of a stream pair as TCP-like message carriers.
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    fn claim() -> Claim {
+        Claim {
+            purpose: Purpose::Data,
+            rank: 3,
+            size: 8,
+            wire: 1,
+        }
+    }
+
+    fn soon() -> Instant {
+        deadline_after(Duration::from_secs(5))
+    }
+
+    #[test]
+    fn members_authenticate_both_ways() {
+        let token = JobToken::new("sixteen bytes at least").unwrap();
+        let (mut a, mut b) = pair();
+        let t = token.clone();
+        let server = std::thread::spawn(move || {
+            let c = accept(&mut b, &t, soon()).unwrap();
+            verdict(&mut b, Ok(()), soon()).unwrap();
+            c
+        });
+        connect(&mut a, &token, claim(), soon()).unwrap();
+        assert_eq!(server.join().unwrap(), claim());
+    }
+
+    #[test]
+    fn another_token_is_refused_on_both_sides_and_no_reason_is_given() {
+        let ours = JobToken::new("our job's secret token").unwrap();
+        let theirs = JobToken::new("another job's secret!").unwrap();
+        let (mut a, mut b) = pair();
+        let server = std::thread::spawn(move || accept(&mut b, &ours, soon()));
+        // The connecting side finds out first (the accepting side's proof does not check).
+        assert!(matches!(
+            connect(&mut a, &theirs, claim(), soon()),
+            Err(AuthError::Unknown)
+        ));
+        drop(a);
+        assert!(server.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_replayed_handshake_does_not_authenticate() {
+        let token = JobToken::new("a secret for replays!").unwrap();
+        // Record a real handshake's hello and proof...
+        let (mut a, mut b) = pair();
+        let t = token.clone();
+        let server = std::thread::spawn(move || {
+            let mut rec = Recorder {
+                inner: b.try_clone().unwrap(),
+                log: Vec::new(),
+            };
+            accept(&mut rec, &t, soon()).unwrap();
+            verdict(&mut b, Ok(()), soon()).unwrap();
+            rec.log
+        });
+        connect(&mut a, &token, claim(), soon()).unwrap();
+        let recorded = server.join().unwrap();
+        // ...and play it to a new connection: the new nonce makes the old proof wrong.
+        let (mut c, mut d) = pair();
+        let t = token.clone();
+        let server = std::thread::spawn(move || accept(&mut d, &t, soon()));
+        c.write_all(&recorded[0]).unwrap();
+        let _ = Messages::recv(&mut c, CHALLENGE_LEN, soon()).unwrap();
+        c.write_all(&recorded[1]).unwrap();
+        assert!(matches!(server.join().unwrap(), Err(AuthError::Unknown)));
+    }
+
+    /// Records what an accepting side receives.
+    struct Recorder {
+        inner: TcpStream,
+        log: Vec<Vec<u8>>,
+    }
+
+    impl Messages for Recorder {
+        fn send(&mut self, bytes: &[u8], deadline: Instant) -> io::Result<()> {
+            self.inner.send(bytes, deadline)
+        }
+        fn recv(&mut self, len: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+            let b = self.inner.recv(len, deadline)?;
+            self.log.push(b.clone());
+            Ok(b)
+        }
+    }
+
+    #[test]
+    fn short_tokens_are_refused_and_tokens_never_print() {
+        assert!(JobToken::new("short").is_err());
+        let t = JobToken::new("a sufficiently long passphrase").unwrap();
+        assert!(!format!("{t:?}").contains("passphrase"));
+        assert_eq!(JobToken::generate().unwrap().len(), 64);
+        assert_ne!(JobToken::generate().unwrap(), JobToken::generate().unwrap());
+        assert!(!JobToken::derived("job 7").is_secret());
+    }
+
+    #[test]
+    fn seqpacket_sockets_carry_the_handshake() {
+        let (a, b) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let token = JobToken::new("sixteen bytes at least").unwrap();
+        let t = token.clone();
+        let (mut a, mut b) = (a, b);
+        let server = std::thread::spawn(move || {
+            let c = accept(&mut b, &t, soon()).unwrap();
+            verdict(&mut b, Err("rank 3 is taken"), soon()).unwrap();
+            c
+        });
+        match connect(&mut a, &token, claim(), soon()) {
+            Err(AuthError::Refused(why)) => assert_eq!(why, "rank 3 is taken"),
+            other => panic!("{other:?}"),
+        }
+        server.join().unwrap();
+    }
+
+    proptest! {
+        /// Hellos with a valid magic (and often a valid version) and random rest.
+        #[test]
+        fn hellos_never_panic(rest in proptest::collection::vec(any::<u8>(), HELLO_LEN - 4), version_ok in any::<bool>()) {
+            let mut b = [0u8; HELLO_LEN];
+            b[..4].copy_from_slice(&MAGIC);
+            b[4..].copy_from_slice(&rest);
+            if version_ok {
+                b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+            }
+            let _ = Claim::parse(&b);
+        }
+    }
+}

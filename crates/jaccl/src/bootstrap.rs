@@ -17,6 +17,7 @@ use std::time::Instant;
 use crate::auth::{self, Admission, AuthError, Claim, Purpose, time_left};
 use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
+use crate::liveness::{self, Heartbeat, Liveness};
 use crate::transport::tcp::connect_with_retry;
 use crate::wire::to_u32;
 
@@ -165,6 +166,18 @@ impl SideChannel {
     /// Returns once every rank has called it.
     pub(crate) fn barrier(&mut self, deadline: Instant) -> Result<()> {
         self.all_gather(&[], deadline).map(drop)
+    }
+
+    /// Hands the connections to the heartbeat (`crate::liveness`) after start-up.
+    pub(crate) fn into_heartbeat(
+        self,
+        window: std::time::Duration,
+        live: std::sync::Arc<Liveness>,
+    ) -> io::Result<Heartbeat> {
+        match self.role {
+            Role::Coordinator { members } => liveness::coordinate(members, window, live),
+            Role::Member { stream } => liveness::attend(stream, window, live),
+        }
     }
 }
 

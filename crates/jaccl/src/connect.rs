@@ -17,6 +17,7 @@ use crate::algo::ring::{Geometry, Ring};
 use crate::bootstrap::SideChannel;
 use crate::config::{Config, Transport};
 use crate::error::{Error, Result};
+use crate::liveness::{Heartbeat, Liveness};
 use crate::transport::shm::{self, Layout, PeerSpec, Shm, link::ShmLink};
 use crate::transport::{Identity, Link, tcp};
 use crate::wait::{WaitPolicy, deadline_after};
@@ -44,8 +45,10 @@ pub(crate) struct Connected {
     /// The transport to each ring neighbour: the left one, then the right one if different.
     pub(crate) neighbours: Vec<(usize, Transport)>,
     pub(crate) wait: WaitPolicy,
-    /// Kept open for the life of the group.
-    _side: SideChannel,
+    /// What the heartbeat found out (also held by the ring and the direct collectives).
+    pub(crate) liveness: Arc<Liveness>,
+    /// Beats while the group lives; says goodbye when it is dropped. `None`: liveness off.
+    pub(crate) heartbeat: Option<Heartbeat>,
 }
 
 /// Joins the group of `config` (size > 1) and opens its links.
@@ -93,6 +96,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         size,
         wires: me.wires,
     };
+    let liveness = Liveness::new(rank).map_err(|e| Error::io(rank, "liveness", e))?;
     let (left, right) = (geometry.left(), geometry.right());
     let shares_memory =
         |peer: usize| me.shm.is_some() && infos[peer].shm.is_some() && infos[peer].host == me.host;
@@ -181,9 +185,14 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         (wires, 0),
         wires,
     )?;
-    let ring = Ring::new(geometry, left_channels, right_channels);
+    let ring = Ring::new(
+        geometry,
+        left_channels,
+        right_channels,
+        Arc::clone(&liveness),
+    );
     let direct = match (&shm, all_here) {
-        (Some(shm), true) => Direct::new(rank, size, shm),
+        (Some(shm), true) => Direct::new(rank, size, shm, Arc::clone(&liveness)),
         _ => None,
     };
     let here = infos.iter().filter(|i| i.host == me.host).count();
@@ -193,13 +202,18 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         neighbours.push((right, to_right));
     }
     side.barrier(deadline)?;
+    let heartbeat = (config.liveness != std::time::Duration::MAX)
+        .then(|| side.into_heartbeat(config.liveness, Arc::clone(&liveness)))
+        .transpose()
+        .map_err(|e| Error::io(rank, "starting the heartbeat", e))?;
     Ok(Connected {
         ring,
         direct,
         shm,
         neighbours,
         wait: config.wait.unwrap_or_else(|| WaitPolicy::auto(here, cpus)),
-        _side: side,
+        liveness,
+        heartbeat,
     })
 }
 

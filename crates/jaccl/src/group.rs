@@ -36,6 +36,9 @@ enum State {
     Failed(Error),
 }
 
+/// How long a failed call waits for the heartbeat's verdict that may explain it.
+const VERDICT_GRACE: Duration = Duration::from_millis(500);
+
 /// How a call runs: over the ring's links, or by the direct collectives when every rank shares
 /// memory with this one.
 enum Path<'a> {
@@ -408,6 +411,22 @@ impl Group {
             State::Alone => return Ok(()),
             State::Failed(e) => return Err(e.clone()),
             State::Connected(c) => f(c, &call),
+        };
+        let result = match (result, &self.state) {
+            // A closed connection may be the ring passing on a loss that the heartbeat is
+            // about to announce: then name the rank that was really lost.
+            (Err(lost @ Error::PeerLost { .. }), State::Connected(c)) if c.heartbeat.is_some() => {
+                match c.liveness.verdict_within(VERDICT_GRACE) {
+                    Some((peer, cause)) => Err(Error::PeerLost {
+                        rank: self.rank,
+                        peer,
+                        op: call.op,
+                        cause,
+                    }),
+                    None => Err(lost),
+                }
+            }
+            (other, _) => other,
         };
         if let Err(e) = &result
             && !e.is_local_argument_error()

@@ -53,6 +53,7 @@ mod connect;
 mod dtype;
 mod error;
 mod group;
+mod liveness;
 mod reduce;
 mod transport;
 mod wait;

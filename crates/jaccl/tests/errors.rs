@@ -345,6 +345,24 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
 }
 
 #[test]
+fn a_rank_busy_in_its_own_code_is_not_an_error() {
+    // Much longer than the liveness window: the heartbeat thread keeps beating meanwhile.
+    for net in [Net::Tcp, Net::Shm] {
+        let results = with_group_timeout(net, 3, 1, Duration::from_secs(60), |g| {
+            if g.rank() == 1 {
+                std::thread::sleep(Duration::from_secs(3));
+            }
+            let mut out = [0u32; 4];
+            g.all_sum(&[1u32; 4], &mut out).map(|()| out)
+        });
+        // (configs() sets the window to 500 ms, see common.)
+        for r in results {
+            assert_eq!(r.unwrap(), [3; 4], "{net:?}");
+        }
+    }
+}
+
+#[test]
 fn a_silent_peer_times_out_and_the_group_stays_failed() {
     for net in NETS {
         silent_peer_on(net);

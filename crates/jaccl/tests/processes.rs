@@ -122,7 +122,7 @@ fn signal_mid_all_reduce(
     size: usize,
     victim: usize,
     signal: rustix::process::Signal,
-    timeout: &str,
+    extra_env: &[(&str, &str)],
 ) -> (Vec<(usize, String, Instant)>, Instant) {
     let coordinator = free_coordinator();
     let token = random_token();
@@ -130,8 +130,12 @@ fn signal_mid_all_reduce(
     let mut children: Vec<Child> = (0..size)
         .map(|r| {
             let mut env = rank_env(r, size, &coordinator, &token);
-            env.push(("JACCL_TIMEOUT".into(), timeout.into()));
             env.push(("JACCL_TRANSPORT".into(), transport.into()));
+            env.extend(
+                extra_env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
             spawn_child("loop", &env, r, &tx)
         })
         .collect();
@@ -165,7 +169,7 @@ fn sigkill_of_a_rank_mid_all_reduce_fails_the_others_promptly() {
         let victim = 2;
         // A generous timeout: the others must notice the death at once, not time out.
         let (survivors, killed) =
-            signal_mid_all_reduce(transport, 4, victim, rustix::process::Signal::KILL, "120");
+            signal_mid_all_reduce(transport, 4, victim, rustix::process::Signal::KILL, &[]);
         for (rank, line, at) in survivors {
             let after = at.duration_since(killed);
             eprintln!("{transport}: rank {rank} failed {after:?} after the kill: {line}");
@@ -196,10 +200,44 @@ fn sigkill_of_a_rank_mid_all_reduce_fails_the_others_promptly() {
 }
 
 #[test]
-fn a_stopped_rank_is_a_timeout_for_the_others() {
+fn a_stopped_rank_is_named_by_every_other_rank_within_the_liveness_window() {
+    for (transport, victim) in [("tcp", 1), ("shm", 2), ("tcp", 0)] {
+        let (survivors, stopped) = signal_mid_all_reduce(
+            transport,
+            4,
+            victim,
+            rustix::process::Signal::STOP,
+            &[("JACCL_LIVENESS", "1")],
+        );
+        for (rank, line, at) in survivors {
+            let after = at.duration_since(stopped);
+            eprintln!(
+                "{transport}: rank {rank} failed {after:?} after rank {victim} stopped: {line}"
+            );
+            assert!(
+                line.starts_with("PeerLost") && line.contains(&format!("peer: {victim},")),
+                "{transport} rank {rank}: {line:?}"
+            );
+            // The window (1 s) and a beat interval, far below this bound.
+            assert!(
+                after < Duration::from_secs(10),
+                "{transport} rank {rank}: {after:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_operation_timeout_still_ends_a_wait() {
+    // Liveness off: a stopped rank is only found by the operation timeout.
     for transport in ["tcp", "shm"] {
-        let (survivors, _) =
-            signal_mid_all_reduce(transport, 3, 1, rustix::process::Signal::STOP, "2");
+        let (survivors, _) = signal_mid_all_reduce(
+            transport,
+            3,
+            1,
+            rustix::process::Signal::STOP,
+            &[("JACCL_TIMEOUT", "2"), ("JACCL_LIVENESS", "off")],
+        );
         // Whoever times out first poisons its group; over TCP that closes its connections, so
         // a peer may see the closure before its own timeout.
         let timeouts = survivors

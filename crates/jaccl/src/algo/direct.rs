@@ -32,6 +32,7 @@ use rustix::event::PollFd;
 use super::engine::Call;
 use super::ring::lane_slice;
 use crate::error::{Error, Result};
+use crate::liveness::Liveness;
 use crate::reduce::{Reducer, copy};
 use crate::transport::shm::segment::INLINE;
 use crate::transport::shm::{Local, Mailbox, Mapping, Peer, Shm};
@@ -68,11 +69,17 @@ pub(crate) struct Direct {
     streaming: bool,
     /// Rank 0's measurements; `None` on the other ranks.
     tuner: Option<Box<StoreTuner>>,
+    liveness: Arc<Liveness>,
 }
 
 impl Direct {
     /// The direct collectives over `shm`, which must hold every other rank of the group.
-    pub(crate) fn new(rank: usize, size: usize, shm: &Shm) -> Option<Direct> {
+    pub(crate) fn new(
+        rank: usize,
+        size: usize,
+        shm: &Shm,
+        liveness: Arc<Liveness>,
+    ) -> Option<Direct> {
         let others: Vec<Arc<Peer>> = shm.peers.iter().flatten().cloned().collect();
         (others.len() + 1 == size).then(|| Direct {
             rank,
@@ -87,6 +94,7 @@ impl Direct {
             scratch: vec![0; BLOCK / size_of::<u128>()],
             streaming: false,
             tuner: (rank == 0).then(|| Box::new(StoreTuner::new())),
+            liveness,
         })
     }
 
@@ -393,6 +401,7 @@ impl Direct {
             if pending.is_empty() {
                 return Ok(());
             }
+            self.liveness.check(call.op)?;
             let backoff = backoff.get_or_insert_with(|| Backoff::new(call.wait, call.timeout));
             if pending.len() < before {
                 backoff.progressed();
@@ -422,7 +431,10 @@ impl Direct {
                 read: true,
                 write: false,
             };
-            let mut fds: Vec<PollFd<'_>> = vec![poll_fd(self.local.doorbell.fd(), read)];
+            let mut fds: Vec<PollFd<'_>> = vec![
+                poll_fd(self.local.doorbell.fd(), read),
+                poll_fd(self.liveness.wake_fd(), read),
+            ];
             fds.extend(pending.iter().map(|&q| self.others[q].poll_liveness()));
             if let Err(e) = poll(&mut fds, limit) {
                 self.local.disarm();

@@ -13,10 +13,11 @@
 
 use std::time::{Duration, Instant};
 
-use rustix::event::PollFd;
+use rustix::event::{PollFd, PollFlags};
 
 use super::{Buf, Merge, Plan, Span, Transfer};
 use crate::error::{Error, Op, Result};
+use crate::liveness::Liveness;
 use crate::reduce::{Reducer, copy};
 use crate::transport::{Interest, Link, LinkError, Readiness, poll};
 use crate::wait::{Backoff, Idle, WaitPolicy};
@@ -232,22 +233,24 @@ impl<'a> Execution<'a> {
 /// Runs `plan` over `channels` to the end (see [`Execution::start`]).
 pub(crate) fn run(
     channels: &mut [Channel],
+    liveness: &Liveness,
     plan: &Plan,
     bufs: Buffers<'_>,
     reducer: Option<&Reducer>,
     call: &Call,
 ) -> Result<()> {
     let mut exec = Execution::start(channels, plan, bufs, reducer, call);
-    match drive(&mut exec, channels) {
+    match drive(&mut exec, channels, liveness) {
         Err(lost @ Error::PeerLost { .. }) => {
-            Err(root_cause(channels, &mut exec.headers, call).unwrap_or(lost))
+            Err(root_cause(channels, liveness, &mut exec.headers, call).unwrap_or(lost))
         }
         other => other,
     }
 }
 
-/// The loop of [`run`]: passes until done, waiting when nothing moves.
-fn drive(exec: &mut Execution<'_>, channels: &mut [Channel]) -> Result<()> {
+/// The loop of [`run`]: passes until done, waiting when nothing moves (and giving up when
+/// the heartbeat declared a rank lost).
+fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness) -> Result<()> {
     let call = exec.call;
     let mut backoff = Backoff::new(call.wait, call.timeout);
     loop {
@@ -259,6 +262,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel]) -> Result<()> {
             backoff.progressed();
             continue;
         }
+        liveness.check(call.op)?;
         let spinnable = channels
             .iter()
             .zip(exec.wants())
@@ -266,7 +270,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel]) -> Result<()> {
         match backoff.idle(spinnable) {
             Idle::Retry => {}
             Idle::TimedOut => return Err(call.timed_out()),
-            Idle::Sleep(limit) => sleep(channels, exec.wants(), limit, call)?,
+            Idle::Sleep(limit) => sleep(channels, liveness, exec.wants(), limit, call)?,
         }
     }
 }
@@ -275,7 +279,12 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel]) -> Result<()> {
 /// not match ours means a neighbour called something else (and the failure of its other
 /// neighbour may have reached us first). Waits up to [`ROOT_CAUSE_GRACE`] for the peer headers
 /// still expected, until each has arrived or its connection closed, and returns a mismatch.
-fn root_cause(channels: &mut [Channel], headers: &mut [HeaderState], call: &Call) -> Option<Error> {
+fn root_cause(
+    channels: &mut [Channel],
+    liveness: &Liveness,
+    headers: &mut [HeaderState],
+    call: &Call,
+) -> Option<Error> {
     let deadline = Instant::now() + ROOT_CAUSE_GRACE;
     let mut wants = vec![Interest::default(); channels.len()];
     loop {
@@ -295,7 +304,14 @@ fn root_cause(channels: &mut [Channel], headers: &mut [HeaderState], call: &Call
         if left.is_zero() || !wants.iter().any(|w| w.read) {
             return None;
         }
-        sleep(channels, &wants, left.min(Duration::from_millis(10)), call).ok()?;
+        sleep(
+            channels,
+            liveness,
+            &wants,
+            left.min(Duration::from_millis(10)),
+            call,
+        )
+        .ok()?;
     }
 }
 
@@ -507,10 +523,17 @@ fn lost(e: LinkError, peer: usize, call: &Call) -> Error {
 
 /// Arms every channel with an interest and, unless one is ready already, sleeps until one of
 /// their descriptors fires or `limit` passes; then disarms them.
-fn sleep(channels: &mut [Channel], wants: &[Interest], limit: Duration, call: &Call) -> Result<()> {
+fn sleep(
+    channels: &mut [Channel],
+    liveness: &Liveness,
+    wants: &[Interest],
+    limit: Duration,
+    call: &Call,
+) -> Result<()> {
     let (armed, mut outcome) = arm(channels, wants, call);
     if let Ok(Readiness::Armed) = outcome {
-        let mut fds: Vec<PollFd<'_>> = Vec::new();
+        let mut fds: Vec<PollFd<'_>> =
+            vec![PollFd::from_borrowed_fd(liveness.wake_fd(), PollFlags::IN)];
         for (ch, w) in channels.iter().zip(wants) {
             if w.any() {
                 ch.link.wait_fds(*w, &mut fds);

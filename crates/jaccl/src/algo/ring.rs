@@ -8,10 +8,12 @@
 //! the wire.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::engine::{self, Buffers, Call, Channel};
 use super::{Merge, Plan, Span, Step, Transfer};
 use crate::error::Result;
+use crate::liveness::Liveness;
 use crate::reduce::Reducer;
 
 /// Messages up to this many bytes use one direction on one wire (as upstream).
@@ -357,17 +359,24 @@ impl Geometry {
 pub(crate) struct Ring {
     pub(crate) geometry: Geometry,
     channels: Vec<Channel>,
+    liveness: Arc<Liveness>,
     /// Reused buffer of the small-message algorithms (`u128` for alignment).
     scratch: Vec<u128>,
 }
 
 impl Ring {
-    pub(crate) fn new(geometry: Geometry, left: Vec<Channel>, right: Vec<Channel>) -> Ring {
+    pub(crate) fn new(
+        geometry: Geometry,
+        left: Vec<Channel>,
+        right: Vec<Channel>,
+        liveness: Arc<Liveness>,
+    ) -> Ring {
         let mut channels = left;
         channels.extend(right);
         Ring {
             geometry,
             channels,
+            liveness,
             scratch: Vec::new(),
         }
     }
@@ -394,6 +403,7 @@ impl Ring {
             );
             return engine::run(
                 &mut self.channels,
+                &self.liveness,
                 &plan,
                 Buffers { input, output },
                 Some(reducer),
@@ -405,6 +415,7 @@ impl Ring {
         let plan = g.gather_both_ways(bytes);
         engine::run(
             &mut self.channels,
+            &self.liveness,
             &plan,
             Buffers {
                 input: None,
@@ -437,6 +448,7 @@ impl Ring {
         };
         engine::run(
             &mut self.channels,
+            &self.liveness,
             &plan,
             Buffers {
                 input: None,
@@ -461,7 +473,14 @@ impl Ring {
             input: Some(input),
             output,
         };
-        engine::run(&mut self.channels, &plan, bufs, Some(reducer), call)
+        engine::run(
+            &mut self.channels,
+            &self.liveness,
+            &plan,
+            bufs,
+            Some(reducer),
+            call,
+        )
     }
 
     /// Sends `data` to the neighbour `dst`.
@@ -471,7 +490,7 @@ impl Ring {
             input: Some(data),
             output: &mut [],
         };
-        engine::run(&mut self.channels, &plan, bufs, None, call)
+        engine::run(&mut self.channels, &self.liveness, &plan, bufs, None, call)
     }
 
     /// Receives into `out` from the neighbour `src`.
@@ -479,6 +498,7 @@ impl Ring {
         let plan = self.geometry.recv(out.len(), src);
         engine::run(
             &mut self.channels,
+            &self.liveness,
             &plan,
             Buffers {
                 input: None,
@@ -496,6 +516,7 @@ impl Ring {
         let plan = g.gather_both_ways(1);
         engine::run(
             &mut self.channels,
+            &self.liveness,
             &plan,
             Buffers {
                 input: None,

@@ -89,6 +89,7 @@ pub fn configs(net: Net, size: usize, wires: usize, timeout: Duration) -> Vec<Co
                 .coordinator(coordinator.clone())
                 .wires(wires)
                 .timeout(timeout)
+                .liveness(Duration::from_millis(500))
                 .job_token(token.clone());
             net.apply(cfg, rank, size)
         })

@@ -94,11 +94,11 @@ pub(crate) struct BenchArgs {
           value_parser = clap::value_parser!(u64).range(2..))]
     pub(crate) factor: u64,
     /// Timed operations per size [default: enough for about 0.3 s, at least 5].
-    #[arg(long)]
-    pub(crate) iters: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..1_000_000_000))]
+    pub(crate) iters: Option<u64>,
     /// Warm-up operations per size [default: rounds of 1, 2, 4... until one takes 50 ms].
-    #[arg(long)]
-    pub(crate) warmup: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..1_000_000_000))]
+    pub(crate) warmup: Option<u64>,
     /// Check the result of every timed operation, not only the first and the last.
     #[arg(long)]
     pub(crate) check: bool,
@@ -151,6 +151,52 @@ pub(crate) fn sizes(args: &BenchArgs) -> Vec<usize> {
     v
 }
 
+/// Checks that the sweep makes sense for `ranks` ranks on this machine: it has sizes, each
+/// moves at least one element per rank, and the largest fits in memory.
+///
+/// # Errors
+/// What is wrong, and what to use instead.
+pub(crate) fn check_sweep(args: &BenchArgs, ranks: usize) -> Result<(), String> {
+    let sizes = sizes(args);
+    let Some(&largest) = sizes.last() else {
+        return Err(format!(
+            "no sizes to measure: -b {} is larger than -e {}",
+            args.min_bytes, args.max_bytes
+        ));
+    };
+    if args.op == BenchOp::Barrier {
+        return Ok(());
+    }
+    let elem = args.dtype.size();
+    let smallest = sizes[0];
+    let (input, output, _) = layout(args.op, ranks, smallest, elem);
+    if input.min(output) == 0 {
+        let needed = match args.op {
+            BenchOp::AllGather | BenchOp::ReduceScatter => ranks * elem,
+            _ => elem,
+        };
+        return Err(format!(
+            "-b {smallest}: less than one {} element per rank for {} on {ranks} ranks; use -b {needed} or more",
+            args.dtype,
+            args.op.name()
+        ));
+    }
+    // Input, output and the expected output of every local rank.
+    let (input, output, _) = layout(args.op, ranks, largest, elem);
+    let per_rank = (input.saturating_add(output.saturating_mul(2))).saturating_mul(elem);
+    let total = rustix::system::sysinfo();
+    let memory = u64::from(total.mem_unit).saturating_mul(total.totalram as u64);
+    let needed = (per_rank as u64).saturating_mul(ranks as u64);
+    if needed > memory {
+        return Err(format!(
+            "-e {largest}: {ranks} ranks would need {} MiB of buffers, and this machine has {} MiB",
+            needed >> 20,
+            memory >> 20
+        ));
+    }
+    Ok(())
+}
+
 /// True when a launcher (jaccl launch, mpirun, torchrun...) made this process a rank.
 pub(crate) fn under_launcher() -> bool {
     jaccl::config::RANK_VARIABLES
@@ -166,6 +212,7 @@ pub(crate) fn run_rank(args: &BenchArgs) -> Result<bool, String> {
     if args.op == BenchOp::SendRecv && g.size() < 2 {
         return Err("send-recv needs at least 2 ranks".into());
     }
+    check_sweep(args, g.size())?;
     let leader = g.rank() == 0;
     let sizes = sizes(args);
     let mut out = report::Report::new(args, &g, sizes.len(), leader)?;
@@ -426,7 +473,7 @@ fn time_loop<T: Pattern>(
         }
     };
     let iters = match args.iters {
-        Some(k) => k.max(1),
+        Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
         None => agree_max(g, (0.3 / per_op.max(1e-9)).ceil().clamp(5.0, 100_000.0))? as usize,
     };
 

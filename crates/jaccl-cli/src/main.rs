@@ -260,6 +260,7 @@ fn bench_main(args: &BenchArgs) -> Result<u8, String> {
             false => Err("some values were wrong (see #wrong)".into()),
         };
     }
+    bench::check_sweep(args, usize::from(args.ranks))?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut program = vec![exe.to_string_lossy().into_owned()];
     program.extend(std::env::args().skip(1));

@@ -549,3 +549,26 @@ fn remote_ranks_die_with_a_killed_launcher() {
         .to_vec();
     signal_leaves_nothing(args, 2, 4, rustix::process::Signal::KILL);
 }
+
+#[test]
+fn bench_refuses_sweeps_that_cannot_run() {
+    for (args, says) in [
+        (vec!["-b", "18446744073709551615"], "no sizes"),
+        (vec!["-b", "64", "-e", "8"], "no sizes"),
+        (
+            vec!["--op", "all-gather", "-b", "4", "-e", "4"],
+            "less than one f32 element",
+        ),
+        (vec!["-e", "1G", "-n", "64"], "MiB of buffers"),
+    ] {
+        let out = bench(&args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = bench(&["--iters", "0"]);
+    assert!(!out.status.success());
+}

@@ -13,6 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 need=()
 command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || need+=(openssh-server)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
+command -v ip >/dev/null || need+=(iproute2)
 if (( ${#need[@]} )) && (( EUID == 0 )) && command -v apt-get >/dev/null; then
   echo "test.sh: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -20,7 +20,26 @@ fn spawn_child(
     tag: usize,
     lines: &mpsc::Sender<(usize, String)>,
 ) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    spawn_child_in(None, mode, env, tag, lines)
+}
+
+/// [`spawn_child`] inside network namespace `netns`.
+fn spawn_child_in(
+    netns: Option<&str>,
+    mode: &str,
+    env: &[(String, String)],
+    tag: usize,
+    lines: &mpsc::Sender<(usize, String)>,
+) -> Child {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     cmd.args([
         "--exact",
         "child",
@@ -328,10 +347,269 @@ fn child() {
                 g.all_sum(&input, &mut out)?;
             }
         }),
+        "sums" => jaccl::init().and_then(|mut g| {
+            let mut out = [0u64; 1];
+            for _ in 0..50 {
+                g.all_sum(&[g.rank() as u64 + 1], &mut out)?;
+            }
+            Ok(format!("sum {} of {}", out[0], g.size()))
+        }),
+        "stranger" => {
+            let (tcp, unix) = stranger(Duration::from_secs(6));
+            Ok(format!("stranger reached {tcp} tcp {unix} unix"))
+        }
         other => panic!("unknown child mode {other}"),
     };
     match outcome {
         Ok(line) => println!("RESULT {line}"),
         Err(e) => println!("RESULT {e:?}"),
+    }
+}
+
+/// A stranger in the job's network: for `how_long`, connects to every listening TCP port and
+/// every abstract Unix socket it can see, and holds idle connections, sends garbage, and sends
+/// jaccl hellos (valid magic and version) followed by proofs it cannot know.
+fn stranger(how_long: Duration) -> (usize, usize) {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let (mut tcp, mut unix) = (0, 0);
+    let until = Instant::now() + how_long;
+    let mut idle: Vec<TcpStream> = Vec::new();
+    let mut round = 0u64;
+    while Instant::now() < until {
+        round += 1;
+        for port in listening_tcp_ports() {
+            let addr = ("127.0.0.1", port);
+            let timeout = Duration::from_millis(200);
+            let connect = |a: (&str, u16)| {
+                std::net::ToSocketAddrs::to_socket_addrs(&a)
+                    .ok()
+                    .and_then(|mut i| i.next())
+                    .and_then(|sa| TcpStream::connect_timeout(&sa, timeout).ok())
+            };
+            if let Some(s) = connect(addr) {
+                tcp += 1;
+                if idle.len() < 40 {
+                    idle.push(s); // holds a handshake slot until it is dropped
+                }
+            }
+            if let Some(mut s) = connect(addr) {
+                let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n\x00\xff garbage");
+            }
+            if let Some(mut s) = connect(addr) {
+                let _ = s.write_all(&fake_hello(round));
+                let _ = s.set_read_timeout(Some(timeout));
+                let _ = std::io::Read::read(&mut s, &mut [0u8; 64]);
+                let _ = s.write_all(&[0x5a; 32]); // a proof without the key
+            }
+        }
+        for name in abstract_sockets() {
+            if let Ok(fd) = rustix::net::socket(
+                rustix::net::AddressFamily::UNIX,
+                rustix::net::SocketType::SEQPACKET,
+                None,
+            ) && let Ok(addr) = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes())
+                && rustix::net::connect(&fd, &addr).is_ok()
+            {
+                unix += 1;
+                let _ =
+                    rustix::net::send(&fd, &fake_hello(round), rustix::net::SendFlags::NOSIGNAL);
+                let _ = rustix::net::send(&fd, b"garbage", rustix::net::SendFlags::NOSIGNAL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (tcp, unix)
+}
+
+/// A hello with jaccl's magic and version, claiming rank 1 of 4, with a made-up nonce.
+fn fake_hello(seed: u64) -> Vec<u8> {
+    let mut b = b"JCAU".to_vec();
+    b.extend_from_slice(&2u16.to_le_bytes());
+    b.extend_from_slice(&[1, 0]);
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&4u32.to_le_bytes());
+    b.extend_from_slice(&[0; 4]);
+    b.extend((0..32).map(|i| (seed as u8).wrapping_mul(31).wrapping_add(i)));
+    b
+}
+
+/// Ports in LISTEN state in this network namespace.
+fn listening_tcp_ports() -> Vec<u16> {
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(3) == Some(&"0A"))
+                .then(|| f.get(1).and_then(|a| a.rsplit(':').next()))
+                .flatten()
+                .and_then(|p| u16::from_str_radix(p, 16).ok())
+        })
+        .collect()
+}
+
+/// Names of listening abstract Unix sockets (`@name` in /proc/net/unix).
+fn abstract_sockets() -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter_map(|p| p.strip_prefix('@'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A network namespace made for one test, deleted when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("jaccl-{tag}-{}", std::process::id());
+        let _ = ip(&["netns", "del", &name]);
+        assert!(ip(&["netns", "add", &name]), "ip netns add {name}");
+        assert!(ip(&["-n", &name, "link", "set", "lo", "up"]));
+        Netns(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.0]);
+    }
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether network namespaces can be made here (root and iproute2). Without, the tests that
+/// need them are skipped, saying so, unless JACCL_REQUIRE_ALL=1 (CI).
+fn namespaces_available() -> bool {
+    let root = rustix::process::geteuid().is_root();
+    let ok = root && ip(&["netns", "list"]);
+    if !ok {
+        assert!(
+            std::env::var("JACCL_REQUIRE_ALL").is_err(),
+            "network namespaces are required (run as root with iproute2)"
+        );
+        eprintln!("skipped: network namespaces need root and iproute2");
+    }
+    ok
+}
+
+#[test]
+fn strangers_at_every_port_during_start_up_do_not_stop_the_job() {
+    if !namespaces_available() {
+        return;
+    }
+    let ns = Netns::new("strangers");
+    let (tx, rx) = mpsc::channel();
+    let size = 4;
+    // Strangers first, then the ranks, the last one late, so start-up waits among strangers.
+    let stranger = spawn_child_in(Some(&ns.0), "stranger", &[], size, &tx);
+    std::thread::sleep(Duration::from_millis(300));
+    let coordinator = format!("127.0.0.1:{}", 20_000 + (random_u64() % 10_000) as u16);
+    let token = random_token();
+    let started = Instant::now();
+    let mut children: Vec<Child> = (0..size)
+        .map(|r| {
+            if r == size - 1 {
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            spawn_child_in(
+                Some(&ns.0),
+                "sums",
+                &rank_env(r, size, &coordinator, &token),
+                r,
+                &tx,
+            )
+        })
+        .collect();
+    children.push(stranger);
+    let got = results(&mut children, &rx, Duration::from_secs(60));
+    eprintln!("job with strangers took {:?}: {got:?}", started.elapsed());
+    for (rank, line) in got[..size].iter().enumerate() {
+        assert_eq!(line, "sum 10 of 4", "rank {rank}");
+    }
+    // It did meet the job: the coordinator, data ports and shared-memory sockets.
+    let counts: Vec<usize> = got[size]
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        counts.len() == 2 && counts[0] > 0 && counts[1] > 0,
+        "{}",
+        got[size]
+    );
+}
+
+#[test]
+fn a_cut_link_fails_every_rank_within_the_liveness_window() {
+    if !namespaces_available() {
+        return;
+    }
+    // Two pretend hosts joined by a veth pair; ranks 0, 1 on one, 2, 3 on the other.
+    let (a, b) = (Netns::new("cut-a"), Netns::new("cut-b"));
+    let net = 100 + (std::process::id() % 150);
+    let (va, vb) = (
+        format!("jv{}a", std::process::id() % 100_000),
+        format!("jv{}b", std::process::id() % 100_000),
+    );
+    assert!(ip(&[
+        "link", "add", &va, "netns", &a.0, "type", "veth", "peer", "name", &vb, "netns", &b.0
+    ]));
+    for (ns, dev, host) in [(&a.0, &va, 1), (&b.0, &vb, 2)] {
+        assert!(ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("10.231.{net}.{host}/24"),
+            "dev",
+            dev
+        ]));
+        assert!(ip(&["-n", ns, "link", "set", dev, "up"]));
+    }
+    let coordinator = format!("10.231.{net}.1:{}", 20_000 + (random_u64() % 10_000) as u16);
+    let token = random_token();
+    let (tx, rx) = mpsc::channel();
+    let size = 4;
+    let mut children: Vec<Child> = (0..size)
+        .map(|r| {
+            let mut env = rank_env(r, size, &coordinator, &token);
+            env.push(("JACCL_LIVENESS".into(), "2".into()));
+            let ns = if r < 2 { &a.0 } else { &b.0 };
+            spawn_child_in(Some(ns), "loop", &env, r, &tx)
+        })
+        .collect();
+    let mut ready = vec![false; size];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.iter().all(|&r| r) {
+        let (tag, line) = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("ranks did not start");
+        ready[tag] |= line.ends_with("READY");
+    }
+    assert!(ip(&["-n", &a.0, "link", "set", &va, "down"]));
+    let cut = Instant::now();
+    let got = results_at(&mut children, &rx, Duration::from_secs(60), None);
+    for (rank, (line, at)) in got.iter().enumerate() {
+        let after = at.duration_since(cut);
+        eprintln!("rank {rank} failed {after:?} after the cut: {line}");
+        // Each side names a rank on the other side of the cut.
+        let other_side = if rank < 2 { [2, 3] } else { [0, 1] };
+        assert!(
+            line.starts_with("PeerLost")
+                && other_side
+                    .iter()
+                    .any(|p| line.contains(&format!("peer: {p},"))),
+            "rank {rank}: {line}"
+        );
+        assert!(after < Duration::from_secs(15), "rank {rank}: {after:?}");
     }
 }

@@ -105,10 +105,11 @@ pub mod fuzzing {
     }
 
     /// Parses `bytes` as every side-channel message after the handshake (all-gather
-    /// results).
+    /// results, heartbeat messages).
     pub fn side_channel(bytes: &[u8]) {
         let expected = bytes.first().map_or(0, |&b| usize::from(b));
         let _ = crate::bootstrap::decode_list(bytes, expected);
+        let _ = crate::liveness::decode(&mut bytes.to_vec());
     }
 }
 

@@ -261,7 +261,8 @@ fn status_frame(verdict: Option<(usize, String)>) -> Vec<u8> {
 }
 
 /// What a peer said since last time.
-enum Heard {
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Heard {
     Nothing,
     /// A beat or a status (with the coordinator's verdict, if any).
     Beat(Option<(usize, String)>),
@@ -277,6 +278,33 @@ struct Peer {
     buf: Vec<u8>,
     heard: Instant,
     watched: bool,
+}
+
+/// Takes the complete messages out of `buf` and returns the most telling: a goodbye or a
+/// verdict at once, a beat if there were only beats, `Gone` for bytes that are not ours.
+pub(crate) fn decode(buf: &mut Vec<u8>) -> Heard {
+    let mut heard = Heard::Nothing;
+    while buf.len() >= 4 {
+        let len = u32_at(buf, 0) as usize;
+        if len == 0 || len > MAX_MESSAGE {
+            return Heard::Gone;
+        }
+        if buf.len() < 4 + len {
+            break;
+        }
+        let message: Vec<u8> = buf.drain(..4 + len).skip(4).collect();
+        heard = match (message[0], message.len()) {
+            (BYE, _) => return Heard::Bye,
+            (BEAT, _) | (STATUS, 1) => Heard::Beat(None),
+            (STATUS, n) if n >= 5 => {
+                let peer = u32_at(&message, 1) as usize;
+                let why = String::from_utf8_lossy(&message[5..]).into_owned();
+                return Heard::Beat(Some((peer, why)));
+            }
+            _ => return Heard::Gone,
+        };
+    }
+    heard
 }
 
 /// The largest heartbeat message: a status with a verdict.
@@ -326,28 +354,52 @@ impl Peer {
                 }
             }
         }
-        let mut heard = Heard::Nothing;
-        while self.buf.len() >= 4 {
-            let len = u32_at(&self.buf, 0) as usize;
-            if len == 0 || len > MAX_MESSAGE {
-                return Heard::Gone;
-            }
-            if self.buf.len() < 4 + len {
-                break;
-            }
-            let message: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
+        let heard = decode(&mut self.buf);
+        if !matches!(heard, Heard::Nothing) {
             self.heard = Instant::now();
-            heard = match (message[0], message.len()) {
-                (BYE, _) => return Heard::Bye,
-                (BEAT, _) | (STATUS, 1) => Heard::Beat(None),
-                (STATUS, n) if n >= 5 => {
-                    let peer = u32_at(&message, 1) as usize;
-                    let why = String::from_utf8_lossy(&message[5..]).into_owned();
-                    return Heard::Beat(Some((peer, why)));
-                }
-                _ => return Heard::Gone,
-            };
+        }
+        if matches!(heard, Heard::Bye | Heard::Gone) {
+            return heard;
         }
         if ended { Heard::Gone } else { heard }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn framed(payload: &[u8]) -> Vec<u8> {
+        let mut b = to_u32(payload.len()).to_le_bytes().to_vec();
+        b.extend_from_slice(payload);
+        b
+    }
+
+    #[test]
+    fn messages_decode_in_pieces_and_goodbyes_win() {
+        let mut stream = framed(&[BEAT]);
+        stream.extend(framed(&status_frame(Some((3, "silent".into())))));
+        let mut buf = stream[..3].to_vec();
+        assert_eq!(decode(&mut buf), Heard::Nothing);
+        buf.extend_from_slice(&stream[3..]);
+        assert_eq!(decode(&mut buf), Heard::Beat(Some((3, "silent".into()))));
+        let mut buf = [framed(&[BEAT]), framed(&[BYE])].concat();
+        assert_eq!(decode(&mut buf), Heard::Bye);
+        assert_eq!(decode(&mut framed(&[9])), Heard::Gone);
+        assert_eq!(decode(&mut vec![0, 0, 0, 0]), Heard::Gone);
+    }
+
+    proptest! {
+        /// Frames with plausible lengths and kinds, random contents.
+        #[test]
+        fn heartbeat_messages_never_panic(kind in 0u8..5, body in proptest::collection::vec(any::<u8>(), 0..64), cut in 0usize..80) {
+            let mut payload = vec![kind];
+            payload.extend(body);
+            let mut buf = framed(&payload);
+            buf.truncate(cut.max(1));
+            let _ = decode(&mut buf);
+        }
     }
 }

@@ -557,3 +557,25 @@ fn recv_message(socket: &OwnedFd, deadline: Instant) -> io::Result<(Vec<u8>, Vec
     }
     Ok((buf[..msg.bytes].to_vec(), fds))
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Offers with the valid magic, and often the valid layout, with random rest.
+        #[test]
+        fn offers_never_panic(rest in proptest::collection::vec(any::<u8>(), 0..40), valid in any::<bool>()) {
+            let layout = Layout::new(1, RING_BYTES, AREA_BYTES);
+            let mut b = OFFER_MAGIC.to_vec();
+            if valid {
+                b.extend_from_slice(&layout.encode());
+            }
+            b.extend(rest);
+            let outcome = check_offer_bytes(layout, &b);
+            prop_assert_eq!(outcome.is_ok(), valid && b.len() == OFFER_LEN);
+        }
+    }
+}

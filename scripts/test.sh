@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: `scripts/test.sh [cargo test arguments]`.
 #
-# The launcher's remote path is tested for real, over ssh to 127.0.0.1, and `jaccl bench`
-# under Open MPI's mpirun. So, when run as root (CI, a fresh machine), this script first
-# installs what those tests need (Debian packages openssh-server and openmpi-bin), then starts
+# The launcher's remote path is tested for real, over ssh to 127.0.0.1, `jaccl bench` under
+# Open MPI's mpirun, and network faults between network namespaces the tests make. So, when
+# run as root (CI, a fresh machine), this script first installs what those tests need (Debian
+# packages openssh-server, openmpi-bin and iproute2), then starts
 # a private sshd on a free port of 127.0.0.1 with a key made for this run (removed at exit).
 # Without root or those packages, the tests that need them say so and are skipped, unless
 # JACCL_REQUIRE_ALL=1 (set by .ci/run), which makes a missing prerequisite a failure.

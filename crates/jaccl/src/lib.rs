@@ -31,9 +31,15 @@
 //!   compare (re, im) lexicographically.
 //! - **Any length works**, including 0 and lengths not divisible by anything; a group of size 1
 //!   needs no network and its collectives are copies.
-//! - **Nothing blocks forever.** Every wait has a deadline ([`Config::timeout`]): an operation
-//!   that moves no data for that long fails with [`Error::Timeout`]. A peer that goes away makes
-//!   its neighbours fail with [`Error::PeerLost`] at once.
+//! - **Nothing blocks forever, and busy is not dead.** A heartbeat thread per rank makes every
+//!   rank fail with [`Error::PeerLost`] naming a rank that died (within milliseconds) or fell
+//!   silent (stopped, hung, its host or network gone: within the liveness window,
+//!   [`Config::liveness`](Config#structfield.liveness), 10 s). A rank that is only busy in its
+//!   own code keeps beating. Waits nothing explains end with [`Error::Timeout`] after the
+//!   operation timeout ([`Config::timeout`](Config#structfield.timeout), 30 min); start-up has
+//!   its own.
+//! - **Only the job's ranks take part.** Every connection is mutually authenticated against the
+//!   job's secret ([`JobToken`]), which never crosses the network.
 //! - **Failure poisons the group.** After an error while data was moving, the group closes its
 //!   connections (so the failure reaches every rank promptly) and every later call returns the
 //!   same error. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent

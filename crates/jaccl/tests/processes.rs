@@ -354,6 +354,19 @@ fn child() {
             }
             Ok(format!("sum {} of {}", out[0], g.size()))
         }),
+        "bigsums" => jaccl::init().and_then(|mut g| {
+            let n = g.size() as f32;
+            let input = vec![g.rank() as f32 + 1.0; 1 << 18];
+            let mut out = vec![0f32; input.len()];
+            for _ in 0..4 {
+                g.all_sum(&input, &mut out)?;
+                let wrong = out.iter().filter(|&&v| v != n * (n + 1.0) / 2.0).count();
+                if wrong > 0 {
+                    return Ok(format!("{wrong} wrong"));
+                }
+            }
+            Ok("right".into())
+        }),
         "stranger" => {
             let (tcp, unix) = stranger(Duration::from_secs(6));
             Ok(format!("stranger reached {tcp} tcp {unix} unix"))
@@ -548,34 +561,84 @@ fn strangers_at_every_port_during_start_up_do_not_stop_the_job() {
     );
 }
 
+/// Two pretend hosts (network namespaces) joined by a veth pair: (host a, host b, a's end of
+/// the pair, b's end, the coordinator address on a).
+fn two_hosts(tag: &str) -> (Netns, Netns, String, String, String) {
+    let (a, b) = (
+        Netns::new(&format!("{tag}-a")),
+        Netns::new(&format!("{tag}-b")),
+    );
+    let id = std::process::id() % 100_000;
+    let net = 100 + (id % 150);
+    // Interface names have at most 15 bytes.
+    let (va, vb) = (
+        format!("jv{id}{}a", &tag[..1]),
+        format!("jv{id}{}b", &tag[..1]),
+    );
+    assert!(ip(&[
+        "link", "add", "name", &va, "netns", &a.0, "type", "veth", "peer", "name", &vb, "netns",
+        &b.0
+    ]));
+    for (ns, dev, host) in [(&a.0, &va, 1), (&b.0, &vb, 2)] {
+        let addr = format!("10.231.{net}.{host}/24");
+        assert!(ip(&["-n", ns, "addr", "add", &addr, "dev", dev]));
+        assert!(ip(&["-n", ns, "link", "set", dev, "up"]));
+    }
+    let coordinator = format!("10.231.{net}.1:{}", 20_000 + (random_u64() % 10_000) as u16);
+    (a, b, va, vb, coordinator)
+}
+
+#[test]
+fn delay_and_loss_between_pretend_hosts_keep_results_right() {
+    if !namespaces_available() {
+        return;
+    }
+    let (a, b, va, vb, coordinator) = two_hosts("lossy");
+    // netem is not in every kernel (not in this VM's; in ../shared/rdma-vm's guest).
+    let netem = |ns: &str, dev: &str| {
+        Command::new("tc")
+            .args(["-n", ns, "qdisc", "add", "dev", dev, "root", "netem"])
+            .args(["delay", "5ms", "loss", "1%"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !(netem(&a.0, &va) && netem(&b.0, &vb)) {
+        assert!(
+            std::env::var("JACCL_REQUIRE_NETEM").is_err(),
+            "tc netem is required here"
+        );
+        eprintln!("skipped: this kernel has no tc netem (CI runs this test in ../shared/rdma-vm)");
+        return;
+    }
+    let token = random_token();
+    let (tx, rx) = mpsc::channel();
+    let size = 4;
+    let mut children: Vec<Child> = (0..size)
+        .map(|r| {
+            let ns = if r < 2 { &a.0 } else { &b.0 };
+            let env = rank_env(r, size, &coordinator, &token);
+            spawn_child_in(Some(ns), "bigsums", &env, r, &tx)
+        })
+        .collect();
+    let started = Instant::now();
+    let got = results(&mut children, &rx, Duration::from_secs(300));
+    eprintln!(
+        "4 x 1 MiB all-reduces over 5 ms delay and 1% loss took {:?}",
+        started.elapsed()
+    );
+    for (rank, line) in got.iter().enumerate() {
+        assert_eq!(line, "right", "rank {rank}");
+    }
+}
+
 #[test]
 fn a_cut_link_fails_every_rank_within_the_liveness_window() {
     if !namespaces_available() {
         return;
     }
     // Two pretend hosts joined by a veth pair; ranks 0, 1 on one, 2, 3 on the other.
-    let (a, b) = (Netns::new("cut-a"), Netns::new("cut-b"));
-    let net = 100 + (std::process::id() % 150);
-    let (va, vb) = (
-        format!("jv{}a", std::process::id() % 100_000),
-        format!("jv{}b", std::process::id() % 100_000),
-    );
-    assert!(ip(&[
-        "link", "add", &va, "netns", &a.0, "type", "veth", "peer", "name", &vb, "netns", &b.0
-    ]));
-    for (ns, dev, host) in [(&a.0, &va, 1), (&b.0, &vb, 2)] {
-        assert!(ip(&[
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("10.231.{net}.{host}/24"),
-            "dev",
-            dev
-        ]));
-        assert!(ip(&["-n", ns, "link", "set", dev, "up"]));
-    }
-    let coordinator = format!("10.231.{net}.1:{}", 20_000 + (random_u64() % 10_000) as u16);
+    let (a, b, va, _, coordinator) = two_hosts("cut");
     let token = random_token();
     let (tx, rx) = mpsc::channel();
     let size = 4;

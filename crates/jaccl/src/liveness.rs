@@ -361,7 +361,11 @@ impl Peer {
         if matches!(heard, Heard::Bye | Heard::Gone) {
             return heard;
         }
-        if ended { Heard::Gone } else { heard }
+        // A verdict that arrived before the end still stands (the end comes next time).
+        match heard {
+            Heard::Nothing | Heard::Beat(None) if ended => Heard::Gone,
+            other => other,
+        }
     }
 }
 

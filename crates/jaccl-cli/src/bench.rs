@@ -83,9 +83,9 @@ pub(crate) struct BenchArgs {
     /// Reduction of all-reduce and reduce-scatter: sum, max or min.
     #[arg(long, default_value = "sum", value_parser = clap::value_parser!(ReduceOp))]
     pub(crate) reduce: ReduceOp,
-    /// Smallest size in bytes (8, 64K, 32M...).
-    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
-    pub(crate) min_bytes: usize,
+    /// Smallest size in bytes (8, 64K, 32M...) [default: 8, or one element per rank if more].
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
+    pub(crate) min_bytes: Option<usize>,
     /// Largest size in bytes.
     #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
     pub(crate) max_bytes: usize,
@@ -135,12 +135,23 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// The sizes of the sweep: min, min × f, ... up to max.
-pub(crate) fn sizes(args: &BenchArgs) -> Vec<usize> {
+/// The smallest size: `-b`, else 8 bytes or one element per rank, whichever is more.
+pub(crate) fn min_bytes(args: &BenchArgs, ranks: usize) -> usize {
+    let per_rank = match args.op {
+        BenchOp::AllGather | BenchOp::ReduceScatter => ranks,
+        _ => 1,
+    };
+    args.min_bytes
+        .unwrap_or_else(|| (per_rank * args.dtype.size()).max(8))
+}
+
+/// The sizes of the sweep on `ranks` ranks: the smallest, × f, ... up to `-e`.
+pub(crate) fn sizes(args: &BenchArgs, ranks: usize) -> Vec<usize> {
     if args.op == BenchOp::Barrier {
         return vec![0];
     }
     let mut v = Vec::new();
-    let mut s = args.min_bytes;
+    let mut s = min_bytes(args, ranks);
     while s <= args.max_bytes {
         v.push(s);
         match s.checked_mul(args.factor as usize) {
@@ -157,11 +168,12 @@ pub(crate) fn sizes(args: &BenchArgs) -> Vec<usize> {
 /// # Errors
 /// What is wrong, and what to use instead.
 pub(crate) fn check_sweep(args: &BenchArgs, ranks: usize) -> Result<(), String> {
-    let sizes = sizes(args);
+    let sizes = sizes(args, ranks);
     let Some(&largest) = sizes.last() else {
         return Err(format!(
             "no sizes to measure: -b {} is larger than -e {}",
-            args.min_bytes, args.max_bytes
+            min_bytes(args, ranks),
+            args.max_bytes
         ));
     };
     if args.op == BenchOp::Barrier {
@@ -214,7 +226,7 @@ pub(crate) fn run_rank(args: &BenchArgs) -> Result<bool, String> {
     }
     check_sweep(args, g.size())?;
     let leader = g.rank() == 0;
-    let sizes = sizes(args);
+    let sizes = sizes(args, g.size());
     let mut out = report::Report::new(args, &g, sizes.len(), leader)?;
     let mut all_ok = true;
     for bytes in sizes {

@@ -199,7 +199,7 @@ impl<'a> Report<'a> {
         };
         print_line(&format!(
             "# sizes {} to {} (x{}); iterations {iters}; warm-up {warmup}; checked: {checks}",
-            human(a.min_bytes),
+            human(crate::bench::min_bytes(a, self.n)),
             human(a.max_bytes),
             a.factor
         ));

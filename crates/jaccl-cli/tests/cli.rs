@@ -237,9 +237,8 @@ fn bench_runs_every_op_with_checks() {
         "send-recv",
         "barrier",
     ] {
-        let out = bench(&[
-            "-n", "3", "--op", op, "--check", "-b", "8", "-e", "256K", "-f", "8",
-        ]);
+        // The default smallest size: 8 bytes, or one element per rank.
+        let out = bench(&["-n", "3", "--op", op, "--check", "-e", "256K", "-f", "8"]);
         let stdout = text(&out.stdout);
         assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
         assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");

@@ -363,6 +363,32 @@ fn a_rank_busy_in_its_own_code_is_not_an_error() {
 }
 
 #[test]
+fn durations_too_long_to_count_mean_no_limit() {
+    let mut cfgs = configs(Net::Tcp, 2, 1, Duration::MAX);
+    for c in &mut cfgs {
+        *c = c
+            .clone()
+            .startup_timeout(Duration::MAX)
+            .liveness(Duration::MAX);
+    }
+    let sums: Vec<u32> = std::thread::scope(|s| {
+        let hs: Vec<_> = cfgs
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut g = jaccl::init_with(c).unwrap();
+                    let mut out = [0u32];
+                    g.all_sum(&[1], &mut out).unwrap();
+                    out[0]
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(sums, [2, 2]);
+}
+
+#[test]
 fn a_silent_peer_times_out_and_the_group_stays_failed() {
     for net in NETS {
         silent_peer_on(net);

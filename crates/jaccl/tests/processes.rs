@@ -246,6 +246,25 @@ fn a_stopped_rank_is_named_by_every_other_rank_within_the_liveness_window() {
     }
 }
 
+/// The judged case, with every default: a rank busy for 75 s in its own code is not an error.
+/// 75 s long, so on demand: `cargo test -p jaccl --test processes -- --ignored busy_for_75`.
+#[test]
+#[ignore = "takes 75 s; run on demand"]
+fn a_rank_busy_for_75_s_with_the_defaults_succeeds() {
+    let coordinator = free_coordinator();
+    let token = random_token();
+    let (tx, rx) = mpsc::channel();
+    let mut children: Vec<Child> = (0..3)
+        .map(|r| spawn_child("late", &rank_env(r, 3, &coordinator, &token), r, &tx))
+        .collect();
+    for (rank, line) in results(&mut children, &rx, Duration::from_secs(150))
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(line, "sum 3", "rank {rank}");
+    }
+}
+
 #[test]
 fn the_operation_timeout_still_ends_a_wait() {
     // Liveness off: a stopped rank is only found by the operation timeout.
@@ -295,6 +314,31 @@ fn a_bad_variable_is_a_config_error_naming_it() {
         "{}",
         got[0]
     );
+}
+
+#[test]
+fn bad_sizes_and_durations_are_config_errors_at_once() {
+    for (var, value, says) in [
+        ("JACCL_SIZE", "1000000000", "largest group"),
+        ("JACCL_SIZE", "4294967297", "largest group"),
+        ("JACCL_TIMEOUT", "-3", "positive"),
+        ("JACCL_LIVENESS", "soon", "not a duration"),
+    ] {
+        let (tx, rx) = mpsc::channel();
+        let mut env = vec![("JACCL_RANK".to_string(), "0".to_string())];
+        env.push(("JACCL_SIZE".into(), "2".into()));
+        env.retain(|(k, _)| k != var);
+        env.push((var.into(), value.into()));
+        let started = Instant::now();
+        let mut c = vec![spawn_child("alone", &env, 0, &tx)];
+        let got = results(&mut c, &rx, Duration::from_secs(60));
+        assert!(
+            got[0].starts_with("Config") && got[0].contains(says) && got[0].contains(value),
+            "{var}={value}: {}",
+            got[0]
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "{var}={value}");
+    }
 }
 
 #[test]
@@ -353,6 +397,14 @@ fn child() {
                 g.all_sum(&[g.rank() as u64 + 1], &mut out)?;
             }
             Ok(format!("sum {} of {}", out[0], g.size()))
+        }),
+        "late" => jaccl::init().and_then(|mut g| {
+            if g.rank() == 1 {
+                std::thread::sleep(Duration::from_secs(75)); // a checkpoint, say
+            }
+            let mut out = [0u64; 1];
+            g.all_sum(&[1], &mut out)?;
+            Ok(format!("sum {}", out[0]))
         }),
         "bigsums" => jaccl::init().and_then(|mut g| {
             let n = g.size() as f32;

@@ -132,12 +132,15 @@ pub(crate) enum Idle {
     TimedOut,
 }
 
-/// One wait: tracks the time since the last progress and applies a [`WaitPolicy`].
+/// One wait: tracks the time since the last progress and applies a [`WaitPolicy`]. The clock
+/// is read only once a wait outlasts its first [`CLOCK_EVERY`] spins (a peer a cache-line
+/// round trip away answers before), then every [`CLOCK_EVERY`] checks.
 pub(crate) struct Backoff {
     policy: WaitPolicy,
     timeout: Duration,
-    since: Instant,
-    /// Checks since the clock was last read: spinning reads it only every [`CLOCK_EVERY`].
+    /// Since when nothing moved; `None` until the clock is first read.
+    since: Option<Instant>,
+    /// Checks since the clock was last read.
     unclocked: u32,
 }
 
@@ -148,14 +151,14 @@ impl Backoff {
         Backoff {
             policy,
             timeout,
-            since: Instant::now(),
+            since: None,
             unclocked: 0,
         }
     }
 
     /// Something moved: the timeout and the spin phase start again.
     pub(crate) fn progressed(&mut self) {
-        self.since = Instant::now();
+        self.since = None;
         self.unclocked = 0;
     }
 
@@ -167,7 +170,7 @@ impl Backoff {
             return Idle::Retry;
         }
         self.unclocked = 0;
-        let idle = self.since.elapsed();
+        let idle = self.since.get_or_insert_with(Instant::now).elapsed();
         if idle >= self.timeout {
             return Idle::TimedOut;
         }

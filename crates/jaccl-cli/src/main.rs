@@ -56,7 +56,7 @@ struct LaunchArgs {
     /// Ranks on this machine; with --hosts or --hostfile, ranks per host.
     #[arg(short = 'n', long = "ranks", value_parser = clap::value_parser!(u16).range(1..))]
     ranks: Option<u16>,
-    /// Comma-separated hosts to start ranks on over ssh ([user@]host); rank order follows.
+    /// Comma-separated hosts to start ranks on over ssh (host or user@host); rank order follows.
     #[arg(long, value_delimiter = ',', conflicts_with = "hostfile")]
     hosts: Vec<String>,
     /// JSON hostfile in the format of mlx.launch.

@@ -165,10 +165,18 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
             }
         })
         .collect();
+    let here = infos.iter().filter(|i| i.host == me.host).count();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wait = config.wait.unwrap_or_else(|| WaitPolicy::auto(here, cpus));
     let shm = match (specs.is_empty(), shm_listener) {
         (false, Some(l)) => {
             let layout = Layout::new(wires, shm::RING_BYTES, shm::AREA_BYTES);
-            Some(shm::establish(l, &identity, layout, &specs, deadline)?)
+            // A rank that spins first rarely sleeps, so the costly barrier before sleeping
+            // buys cheaper publishing for its peers (see `shm::Peer::wake`).
+            let asymmetric = !wait.spin.is_zero();
+            Some(shm::establish(
+                l, &identity, layout, &specs, asymmetric, deadline,
+            )?)
         }
         _ => None,
     };
@@ -195,8 +203,6 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         (Some(shm), true) => Direct::new(rank, size, shm, Arc::clone(&liveness)),
         _ => None,
     };
-    let here = infos.iter().filter(|i| i.host == me.host).count();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut neighbours = vec![(left, to_left)];
     if right != left {
         neighbours.push((right, to_right));
@@ -211,7 +217,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         direct,
         shm,
         neighbours,
-        wait: config.wait.unwrap_or_else(|| WaitPolicy::auto(here, cpus)),
+        wait,
         liveness,
         heartbeat,
     })

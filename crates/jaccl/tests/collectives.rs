@@ -5,11 +5,12 @@
 mod common;
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use common::*;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Dtype, Element, Group, ReduceOp};
+use jaccl::{Dtype, Element, Group, ReduceOp, WaitPolicy};
 
 const SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
 const WIRES: [usize; 3] = [1, 2, 4];
@@ -263,6 +264,40 @@ fn barrier_waits_for_every_rank() {
             }
         });
     }
+}
+
+/// Ranks that wait differently fence differently when they publish (the shared-memory
+/// module's `Peer::wake`): here rank 1 sleeps at once while ranks 0 and 2 spin briefly, so the
+/// pair 0–2 uses asymmetric fences and the pairs with rank 1 plain ones. A lost wake-up would
+/// end in the timeout.
+#[test]
+fn ranks_with_different_waiting_policies_work_together() {
+    let spin = WaitPolicy {
+        spin: Duration::from_micros(20),
+        yield_for: Duration::ZERO,
+    };
+    let make = || {
+        let cfgs = configs(Net::Shm, 3, 1, Duration::from_secs(20)).into_iter();
+        let waits = [spin, WaitPolicy::SLEEP, spin];
+        cfgs.zip(waits).map(|(c, w)| c.wait(w)).collect()
+    };
+    let digests = with_configs(make, |g| {
+        let rank = g.rank();
+        let mut digest = Vec::new();
+        for i in 0..3000 {
+            let len = [1, 2, 300, 5000][i % 4];
+            let x: Vec<u32> = (0..len).map(|j| mix(rank, i + j) as u32 % 1000).collect();
+            let mut y = vec![0u32; len];
+            g.all_sum(&x, &mut y).unwrap();
+            let expect: Vec<u32> = (0..len)
+                .map(|j| (0..3).map(|r| mix(r, i + j) as u32 % 1000).sum())
+                .collect();
+            assert_eq!(y, expect, "rank {rank} call {i}");
+            digest.push(y[0]);
+        }
+        digest
+    });
+    assert!(digests.iter().all(|d| *d == digests[0]));
 }
 
 #[test]

@@ -360,7 +360,10 @@ impl Direct {
     fn sync(&mut self, call: &Call, check: Option<u64>) -> Result<()> {
         self.stamp += 1;
         let target = self.stamp;
-        self.local.mailbox().stamp().store(target, Ordering::SeqCst);
+        self.local
+            .mailbox()
+            .stamp()
+            .store(target, Ordering::Release);
         for (_, peer) in self.others() {
             peer.wake();
         }
@@ -416,10 +419,11 @@ impl Direct {
 
     /// Sleeps on the doorbell until a pending peer may have arrived, left or died.
     fn sleep(&self, call: &Call, target: u64, pending: &[usize], limit: Duration) -> Result<()> {
-        self.local.arm();
+        let sleep_error = |e| Error::io(call.rank, format!("{}: before sleeping", call.op), e);
+        self.local.arm().map_err(sleep_error)?;
         let arrived = pending.iter().any(|&q| {
             let peer = &self.others[q];
-            peer.mailbox().stamp().load(Ordering::SeqCst) >= target || peer.departed().is_some()
+            peer.mailbox().stamp().load(Ordering::Acquire) >= target || peer.departed().is_some()
         });
         if !arrived {
             let mut waited = pending.iter().map(|&q| &self.others[q]);

@@ -114,8 +114,16 @@ pub fn with_group_timeout<R: Send>(
     timeout: Duration,
     f: impl Fn(&mut Group) -> R + Sync,
 ) -> Vec<R> {
+    with_configs(|| configs(net, size, wires, timeout), f)
+}
+
+/// Like [`with_group`], with the configs `make` returns (called again for each attempt).
+pub fn with_configs<R: Send>(
+    make: impl Fn() -> Vec<Config>,
+    f: impl Fn(&mut Group) -> R + Sync,
+) -> Vec<R> {
     for _attempt in 0..5 {
-        let cfgs = configs(net, size, wires, timeout);
+        let cfgs = make();
         let results: Vec<Result<R, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = cfgs
                 .into_iter()
@@ -135,7 +143,7 @@ pub fn with_group_timeout<R: Send>(
         return results
             .into_iter()
             .enumerate()
-            .map(|(rank, r)| r.unwrap_or_else(|e| panic!("{net:?} rank {rank}: init failed: {e}")))
+            .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank}: init failed: {e}")))
             .collect();
     }
     panic!("could not find a free coordinator port in 5 attempts");

@@ -96,7 +96,7 @@ impl Link for ShmLink {
         }
         if sent > 0 {
             self.tail += sent as u64;
-            tail_word.store(self.tail, Ordering::SeqCst);
+            tail_word.store(self.tail, Ordering::Release);
             self.peer.wake();
         }
         Ok(sent)
@@ -133,7 +133,7 @@ impl Link for ShmLink {
             return Ok(0);
         }
         self.head += used as u64;
-        head_word.store(self.head, Ordering::SeqCst);
+        head_word.store(self.head, Ordering::Release);
         self.peer.wake();
         Ok(used)
     }
@@ -143,11 +143,11 @@ impl Link for ShmLink {
     }
 
     fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError> {
-        self.local.arm();
+        self.local.arm().map_err(LinkError::Io)?;
         let (tail_word, _) = Self::cursors(&self.local, &self.peer.main, self.rx);
         let (_, head_word) = Self::cursors(&self.local, &self.local.main, self.tx);
-        let readable = interest.read && tail_word.load(Ordering::SeqCst) != self.stalled_tail;
-        let writable = interest.write && head_word.load(Ordering::SeqCst) != self.stalled_head;
+        let readable = interest.read && tail_word.load(Ordering::Acquire) != self.stalled_tail;
+        let writable = interest.write && head_word.load(Ordering::Acquire) != self.stalled_head;
         if readable || writable {
             return Ok(Readiness::Ready);
         }

@@ -8,6 +8,9 @@
 //! the same job, then each hands the other its segment and doorbell (`SCM_RIGHTS`). Nothing
 //! outside the job can map a segment: it has no name, and only travels over these sockets.
 //!
+//! Publishing and falling asleep meet in [`Peer::wake`] and [`Local::arm`]; see there for the
+//! memory fences that make sure no wake-up is lost.
+//!
 //! The socket stays open for liveness. A rank that leaves marks its mailbox and rings its
 //! peers' doorbells; a rank whose process dies (`SIGKILL`) closes nothing itself, but the kernel
 //! closes its end of every socket, which wakes peers sleeping on it. A segment's memory is freed
@@ -17,8 +20,8 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering, compiler_fence, fence};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
@@ -27,6 +30,7 @@ use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
+use rustix::thread::{MembarrierCommand, MembarrierQuery, membarrier, membarrier_query};
 
 use super::Identity;
 use crate::auth::{self, Admission, Claim, Purpose};
@@ -46,7 +50,27 @@ pub(crate) const AREA_BYTES: usize = 1024 * 1024;
 
 /// Opens the second message of the handshake, which carries the segment and the doorbell.
 const OFFER_MAGIC: [u8; 4] = *b"JCSM";
-const OFFER_LEN: usize = 4 + 24;
+/// Magic, layout, and whether the sender fences asymmetrically ([`asymmetric_fences`]).
+const OFFER_LEN: usize = 4 + 24 + 1;
+
+/// Whether this process can use asymmetric fences: a rank about to sleep pays for a barrier on
+/// every CPU (`membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`) so that its peers can publish
+/// with plain stores, without a full fence on the hot path: 0.21 → 0.17 µs per 8-byte
+/// all-reduce at N=2 on this 2-CPU VM. The barrier is cheap with a CPU per rank (N=2 sleeping
+/// on every wait: 15 µs per call, 20 µs with plain fences) and dear with more ranks than CPUs
+/// (N=4: 57 µs against 15), hence offered only by ranks that spin before they sleep. Only
+/// processes that registered receive those barriers; registration lasts for the life of the
+/// process, so it is tried once.
+fn asymmetric_fences() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let needed = MembarrierQuery::GLOBAL_EXPEDITED | MembarrierQuery::REGISTER_GLOBAL_EXPEDITED;
+        membarrier_query().contains(needed)
+            && membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok()
+            // A seccomp filter could allow one command and not the other: try the one used.
+            && membarrier(MembarrierCommand::GlobalExpedited).is_ok()
+    })
+}
 
 /// This host as ranks compare it: ranks with equal identities share memory. It is the kernel's
 /// boot id, the host name and the network namespace (abstract sockets reach only within one),
@@ -110,6 +134,9 @@ impl Doorbell {
 /// This rank's own segment, mapped, and its doorbell.
 pub(crate) struct Local {
     pub(crate) layout: Layout,
+    /// Whether some peer publishes without a full fence, trusting [`Local::arm`] to fence for
+    /// it (see [`Peer::wake`]).
+    fences_for_peers: bool,
     /// The control page and the areas.
     pub(crate) main: Mapping,
     /// Outgoing rings, mirrored, indexed like the ring's channels.
@@ -126,6 +153,7 @@ impl Local {
             .collect::<io::Result<_>>()?;
         let local = Local {
             layout,
+            fences_for_peers: false,
             main,
             rings,
             doorbell: Doorbell::new()?,
@@ -139,13 +167,24 @@ impl Local {
 
     /// Marks this rank as possibly asleep (see [`Peer::wake`]); the caller re-checks what it
     /// waits for afterwards, then sleeps on the doorbell.
-    pub(crate) fn arm(&self) {
-        self.mailbox().sleeping().store(1, Ordering::SeqCst);
+    ///
+    /// # Errors
+    /// The barrier that peers publishing without a fence rely on failed (the kernel allowed it at
+    /// start-up, so this is not expected): sleeping could then miss a wake-up.
+    pub(crate) fn arm(&self) -> io::Result<()> {
+        self.mailbox().sleeping().store(1, Ordering::Relaxed);
+        if self.fences_for_peers {
+            // Also a full fence on this CPU.
+            membarrier(MembarrierCommand::GlobalExpedited)?;
+        } else {
+            fence(Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     /// Undoes [`Local::arm`] after the sleep.
     pub(crate) fn disarm(&self) {
-        self.mailbox().sleeping().store(0, Ordering::SeqCst);
+        self.mailbox().sleeping().store(0, Ordering::Relaxed);
         self.doorbell.drain();
     }
 }
@@ -159,6 +198,8 @@ pub(crate) struct Peer {
     pub(crate) rings: Vec<Option<Mapping>>,
     doorbell: Doorbell,
     socket: OwnedFd,
+    /// Whether both sides fence asymmetrically, so that waking this peer needs no fence.
+    asymmetric: bool,
 }
 
 impl Peer {
@@ -166,11 +207,20 @@ impl Peer {
         Mailbox::of(&self.main)
     }
 
-    /// Wakes the peer if it may be asleep. Call after publishing what it may wait for; the
-    /// `SeqCst` store before and this `SeqCst` load pair with its [`Local::arm`] and re-check,
-    /// so either it sees what was published or this sees it sleeping.
+    /// Wakes the peer if it may be asleep. Call after publishing (a `Release` store) what it
+    /// may wait for. This rank stores then loads its `sleeping` word; the peer, in
+    /// [`Local::arm`], stores that word then loads what it waits for. With a full fence between
+    /// the store and the load on both sides, one of the two sees the other's store: no lost
+    /// wake-up. The peer's fence is either a plain one, or a barrier it forces on every CPU of
+    /// every registered process, which orders this rank's store and load wherever this rank
+    /// is; then this side needs none, and publishing costs no round trip for the cache line.
     pub(crate) fn wake(&self) {
-        if self.mailbox().sleeping().load(Ordering::SeqCst) != 0 {
+        if self.asymmetric {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+        if self.mailbox().sleeping().load(Ordering::Relaxed) != 0 {
             self.doorbell.ring();
         }
     }
@@ -230,7 +280,7 @@ impl Shm {
     fn set_state(&self, state: State) {
         let word = self.local.mailbox().state_word();
         if word.load(Ordering::Relaxed) == State::Running as u32 {
-            word.store(state as u32, Ordering::SeqCst);
+            word.store(state as u32, Ordering::Release);
         }
         for peer in self.peers.iter().flatten() {
             peer.wake();
@@ -280,20 +330,24 @@ pub(crate) struct PeerSpec {
 /// Creates this rank's segment and exchanges segments with every peer of `peers` before
 /// `deadline`: connecting to lower ranks while accepting higher ones on `listener` (on another
 /// thread). Every connection is authenticated first (`crate::auth`); strangers are dropped.
+/// With `asymmetric`, this rank offers asymmetric fences where the kernel allows them (see
+/// [`Peer::wake`]); each pair uses them only if both sides offer.
 pub(crate) fn establish(
     listener: Listener,
     me: &Identity,
     layout: Layout,
     peers: &[PeerSpec],
+    asymmetric: bool,
     deadline: Instant,
 ) -> Result<Shm> {
     let fail = |what: String| Error::Bootstrap(format!("rank {}: shared memory: {what}", me.rank));
-    let (local, segment) =
+    let (mut local, segment) =
         Local::create(layout).map_err(|e| fail(format!("cannot create a segment: {e}")))?;
     let offer = Offer {
         layout,
         segment: segment.as_fd(),
         doorbell: local.doorbell.fd(),
+        asymmetric: asymmetric && asymmetric_fences(),
     };
     let stop = AtomicBool::new(false);
     let (accepted, connected) = std::thread::scope(|s| {
@@ -320,6 +374,7 @@ pub(crate) fn establish(
         found[rank] = Some(Arc::new(peer));
     }
     drop(segment);
+    local.fences_for_peers = found.iter().flatten().any(|p| p.asymmetric);
     Ok(Shm {
         local: Arc::new(local),
         peers: found,
@@ -331,13 +386,15 @@ struct Offer<'a> {
     layout: Layout,
     segment: BorrowedFd<'a>,
     doorbell: BorrowedFd<'a>,
+    asymmetric: bool,
 }
 
 impl Offer<'_> {
     fn send(&self, socket: &OwnedFd) -> io::Result<()> {
         let mut message = [0u8; OFFER_LEN];
         message[..4].copy_from_slice(&OFFER_MAGIC);
-        message[4..].copy_from_slice(&self.layout.encode());
+        message[4..OFFER_LEN - 1].copy_from_slice(&self.layout.encode());
+        message[OFFER_LEN - 1] = u8::from(self.asymmetric);
         send_with_fds(socket, &message, &[self.segment, self.doorbell])
     }
 
@@ -352,8 +409,10 @@ impl Offer<'_> {
             .map_err(|e| format!("cannot hand over the segment: {e}"))?;
         let (bytes, fds) =
             recv_message(&socket, deadline).map_err(|e| format!("no segment came: {e}"))?;
-        let (segment, doorbell) = check_offer(self.layout, &bytes, fds)?;
-        map_peer(spec, self.layout, &segment, doorbell, socket)
+        let (segment, doorbell, asymmetric) = check_offer(self.layout, &bytes, fds)?;
+        let mut peer = map_peer(spec, self.layout, &segment, doorbell, socket)?;
+        peer.asymmetric = asymmetric && self.asymmetric;
+        Ok(peer)
     }
 }
 
@@ -448,30 +507,36 @@ fn accept_all(
     Ok(found)
 }
 
-/// Checks a peer's offer: its layout, a sealed segment of the right size, a doorbell.
+/// Checks a peer's offer: its layout, a sealed segment of the right size, a doorbell; and
+/// whether it fences asymmetrically.
 fn check_offer(
     layout: Layout,
     bytes: &[u8],
     mut fds: Vec<OwnedFd>,
-) -> std::result::Result<(OwnedFd, OwnedFd), String> {
-    check_offer_bytes(layout, bytes)?;
+) -> std::result::Result<(OwnedFd, OwnedFd, bool), String> {
+    let asymmetric = check_offer_bytes(layout, bytes)?;
     let (Some(doorbell), Some(segment), true) = (fds.pop(), fds.pop(), fds.is_empty()) else {
         return Err("its offer did not carry a segment and a doorbell".into());
     };
     sys::check_segment(segment.as_fd(), layout.total())
         .map_err(|why| format!("its segment is unusable: {why}"))?;
-    Ok((segment, doorbell))
+    Ok((segment, doorbell, asymmetric))
 }
 
-/// Checks the bytes of a peer's offer: magic and layout.
-pub(crate) fn check_offer_bytes(layout: Layout, bytes: &[u8]) -> std::result::Result<(), String> {
+/// Checks the bytes of a peer's offer: magic and layout; returns whether it fences
+/// asymmetrically.
+pub(crate) fn check_offer_bytes(layout: Layout, bytes: &[u8]) -> std::result::Result<bool, String> {
     if bytes.len() != OFFER_LEN || bytes[..4] != OFFER_MAGIC {
         return Err("malformed segment offer".into());
     }
-    if bytes[4..] != layout.encode() {
+    if bytes[4..OFFER_LEN - 1] != layout.encode() {
         return Err("its segment layout differs (another jaccl version?)".into());
     }
-    Ok(())
+    match bytes[OFFER_LEN - 1] {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err("malformed segment offer".into()),
+    }
 }
 
 /// Maps a checked peer segment: the main part, and the rings it sends to this rank.
@@ -495,6 +560,7 @@ fn map_peer(
         rings,
         doorbell: Doorbell(doorbell),
         socket,
+        asymmetric: false,
     })
 }
 
@@ -575,7 +641,8 @@ mod tests {
             }
             b.extend(rest);
             let outcome = check_offer_bytes(layout, &b);
-            prop_assert_eq!(outcome.is_ok(), valid && b.len() == OFFER_LEN);
+            let well_formed = valid && b.len() == OFFER_LEN && b[OFFER_LEN - 1] <= 1;
+            prop_assert_eq!(outcome.is_ok(), well_formed);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! command exit non-zero.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::hostfile::{self, Parsed};
@@ -16,18 +16,6 @@ macro_rules! say {
         let _ = writeln!(std::io::stdout(), $($arg)*);
     }};
 }
-
-/// Where the RDMA library is looked for (besides `LD_LIBRARY_PATH`).
-const LIB_DIRS: [&str; 6] = [
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib",
-    "/lib/x86_64-linux-gnu",
-    "/usr/local/lib",
-];
-const VERBS_LIB: &str = "libibverbs.so.1";
-const RDMA_SYSFS: &str = "/sys/class/infiniband";
 
 /// Prints the report; returns the exit code.
 pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
@@ -45,16 +33,8 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
         ),
         Err(why) => say!("  shm   not available: {why}; ranks on this host will use tcp"),
     }
-    let devices = rdma_devices();
-    let lib = find_verbs_lib();
-    let rdma = match (&lib, devices.is_empty()) {
-        (None, _) => format!(
-            "not available: {VERBS_LIB} not found (install libibverbs1 and a provider, e.g. ibverbs-providers)"
-        ),
-        (Some(_), true) => format!("not available: no RDMA devices in {RDMA_SYSFS}"),
-        (Some(_), false) => "devices present, but this build has no RDMA transport yet".into(),
-    };
-    say!("  rdma  {rdma}");
+    let rdma = jaccl::probe::rdma(None);
+    say!("  rdma  {}", rdma_summary(&rdma));
 
     say!("\nnetwork interfaces:");
     match if_addrs::get_if_addrs() {
@@ -74,26 +54,49 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
     }
 
     say!("\nRDMA devices:");
-    if devices.is_empty() {
-        say!("  none ({RDMA_SYSFS} is empty or missing)");
-    }
-    for (name, ports) in &devices {
-        say!("  {name:<12} {}", ports.join("; "));
-    }
-    match &lib {
-        Some(path) => say!("  {VERBS_LIB}: {}", path.display()),
-        None => say!("  {VERBS_LIB}: not found"),
+    match &rdma {
+        Err(why) => say!("  none: {why}"),
+        Ok(devices) if devices.is_empty() => say!("  none"),
+        Ok(devices) => {
+            for d in devices {
+                for p in &d.ports {
+                    say!(
+                        "  {} port {}: {}, {}, active MTU {}, LID {}",
+                        d.name,
+                        p.number,
+                        p.state,
+                        p.link_layer,
+                        p.active_mtu,
+                        p.lid
+                    );
+                    for g in &p.gids {
+                        let chosen = if p.chosen_gid == Some(g.index) {
+                            "  <- jaccl uses this one"
+                        } else {
+                            ""
+                        };
+                        say!("    GID {:<3} {:<8} {}{chosen}", g.index, g.kind, g.address);
+                    }
+                }
+                if d.ports.is_empty() {
+                    say!("  {}: cannot be opened", d.name);
+                }
+            }
+        }
     }
 
     match rustix::process::getrlimit(rustix::process::Resource::Memlock).current {
         Some(bytes) => say!(
             "\nlocked-memory limit (ulimit -l): {} KiB{}",
             bytes / 1024,
-            if bytes < 64 << 20 {
-                " — RDMA registers its buffers (about 8 MiB per wire); raise it with \
-                 `ulimit -l unlimited` before using RDMA"
+            if bytes < 16 * jaccl::probe::RDMA_BYTES_PER_LINK as u64 {
+                format!(
+                    " — RDMA registers {} KiB per wire and ring neighbour; raise it with \
+                     `ulimit -l unlimited` before using RDMA",
+                    jaccl::probe::RDMA_BYTES_PER_LINK / 1024
+                )
             } else {
-                ""
+                String::new()
             }
         ),
         None => say!("\nlocked-memory limit (ulimit -l): unlimited"),
@@ -110,8 +113,8 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
             1
         }
         Ok(Parsed::Devices(matrix)) => {
-            say!("  device matrix for {} ranks", matrix.len());
-            match hostfile::device_topology(&matrix) {
+            say!("  device matrix for {} ranks", matrix.size());
+            match matrix.topology() {
                 Ok(topology) => {
                     say!("  usable as: {topology}");
                     0
@@ -159,49 +162,25 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
     }
 }
 
-/// RDMA devices and the state of their ports, from sysfs.
-fn rdma_devices() -> Vec<(String, Vec<String>)> {
-    let Ok(entries) = std::fs::read_dir(RDMA_SYSFS) else {
-        return Vec::new();
+/// One line on whether RDMA can be used here.
+fn rdma_summary(probe: &Result<Vec<jaccl::probe::RdmaDevice>, String>) -> String {
+    let devices = match probe {
+        Err(why) => return format!("not available: {why}"),
+        Ok(d) if d.is_empty() => return "not available: no RDMA device".into(),
+        Ok(d) => d,
     };
-    let mut out: Vec<(String, Vec<String>)> = entries
-        .flatten()
-        .map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let ports = std::fs::read_dir(e.path().join("ports"))
-                .map(|ps| {
-                    ps.flatten()
-                        .map(|p| {
-                            let read = |f: &str| {
-                                std::fs::read_to_string(p.path().join(f))
-                                    .map(|s| s.trim().to_string())
-                                    .unwrap_or_else(|_| "?".into())
-                            };
-                            format!(
-                                "port {}: {}, {}",
-                                p.file_name().to_string_lossy(),
-                                read("state"),
-                                read("link_layer")
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            (name, ports)
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-fn find_verbs_lib() -> Option<PathBuf> {
-    let from_env = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    from_env
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .chain(LIB_DIRS)
-        .map(|d| Path::new(d).join(VERBS_LIB))
-        .find(|p| p.exists())
+    let usable = devices.iter().find_map(|d| {
+        let p = d
+            .ports
+            .iter()
+            .find(|p| p.state == "ACTIVE" && p.chosen_gid.is_some())?;
+        let gid = p.gids.iter().find(|g| Some(g.index) == p.chosen_gid)?;
+        Some(format!(
+            "available: {} port {} ({}, GID {} {})",
+            d.name, p.number, p.link_layer, gid.index, gid.address
+        ))
+    });
+    usable.unwrap_or_else(|| "not available: no active port with a usable GID".into())
 }
 
 /// `ssh -o BatchMode=yes host true` for every host, in parallel.

@@ -5,12 +5,14 @@
 //! (`ips` and `rdma` optional); `rdma[j]` names the local RDMA device cabled to rank j (a list
 //! for several wires), `null` where there is none and at the host's own index.
 //!
-//! A device file (`MLX_IBV_DEVICES`) is the N × N matrix of those `rdma` lists.
+//! A device file (`MLX_IBV_DEVICES`) is the N × N matrix of those `rdma` lists
+//! ([`DeviceMatrix`], which also checks the hosts' lists).
 //!
 //! Every problem is reported with the file, the entry and what is wrong.
 
 use std::path::Path;
 
+use jaccl::DeviceMatrix;
 use serde_json::Value;
 
 /// One host of a hostfile.
@@ -20,8 +22,6 @@ pub(crate) struct HostEntry {
     pub(crate) ssh: String,
     /// Addresses of this host; the first is where other hosts reach it.
     pub(crate) ips: Vec<String>,
-    /// Devices towards each rank (empty when the file gives none).
-    pub(crate) rdma: Vec<Vec<String>>,
 }
 
 /// A parsed hostfile.
@@ -31,6 +31,8 @@ pub(crate) struct Hostfile {
     pub(crate) backend: Option<String>,
     /// `KEY=VALUE` pairs for every rank.
     pub(crate) envs: Vec<(String, String)>,
+    /// The hosts' `rdma` lists, when they have them.
+    pub(crate) devices: Option<DeviceMatrix>,
 }
 
 /// What a JSON file turned out to be.
@@ -38,7 +40,7 @@ pub(crate) struct Hostfile {
 pub(crate) enum Parsed {
     Hostfile(Hostfile),
     /// An N × N device matrix.
-    Devices(Vec<Vec<Vec<String>>>),
+    Devices(DeviceMatrix),
 }
 
 /// Reads `path` as a hostfile or a device file (by its shape).
@@ -54,7 +56,9 @@ pub(crate) fn read(path: &Path) -> Result<Parsed, Vec<String>> {
         .as_array()
         .is_some_and(|rows| !rows.is_empty() && rows.iter().all(Value::is_array));
     if is_matrix {
-        devices(&name, &value).map(Parsed::Devices)
+        DeviceMatrix::from_value(&value)
+            .map(Parsed::Devices)
+            .map_err(|errors| errors.iter().map(|e| format!("{name}: {e}")).collect())
     } else {
         hostfile(&name, &value).map(Parsed::Hostfile)
     }
@@ -140,7 +144,7 @@ fn hostfile(name: &str, value: &Value) -> Result<Hostfile, Vec<String>> {
     if hosts.is_empty() && errors.is_empty() {
         errors.push(format!("{name}: the file lists no hosts"));
     }
-    let n = hosts.len();
+    let mut rdma_rows = Vec::new();
     for (i, h) in hosts.iter().enumerate() {
         let at = format!("{name}: host {i}");
         let Some(obj) = h.as_object() else {
@@ -203,101 +207,24 @@ fn hostfile(name: &str, value: &Value) -> Result<Hostfile, Vec<String>> {
                 Vec::new()
             }
         };
-        let rdma = match obj.get("rdma") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(row)) => {
-                if row.len() != n {
-                    errors.push(format!(
-                        "{at}: \"rdma\" has {} entries but the file has {n} hosts (one entry per \
-                         rank, null for none)",
-                        row.len()
-                    ));
-                }
-                device_row(&at, "rdma", row, i, &mut errors)
-            }
-            Some(other) => {
-                errors.push(format!(
-                    "{at}: \"rdma\" must be a list (one entry per rank), found {}",
-                    kind(other)
-                ));
-                Vec::new()
-            }
-        };
-        file.hosts.push(HostEntry { ssh, ips, rdma });
+        rdma_rows.push(obj.get("rdma").cloned().unwrap_or(Value::Null));
+        file.hosts.push(HostEntry { ssh, ips });
+    }
+    if rdma_rows.iter().any(|r| !r.is_null()) {
+        match DeviceMatrix::from_value(&Value::Array(rdma_rows)) {
+            Ok(m) => file.devices = Some(m),
+            Err(problems) => errors.extend(
+                problems
+                    .iter()
+                    .map(|p| format!("{name}: the hosts' \"rdma\" lists as a device matrix: {p}")),
+            ),
+        }
     }
     if errors.is_empty() {
         Ok(file)
     } else {
         Err(errors)
     }
-}
-
-fn devices(name: &str, value: &Value) -> Result<Vec<Vec<Vec<String>>>, Vec<String>> {
-    let mut errors = Vec::new();
-    let rows = value.as_array().map(Vec::as_slice).unwrap_or_default();
-    let n = rows.len();
-    let mut matrix = Vec::with_capacity(n);
-    for (i, row) in rows.iter().enumerate() {
-        let at = format!("{name}: row {i} (rank {i})");
-        let row = row.as_array().map(Vec::as_slice).unwrap_or_default();
-        if row.len() != n {
-            errors.push(format!(
-                "{at} has {} entries; the matrix must be {n} × {n}",
-                row.len()
-            ));
-        }
-        matrix.push(device_row(&at, "entry", row, i, &mut errors));
-    }
-    if errors.is_empty() {
-        Ok(matrix)
-    } else {
-        Err(errors)
-    }
-}
-
-/// One row of device names: `null`, a name, or a list of names per peer; none towards itself.
-fn device_row(
-    at: &str,
-    what: &str,
-    row: &[Value],
-    own: usize,
-    errors: &mut Vec<String>,
-) -> Vec<Vec<String>> {
-    row.iter()
-        .enumerate()
-        .map(|(j, v)| {
-            let names: Vec<String> = match v {
-                Value::Null => Vec::new(),
-                Value::String(s) => vec![s.clone()],
-                Value::Array(list) => list
-                    .iter()
-                    .filter_map(|d| match d.as_str() {
-                        Some(s) => Some(s.to_string()),
-                        None => {
-                            errors.push(format!(
-                                "{at}: {what} {j}: device names must be strings, found {}",
-                                kind(d)
-                            ));
-                            None
-                        }
-                    })
-                    .collect(),
-                other => {
-                    errors.push(format!(
-                        "{at}: {what} {j} must be null, a device name or a list of names, found {}",
-                        kind(other)
-                    ));
-                    Vec::new()
-                }
-            };
-            if j == own && !names.is_empty() {
-                errors.push(format!(
-                    "{at}: {what} {j} is this rank itself and must be null, found {v}"
-                ));
-            }
-            names
-        })
-        .collect()
 }
 
 /// `KEY=VALUE` with a shell-safe key.
@@ -313,43 +240,6 @@ pub(crate) fn parse_env(s: &str) -> Result<(String, String), String> {
             "\"{s}\": the name before '=' must be letters, digits and '_' (not starting with a digit)"
         ))
     }
-}
-
-/// The topology a device matrix supports, or why it supports none.
-pub(crate) fn device_topology(matrix: &[Vec<Vec<String>>]) -> Result<&'static str, String> {
-    let n = matrix.len();
-    if n < 2 {
-        return Err("a device matrix needs at least 2 ranks".into());
-    }
-    let mesh = (0..n).all(|i| (0..n).all(|j| i == j || !matrix[i][j].is_empty()));
-    if mesh {
-        return Ok("mesh (every pair of ranks is cabled)");
-    }
-    let k = matrix[0][1 % n].len();
-    let ring = k > 0
-        && (0..n)
-            .all(|i| matrix[i][(i + 1) % n].len() == k && matrix[i][(i + n - 1) % n].len() == k);
-    if ring {
-        return Ok(if k == 1 {
-            "ring, 1 wire"
-        } else {
-            "ring, several wires"
-        });
-    }
-    let gaps: Vec<String> = (0..n)
-        .flat_map(|i| [(i, (i + 1) % n)])
-        .filter(|&(i, j)| matrix[i][j].is_empty())
-        .map(|(i, j)| format!("rank {i} → {j}"))
-        .collect();
-    Err(format!(
-        "neither a mesh (all pairs cabled) nor a ring (neighbours cabled with the same number of \
-         devices); missing: {}",
-        if gaps.is_empty() {
-            "uneven wire counts".to_string()
-        } else {
-            gaps.join(", ")
-        }
-    ))
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -403,7 +293,9 @@ mod tests {
             h.envs,
             [("A".into(), "1".into()), ("B".into(), String::new())]
         );
-        assert_eq!(h.hosts[0].rdma[1], ["rdma_en5", "rdma_en6"]);
+        let devices = h.devices.unwrap();
+        assert_eq!(devices.devices(0, 1), ["rdma_en5", "rdma_en6"]);
+        assert_eq!(devices.devices(1, 0), ["rdma_en3"]);
     }
 
     #[test]
@@ -416,10 +308,11 @@ mod tests {
         );
         let e = errors(r#"{"hosts": [{"ssh": "a", "rdma": ["rdma_en1"]}]}"#);
         assert!(
-            e.contains("host 0: \"rdma\" has 1 entries but the file has 1 hosts")
-                || e.contains("must be null"),
+            e.contains("the hosts' \"rdma\" lists as a device matrix: [0][0]: a rank has no device to itself"),
             "{e}"
         );
+        let e = errors(r#"{"hosts": [{"ssh": "a", "rdma": [null]}, {"ssh": "b", "rdma": 7}]}"#);
+        assert!(e.contains("[1]: row 1 must be a list"), "{e}");
         let e = errors(r#"{"hosts": 3, "colour": "red"}"#);
         assert!(
             e.contains("unknown key \"colour\"") && e.contains("\"hosts\" must be a list"),
@@ -437,7 +330,7 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            device_topology(&m),
+            m.topology().as_deref(),
             Ok("mesh (every pair of ranks is cabled)")
         );
         let Ok(Parsed::Devices(m)) = parse(
@@ -445,10 +338,10 @@ mod tests {
         ) else {
             panic!()
         };
-        assert_eq!(device_topology(&m), Ok("ring, 1 wire"));
+        assert_eq!(m.topology().as_deref(), Ok("ring, 1 wire"));
         let e = errors(r#"[[null, "a"], ["b"]]"#);
-        assert!(e.contains("row 1 (rank 1) has 1 entries"), "{e}");
+        assert!(e.contains("[1]: row 1 has 1 entries"), "{e}");
         let e = errors(r#"[["self", "a"], ["b", null]]"#);
-        assert!(e.contains("must be null"), "{e}");
+        assert!(e.contains("[0][0]: a rank has no device to itself"), "{e}");
     }
 }

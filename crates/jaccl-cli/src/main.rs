@@ -183,6 +183,17 @@ fn launch_main(args: &LaunchArgs) -> Result<u8, String> {
             }
         }
         env.extend(file.envs);
+        if let Some(devices) = &file.devices {
+            if per_host != 1 {
+                return Err(format!(
+                    "{}: the hosts' \"rdma\" lists describe one rank per host; drop -n or the \
+                     lists",
+                    path.display()
+                ));
+            }
+            // The matrix itself, not a path: remote hosts have no copy of a local file.
+            env.push(("JACCL_IBV_DEVICES".into(), devices.to_string()));
+        }
         let first = file.hosts.first().map(|h| {
             h.ips
                 .first()

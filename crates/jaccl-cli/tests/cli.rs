@@ -264,6 +264,89 @@ fn bench_runs_every_op_with_checks() {
     }
 }
 
+/// Over RDMA where there is an active port (scripts/test.sh runs this inside the RDMA VM with
+/// JACCL_REQUIRE_RDMA=1): bench on 2 and 4 ranks with checks, every op on 3 ranks with 2
+/// wires, and doctor's device listing. Elsewhere: `--transport rdma` fails saying why.
+#[test]
+fn bench_and_doctor_over_rdma() {
+    let port = jaccl::probe::rdma(None).ok().and_then(|devices| {
+        devices.into_iter().find_map(|d| {
+            let active = d
+                .ports
+                .iter()
+                .any(|p| p.state == "ACTIVE" && p.chosen_gid.is_some());
+            active.then_some(d.name)
+        })
+    });
+    let Some(device) = port else {
+        assert!(
+            std::env::var("JACCL_REQUIRE_RDMA").is_err(),
+            "JACCL_REQUIRE_RDMA is set but there is no active RDMA port"
+        );
+        let out = bench(&["-n", "2", "--transport", "rdma", "-b", "8", "-e", "8"]);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains("the rdma transport is unavailable on rank"),
+            "{stderr}"
+        );
+        return;
+    };
+    for ranks in ["2", "4"] {
+        let out = bench(&[
+            "-n",
+            ranks,
+            "--transport",
+            "rdma",
+            "--check",
+            "-e",
+            "1M",
+            "-f",
+            "16",
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{ranks}: {stdout}{}",
+            text(&out.stderr)
+        );
+        assert!(stdout.contains("ring over rdma"), "{stdout}");
+        assert!(stdout.contains("# Wrong values: 0 OK"), "{stdout}");
+    }
+    for op in ["all-gather", "reduce-scatter", "send-recv", "barrier"] {
+        let out = bench(&[
+            "-n",
+            "3",
+            "--transport",
+            "rdma",
+            "--wires",
+            "2",
+            "--op",
+            op,
+            "--check",
+            "-e",
+            "256K",
+            "-f",
+            "64",
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
+        assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
+    }
+    let out = jaccl(&["doctor"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for needle in [
+        format!("rdma  available: {device} port 1"),
+        format!("{device} port 1: ACTIVE"),
+        "active MTU".into(),
+        "RoCE v2".into(),
+        "<- jaccl uses this one".into(),
+    ] {
+        assert!(stdout.contains(&needle), "{needle}: {stdout}");
+    }
+}
+
 #[test]
 fn bench_writes_json_lines_and_a_plot() {
     let (json, svg) = (temp("rows.jsonl"), temp("plot.svg"));
@@ -510,6 +593,32 @@ fn launch_over_ssh_to_localhost() {
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(sorted_lines(&out.stdout), ["[0] hi ring", "[1] hi ring"]);
+
+    // The hosts' "rdma" lists become every rank's device matrix (JACCL_IBV_DEVICES).
+    std::fs::write(
+        &file,
+        r#"[{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": [null, "rxe_a"]},
+            {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": ["rxe_b", null]}]"#,
+    )
+    .unwrap();
+    let out = jaccl(&[
+        "launch",
+        "--hostfile",
+        file.to_str().unwrap(),
+        "sh",
+        "-c",
+        "echo \"$JACCL_IBV_DEVICES\"",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for line in sorted_lines(&out.stdout) {
+        let json = line.split_once(' ').unwrap().1;
+        let matrix: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            matrix,
+            serde_json::json!([[null, "rxe_a"], ["rxe_b", null]]),
+            "{line}"
+        );
+    }
     let _ = std::fs::remove_file(file);
 
     // A remote rank that fails stops the others.

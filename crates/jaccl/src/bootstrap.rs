@@ -22,6 +22,7 @@ use crate::transport::tcp::connect_with_retry;
 use crate::wire::to_u32;
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
+/// The coordinator's replies hold one such message per rank.
 const MAX_FRAME: usize = 64 * 1024;
 
 /// Encodes everyone's bytes, in rank order.
@@ -126,7 +127,7 @@ impl SideChannel {
                 all.push(data.to_vec());
                 for (i, stream) in members.iter_mut().enumerate() {
                     let from = i + 1;
-                    let bytes = read_frame(stream, deadline).map_err(|e| {
+                    let bytes = read_frame(stream, deadline, MAX_FRAME).map_err(|e| {
                         Error::Bootstrap(format!(
                             "rank {rank}: rank {from} {} during start-up",
                             describe_loss(&e)
@@ -153,7 +154,8 @@ impl SideChannel {
                     ))
                 };
                 write_frame(stream, data, deadline).map_err(lost)?;
-                let reply = read_frame(stream, deadline).map_err(lost)?;
+                let most = size.saturating_mul(MAX_FRAME + 4).saturating_add(4);
+                let reply = read_frame(stream, deadline, most).map_err(lost)?;
                 decode_list(&reply, size).map_err(|why| {
                     Error::Bootstrap(format!(
                         "rank {rank}: bad reply from the coordinator: {why}"
@@ -438,12 +440,13 @@ fn write_frame(stream: &mut TcpStream, payload: &[u8], deadline: Instant) -> io:
     stream.write_all(&frame)
 }
 
-fn read_frame(stream: &mut TcpStream, deadline: Instant) -> io::Result<Vec<u8>> {
+/// Reads one frame of at most `most` bytes.
+fn read_frame(stream: &mut TcpStream, deadline: Instant, most: usize) -> io::Result<Vec<u8>> {
     stream.set_read_timeout(Some(time_left(deadline)?))?;
     let mut len = [0u8; 4];
     stream.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > most {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("a side-channel message of {len} bytes is not jaccl's"),

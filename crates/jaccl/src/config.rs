@@ -12,7 +12,9 @@
 //! | size | `JACCL_SIZE`, `WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS` | 1 when no rank is set either |
 //! | coordinator | `JACCL_COORDINATOR`, `MLX_JACCL_COORDINATOR`, `MASTER_ADDR` with `MASTER_PORT` (plus one under torchrun, whose agent serves its own store on `MASTER_PORT`) | required when size > 1 |
 //! | topology | `JACCL_TOPOLOGY` (`auto`, `ring`, `mesh`); else `ring` if `JACCL_RING` or `MLX_JACCL_RING` is set | `auto` |
-//! | transport | `JACCL_TRANSPORT` (`auto`, `tcp`, `shm`, `rdma`) | `auto`: shared memory with ranks on this host, TCP with the others |
+//! | transport | `JACCL_TRANSPORT` (`auto`, `tcp`, `shm`, `rdma`) | `auto`: shared memory with ranks on this host, RDMA with others a device reaches, TCP with the rest |
+//! | RDMA devices | `JACCL_IBV_DEVICES`, `MLX_IBV_DEVICES`: a device file ([`DeviceMatrix`]: the path, or the JSON itself) | the first active port of the first device |
+//! | RDMA library | `JACCL_IBVERBS` (a path or library name) | `libibverbs.so.1` |
 //! | waiting on shared memory | `JACCL_WAIT` (`auto`, `sleep`, `spin=50us,yield=2ms`) | `auto`: [`WaitPolicy::auto`] |
 //! | host identity | `JACCL_HOST_ID` (any string; ranks with different ones never share memory, so one machine can play several hosts in tests) | unset |
 //! | wires | `JACCL_WIRES` (1 to 4) | measured default, [`Config::DEFAULT_WIRES`] |
@@ -32,6 +34,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::auth::JobToken;
+use crate::devices::DeviceMatrix;
 use crate::error::{Error, Result};
 use crate::wait::WaitPolicy;
 
@@ -39,15 +42,16 @@ use crate::wait::WaitPolicy;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Transport {
-    /// The best transport for each peer: shared memory with ranks on this host, TCP with the
-    /// others.
+    /// The best transport for each peer: shared memory with ranks on this host, RDMA with
+    /// ranks an active RDMA port reaches (checked at start-up), TCP with the others.
     #[default]
     Auto,
     /// TCP sockets: works everywhere, across machines.
     Tcp,
     /// Shared memory: every ring neighbour must be on this host (start-up fails otherwise).
     Shm,
-    /// RDMA verbs: InfiniBand, RoCE, Thunderbolt (not built yet).
+    /// RDMA verbs: InfiniBand, RoCE, Thunderbolt. Every ring neighbour must be reachable
+    /// over an active RDMA port (start-up fails otherwise, saying why).
     Rdma,
 }
 
@@ -180,6 +184,12 @@ pub struct Config {
     /// Extra host identity: ranks share memory only when their hosts are the same and these
     /// are equal, so tests can play several hosts on one machine. `None` for real jobs.
     pub host_id: Option<String>,
+    /// The RDMA device each rank uses to reach each other rank (upstream's device file). `None`:
+    /// every rank uses the first active port of the first device. With a matrix, the ring
+    /// uses as many wires as it names devices towards each neighbour.
+    pub devices: Option<DeviceMatrix>,
+    /// Where to load libibverbs from; `None`: `libibverbs.so.1` from the usual search path.
+    pub rdma_library: Option<String>,
 }
 
 impl Config {
@@ -214,6 +224,8 @@ impl Config {
             job_token: None,
             wait: None,
             host_id: None,
+            devices: None,
+            rdma_library: None,
         }
     }
 
@@ -297,9 +309,23 @@ impl Config {
         self
     }
 
-    /// The wires in use: the configured number or the default.
+    /// Sets the RDMA device matrix (see [`Config::devices`](#structfield.devices)).
+    pub fn devices(mut self, devices: DeviceMatrix) -> Config {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// Sets where libibverbs is loaded from.
+    pub fn rdma_library(mut self, path: impl Into<String>) -> Config {
+        self.rdma_library = Some(path.into());
+        self
+    }
+
+    /// The wires in use: the configured number, else as many as the device matrix names
+    /// towards each neighbour, else the default.
     pub fn wire_count(&self) -> usize {
-        self.wires.unwrap_or(Config::DEFAULT_WIRES)
+        let from_devices = self.devices.as_ref().and_then(|m| m.ring_wires().ok());
+        self.wires.or(from_devices).unwrap_or(Config::DEFAULT_WIRES)
     }
 
     /// Reads the configuration from the environment; see the [module docs](self) for the
@@ -416,6 +442,19 @@ impl Config {
             cfg.wait = Some(parse_with("JACCL_WAIT", &value)?);
         }
         cfg.host_id = env.get("JACCL_HOST_ID")?;
+        cfg.rdma_library = env.get("JACCL_IBVERBS")?;
+        if let Some((var, value)) = env.first(&["JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"])? {
+            let text = if value.starts_with('[') {
+                value.clone()
+            } else {
+                std::fs::read_to_string(&value).map_err(|e| {
+                    Error::Config(format!("{var}={value}: cannot read the device file: {e}"))
+                })?
+            };
+            let matrix = DeviceMatrix::from_json(&text)
+                .map_err(|errors| Error::Config(format!("{var}={value}: {}", errors.join("; "))))?;
+            cfg.devices = Some(matrix);
+        }
         // The token's value never appears in an error.
         if let Some(value) = env.get("JACCL_JOB_TOKEN")? {
             cfg.job_token = Some(
@@ -471,6 +510,33 @@ impl Config {
                 return Err(Error::Config(format!(
                     "the {name} must be greater than zero"
                 )));
+            }
+        }
+        if let Some(matrix) = &self.devices {
+            if matrix.size() != self.size {
+                return Err(Error::Config(format!(
+                    "the RDMA device matrix is {n} × {n} but the group has {} ranks",
+                    self.size,
+                    n = matrix.size()
+                )));
+            }
+            if self.size > 1 {
+                let wires = matrix
+                    .ring_wires()
+                    .map_err(|why| Error::Config(format!("the RDMA device matrix: {why}")))?;
+                if wires > Config::MAX_WIRES {
+                    return Err(Error::Config(format!(
+                        "the RDMA device matrix names {wires} devices per neighbour; at most {} \
+                         wires are supported",
+                        Config::MAX_WIRES
+                    )));
+                }
+                if self.wires.is_some_and(|w| w != wires) {
+                    return Err(Error::Config(format!(
+                        "the RDMA device matrix names {wires} device(s) per neighbour but the                          wires are set to {}",
+                        self.wire_count()
+                    )));
+                }
             }
         }
         if self.size > 1 {

@@ -95,9 +95,10 @@ pub enum Error {
         /// Both calls, side by side.
         detail: String,
     },
-    /// A peer sent bytes that are not jaccl's protocol (corruption, a foreign program, or a
-    /// stream that lost its framing).
-    #[error("rank {rank}: {op}: malformed data from rank {peer}: {detail}")]
+    /// The connection with a peer broke its protocol: bytes that are not jaccl's (corruption,
+    /// a foreign program, a stream that lost its framing), or a transport failure that is not
+    /// the peer going away (an RDMA completion with an error status, named by the library).
+    #[error("rank {rank}: {op}: protocol error with rank {peer}: {detail}")]
     Protocol {
         /// The rank reporting the error.
         rank: usize,

@@ -49,14 +49,6 @@ enum Path<'a> {
 impl Group {
     pub(crate) fn new(config: Config) -> Result<Group> {
         config.validate()?;
-        match config.transport {
-            Transport::Auto | Transport::Tcp | Transport::Shm => {}
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "the {other} transport is not available in this build yet; use tcp (or auto)"
-                )));
-            }
-        }
         if config.topology == Topology::Mesh {
             return Err(Error::Unsupported(
                 "the mesh topology is not available yet; use ring (or auto)".into(),

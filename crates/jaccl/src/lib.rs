@@ -2,8 +2,8 @@
 //!
 //! All-reduce, all-gather, reduce-scatter, send/recv and barrier between processes on one or
 //! many machines, after the design of Apple MLX's JACCL: a bidirectional, multi-wire,
-//! pipelined ring over TCP, and shared memory between the ranks of one host (RDMA verbs to
-//! come).
+//! pipelined ring over TCP or RDMA verbs (InfiniBand, RoCE, Thunderbolt; libibverbs is loaded
+//! at run time), and shared memory between the ranks of one host.
 //!
 //! ```no_run
 //! # fn main() -> jaccl::Result<()> {
@@ -56,6 +56,7 @@ mod auth;
 mod bootstrap;
 pub mod config;
 mod connect;
+mod devices;
 mod dtype;
 mod error;
 mod group;
@@ -67,6 +68,7 @@ mod wire;
 
 pub use auth::JobToken;
 pub use config::{Config, Topology, Transport};
+pub use devices::DeviceMatrix;
 pub use dtype::{Dtype, Element, ReduceOp};
 pub use error::{Error, Op, Result};
 pub use group::Group;
@@ -136,6 +138,22 @@ pub mod probe {
     /// The step that failed, and why.
     pub fn shared_memory() -> Result<(), String> {
         crate::transport::shm::probe()
+    }
+
+    pub use crate::transport::rdma::{RdmaDevice, RdmaGid, RdmaPort};
+
+    /// Memory each RDMA link registers (its two rings): a rank has one link per wire and
+    /// ring neighbour, and the locked-memory limit (`ulimit -l`) must allow them all.
+    pub const RDMA_BYTES_PER_LINK: usize = crate::transport::rdma::BYTES_PER_LINK;
+
+    /// The RDMA devices, their ports and GID tables, loading libibverbs from `library` (a path
+    /// or name; `None`: `JACCL_IBVERBS`, else `libibverbs.so.1`).
+    ///
+    /// # Errors
+    /// Why RDMA is unavailable: the library is missing or too old, or cannot list devices.
+    pub fn rdma(library: Option<&str>) -> Result<Vec<RdmaDevice>, String> {
+        let configured = std::env::var("JACCL_IBVERBS").ok();
+        crate::transport::rdma::probe(library.or(configured.as_deref()))
     }
 }
 

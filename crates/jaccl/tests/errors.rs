@@ -20,7 +20,7 @@ fn invalid(r: jaccl::Result<()>) -> String {
 
 #[test]
 fn bad_lengths_are_invalid_arguments_and_leave_the_group_usable() {
-    for net in NETS {
+    for net in nets() {
         bad_lengths_on(net);
     }
 }
@@ -158,11 +158,66 @@ fn invalid_configurations_are_refused_before_any_network() {
     assert!(config_error(Config::new(3, 2)).contains("rank 3"));
     assert!(config_error(Config::new(0, 2)).contains("coordinator"));
     assert!(config_error(Config::new(0, 1).wires(9)).contains("wires"));
-    for cfg in [
-        Config::new(0, 1).transport(Transport::Rdma),
-        Config::new(0, 1).topology(Topology::Mesh),
-    ] {
-        assert!(matches!(jaccl::init_with(cfg), Err(Error::Unsupported(_))));
+    assert!(matches!(
+        jaccl::init_with(Config::new(0, 1).topology(Topology::Mesh)),
+        Err(Error::Unsupported(_))
+    ));
+}
+
+/// Without RDMA (no library, or no device: this machine outside the VM), a forced `rdma`
+/// fails on every rank with the reason; `auto` quietly uses the other transports.
+#[test]
+fn rdma_where_there_is_none_is_unsupported_with_the_reason() {
+    let cases: &[(Option<&str>, &str)] = &[
+        (
+            Some("/nonexistent/libibverbs.so.1"),
+            "cannot load /nonexistent/libibverbs.so.1",
+        ),
+        (None, ""),
+    ];
+    for &(library, reason) in cases {
+        if library.is_none() && std::env::var("RDMA_VM").is_ok() {
+            continue; // The VM has a device.
+        }
+        let mut cfgs = configs(Net::Tcp, 2, 1, Duration::from_secs(30));
+        for c in &mut cfgs {
+            *c = c.clone().transport(Transport::Rdma);
+            if let Some(path) = library {
+                *c = c.clone().rdma_library(path);
+            }
+        }
+        for (rank, r) in init_all(cfgs).into_iter().enumerate() {
+            match r {
+                Err(Error::Unsupported(msg)) => {
+                    assert!(
+                        msg.contains("the rdma transport is unavailable on rank"),
+                        "{msg}"
+                    );
+                    assert!(msg.contains(reason), "{msg}");
+                    assert!(
+                        ["cannot load", "no RDMA device", "no active RDMA port"]
+                            .iter()
+                            .any(|why| msg.contains(why)),
+                        "rank {rank}: {msg}"
+                    );
+                }
+                other => panic!("rank {rank}: expected Unsupported, got {other:?}"),
+            }
+        }
+        let make = || {
+            let cfgs = configs(Net::Mixed, 4, 1, Duration::from_secs(30)).into_iter();
+            cfgs.map(|c| match library {
+                Some(path) => c.rdma_library(path),
+                None => c,
+            })
+            .collect()
+        };
+        for transports in with_configs(make, |g| g.transport()) {
+            assert!(
+                transports.iter().all(|(_, t)| *t != Transport::Rdma),
+                "{transports:?}"
+            );
+        }
     }
 }
 
@@ -247,7 +302,7 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
 
 #[test]
 fn different_lengths_ops_types_or_reductions_give_mismatch() {
-    for (net, size) in NETS.into_iter().flat_map(|n| [2, 3, 4].map(|s| (n, s))) {
+    for (net, size) in nets().into_iter().flat_map(|n| [2, 3, 4].map(|s| (n, s))) {
         let odd = size - 1;
         let timeout = Duration::from_secs(30);
         // Different lengths.
@@ -289,7 +344,7 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
 
 #[test]
 fn a_send_of_another_length_is_a_mismatch_at_the_receiver() {
-    for net in NETS {
+    for net in nets() {
         send_of_another_length_on(net);
     }
 }
@@ -319,7 +374,7 @@ fn send_of_another_length_on(net: Net) {
 
 #[test]
 fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
-    for (net, size) in NETS.into_iter().flat_map(|n| [2, 4, 5].map(|s| (n, s))) {
+    for (net, size) in nets().into_iter().flat_map(|n| [2, 4, 5].map(|s| (n, s))) {
         let gone = 1;
         let results = with_group_timeout(net, size, 2, Duration::from_secs(120), |g| {
             if g.rank() == gone {
@@ -347,7 +402,7 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
 #[test]
 fn a_rank_busy_in_its_own_code_is_not_an_error() {
     // Much longer than the liveness window: the heartbeat thread keeps beating meanwhile.
-    for net in [Net::Tcp, Net::Shm] {
+    for net in nets() {
         let results = with_group_timeout(net, 3, 1, Duration::from_secs(60), |g| {
             if g.rank() == 1 {
                 std::thread::sleep(Duration::from_secs(3));
@@ -390,7 +445,7 @@ fn durations_too_long_to_count_mean_no_limit() {
 
 #[test]
 fn a_silent_peer_times_out_and_the_group_stays_failed() {
-    for net in NETS {
+    for net in nets() {
         silent_peer_on(net);
     }
 }

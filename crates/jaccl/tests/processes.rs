@@ -75,6 +75,26 @@ fn rank_env(rank: usize, size: usize, coordinator: &str, token: &str) -> Vec<(St
     ]
 }
 
+/// Starts the `size` ranks of a new job in child `mode`, each with its `rank_env` and `extra`;
+/// their lines arrive on the returned channel, tagged with the rank.
+fn spawn_ranks(
+    mode: &str,
+    size: usize,
+    extra: &[(&str, &str)],
+) -> (Vec<Child>, mpsc::Receiver<(usize, String)>) {
+    let coordinator = free_coordinator();
+    let token = random_token();
+    let (tx, rx) = mpsc::channel();
+    let children = (0..size)
+        .map(|r| {
+            let mut env = rank_env(r, size, &coordinator, &token);
+            env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            spawn_child(mode, &env, r, &tx)
+        })
+        .collect();
+    (children, rx)
+}
+
 /// Collects the `RESULT ...` line of each child and when it arrived, until every child but
 /// `silent` has answered or `limit` passed; then kills them all.
 fn results_at(
@@ -143,21 +163,8 @@ fn signal_mid_all_reduce(
     signal: rustix::process::Signal,
     extra_env: &[(&str, &str)],
 ) -> (Vec<(usize, String, Instant)>, Instant) {
-    let coordinator = free_coordinator();
-    let token = random_token();
-    let (tx, rx) = mpsc::channel();
-    let mut children: Vec<Child> = (0..size)
-        .map(|r| {
-            let mut env = rank_env(r, size, &coordinator, &token);
-            env.push(("JACCL_TRANSPORT".into(), transport.into()));
-            env.extend(
-                extra_env
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string())),
-            );
-            spawn_child("loop", &env, r, &tx)
-        })
-        .collect();
+    let env = [&[("JACCL_TRANSPORT", transport)], extra_env].concat();
+    let (mut children, rx) = spawn_ranks("loop", size, &env);
     let mut ready = vec![false; size];
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ready.iter().all(|&r| r) {
@@ -181,10 +188,21 @@ fn signal_mid_all_reduce(
     (survivors, signalled)
 }
 
+/// The transports of `nets()` (see common) that a process can be told to use alone.
+fn transports() -> Vec<&'static str> {
+    let names = nets().into_iter().filter_map(|net| match net {
+        Net::Tcp => Some("tcp"),
+        Net::Shm => Some("shm"),
+        Net::Rdma => Some("rdma"),
+        Net::Mixed => None,
+    });
+    names.collect()
+}
+
 #[test]
 fn sigkill_of_a_rank_mid_all_reduce_fails_the_others_promptly() {
     let before = (leftovers("/dev/shm"), leftovers("/tmp"));
-    for transport in ["tcp", "shm"] {
+    for transport in transports() {
         let victim = 2;
         // A generous timeout: the others must notice the death at once, not time out.
         let (survivors, killed) =
@@ -220,7 +238,9 @@ fn sigkill_of_a_rank_mid_all_reduce_fails_the_others_promptly() {
 
 #[test]
 fn a_stopped_rank_is_named_by_every_other_rank_within_the_liveness_window() {
-    for (transport, victim) in [("tcp", 1), ("shm", 2), ("tcp", 0)] {
+    let cases = [("tcp", 1), ("shm", 2), ("tcp", 0), ("rdma", 1), ("rdma", 0)];
+    let chosen = transports();
+    for (transport, victim) in cases.into_iter().filter(|(t, _)| chosen.contains(t)) {
         let (survivors, stopped) = signal_mid_all_reduce(
             transport,
             4,
@@ -251,12 +271,7 @@ fn a_stopped_rank_is_named_by_every_other_rank_within_the_liveness_window() {
 #[test]
 #[ignore = "takes 75 s; run on demand"]
 fn a_rank_busy_for_75_s_with_the_defaults_succeeds() {
-    let coordinator = free_coordinator();
-    let token = random_token();
-    let (tx, rx) = mpsc::channel();
-    let mut children: Vec<Child> = (0..3)
-        .map(|r| spawn_child("late", &rank_env(r, 3, &coordinator, &token), r, &tx))
-        .collect();
+    let (mut children, rx) = spawn_ranks("late", 3, &[]);
     for (rank, line) in results(&mut children, &rx, Duration::from_secs(150))
         .iter()
         .enumerate()
@@ -268,7 +283,7 @@ fn a_rank_busy_for_75_s_with_the_defaults_succeeds() {
 #[test]
 fn the_operation_timeout_still_ends_a_wait() {
     // Liveness off: a stopped rank is only found by the operation timeout.
-    for transport in ["tcp", "shm"] {
+    for transport in transports() {
         let (survivors, _) = signal_mid_all_reduce(
             transport,
             3,
@@ -290,6 +305,53 @@ fn the_operation_timeout_still_ends_a_wait() {
             );
         }
     }
+}
+
+/// `JACCL_IBV_DEVICES` as a file (upstream's matrix): two wires per neighbour, each on the
+/// named device, so the ring has two wires; a name that is not a device fails every rank
+/// naming it.
+#[test]
+fn a_device_file_from_the_environment_chooses_each_pairs_devices() {
+    if !rdma_or_skip("a_device_file_from_the_environment_chooses_each_pairs_devices") {
+        return;
+    }
+    let device = jaccl::probe::rdma(None).unwrap()[0].name.clone();
+    let dir = std::env::temp_dir().join(format!("jaccl-devices-{}", random_u64()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let size = 3;
+    for (name, expect) in [(device.as_str(), "right"), ("mlx5_nope", "mlx5_nope")] {
+        let cell = format!("[\"{name}\", \"{name}\"]");
+        let rows: Vec<String> = (0..size)
+            .map(|i| {
+                let cells: Vec<&str> = (0..size)
+                    .map(|j| if i == j { "null" } else { cell.as_str() })
+                    .collect();
+                format!("[{}]", cells.join(", "))
+            })
+            .collect();
+        let file = dir.join(format!("{name}.json"));
+        std::fs::write(&file, format!("[{}]", rows.join(",\n"))).unwrap();
+        let file = file.display().to_string();
+        let env = [
+            ("JACCL_TRANSPORT", "rdma"),
+            ("JACCL_IBV_DEVICES", file.as_str()),
+        ];
+        let (mut children, rx) = spawn_ranks("bigsums", size, &env);
+        for (rank, line) in results(&mut children, &rx, Duration::from_secs(120))
+            .iter()
+            .enumerate()
+        {
+            if expect == "right" {
+                assert_eq!(line, "right", "rank {rank}");
+            } else {
+                assert!(
+                    line.starts_with("Unsupported") && line.contains(expect),
+                    "rank {rank}: {line}"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

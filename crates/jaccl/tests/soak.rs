@@ -122,9 +122,10 @@ fn random_collectives_match_the_reference() {
         .unwrap_or_else(random_u64);
     eprintln!("soak: {total} collectives, JACCL_SOAK_SEED={seed}");
     let mut setup = rng(seed);
+    let nets = nets();
     let mut done = 0;
     while done < total {
-        let net = NETS[setup.random_range(0..NETS.len())];
+        let net = nets[setup.random_range(0..nets.len())];
         let size = setup.random_range(2..=6);
         let wires = setup.random_range(1..=4);
         let count = PER_GROUP.min(total - done);

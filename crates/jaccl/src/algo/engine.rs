@@ -518,6 +518,12 @@ fn lost(e: LinkError, peer: usize, call: &Call) -> Error {
             cause,
         },
         LinkError::Io(e) => Error::io(call.rank, format!("{} with rank {peer}", call.op), e),
+        LinkError::Broken(detail) => Error::Protocol {
+            rank: call.rank,
+            peer,
+            op: call.op,
+            detail,
+        },
     }
 }
 

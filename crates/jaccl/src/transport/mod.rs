@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
 
+pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
@@ -46,6 +47,18 @@ pub(crate) enum LinkError {
     Closed(String),
     /// Any other operating-system error.
     Io(io::Error),
+    /// The transport reported a failure that is neither of the above (an RDMA completion
+    /// with an error status): a bug or a broken device, named by its own words.
+    Broken(String),
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Closed(why) | LinkError::Broken(why) => f.write_str(why),
+            LinkError::Io(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 /// What a waiting engine needs from a link: bytes to read, room to write, or both.

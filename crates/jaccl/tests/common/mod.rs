@@ -46,12 +46,68 @@ pub enum Net {
     /// Shared memory between all ranks (the direct collectives).
     Shm,
     /// Two pretend hosts (`Config::host_id`): the first ⌈size/2⌉ ranks and the rest. Shared
-    /// memory inside each, TCP between them, so the ring mixes both (with 2 ranks, TCP only).
+    /// memory inside each, `auto`'s choice between them (RDMA where this machine has an active
+    /// port, else TCP), so the ring mixes both (with 2 ranks, only the latter).
     Mixed,
+    /// RDMA verbs between all ranks (`Transport::Rdma`, the first active port): only where
+    /// there is one, as inside ../shared/rdma-vm.
+    Rdma,
 }
 
-/// Every way of connecting a test group.
-pub const NETS: [Net; 3] = [Net::Tcp, Net::Shm, Net::Mixed];
+/// The nets the suites run on: `JACCL_TEST_NETS` (comma-separated `tcp`, `shm`, `mixed`,
+/// `rdma`), by default every one but `rdma`. scripts/test.sh runs the suites again inside the
+/// RDMA VM with `rdma,mixed`.
+pub fn nets() -> Vec<Net> {
+    let list = std::env::var("JACCL_TEST_NETS").unwrap_or_else(|_| "tcp,shm,mixed".into());
+    list.split(',')
+        .map(|name| match name.trim() {
+            "tcp" => Net::Tcp,
+            "shm" => Net::Shm,
+            "mixed" => Net::Mixed,
+            "rdma" => Net::Rdma,
+            other => panic!("JACCL_TEST_NETS: unknown net {other:?}"),
+        })
+        .collect()
+}
+
+/// Whether this machine has an RDMA port jaccl would use (so `auto` takes RDMA across hosts).
+pub fn rdma_here() -> bool {
+    static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HERE.get_or_init(|| {
+        jaccl::probe::rdma(None).is_ok_and(|devices| {
+            devices
+                .iter()
+                .flat_map(|d| &d.ports)
+                .any(|p| p.state == "ACTIVE" && p.chosen_gid.is_some())
+        })
+    })
+}
+
+/// For a test that needs RDMA: whether to run it. Without an RDMA port it is skipped with a
+/// note, unless `JACCL_REQUIRE_RDMA=1` (scripts/test.sh sets it inside the RDMA VM): then the
+/// missing port is a failure.
+pub fn rdma_or_skip(test: &str) -> bool {
+    if rdma_here() {
+        return true;
+    }
+    assert!(
+        std::env::var("JACCL_REQUIRE_RDMA").is_err(),
+        "{test}: JACCL_REQUIRE_RDMA is set but this machine has no active RDMA port"
+    );
+    eprintln!("{test}: SKIPPED: no active RDMA port here (scripts/test.sh runs it in the RDMA VM)");
+    false
+}
+
+/// For a test that changes or counts the whole machine's RDMA state (`why`): whether to run it,
+/// which is only inside the throw-away RDMA VM (`RDMA_VM` set), where RDMA is then required.
+pub fn in_rdma_vm_or_skip(test: &str, why: &str) -> bool {
+    if std::env::var("RDMA_VM").is_err() {
+        eprintln!("{test}: SKIPPED: {why}, so it runs only inside the RDMA VM (scripts/test.sh)");
+        return false;
+    }
+    assert!(rdma_or_skip(test));
+    true
+}
 
 impl Net {
     /// The pretend host of `rank` in a group of `size` (`Mixed` only).
@@ -64,6 +120,7 @@ impl Net {
         match self {
             Net::Tcp => cfg.transport(Transport::Tcp),
             Net::Shm => cfg.transport(Transport::Shm),
+            Net::Rdma => cfg.transport(Transport::Rdma),
             Net::Mixed => cfg.host_id(self.host(rank, size).unwrap_or_default()),
         }
     }
@@ -73,7 +130,9 @@ impl Net {
         match self {
             Net::Tcp => Transport::Tcp,
             Net::Shm => Transport::Shm,
+            Net::Rdma => Transport::Rdma,
             Net::Mixed if self.host(a, size) == self.host(b, size) => Transport::Shm,
+            Net::Mixed if rdma_here() => Transport::Rdma,
             Net::Mixed => Transport::Tcp,
         }
     }

@@ -112,6 +112,28 @@ impl Mapping {
         Ok(mapping)
     }
 
+    /// The first byte, for registering the mapping with a device (`transport::rdma`).
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Bytes that may be accessed (twice the part when mirrored).
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `len` bytes (a page multiple) of memory of this process that no other process maps;
+    /// with `mirrored`, mapped twice back to back like [`Mapping::mirrored`].
+    pub(crate) fn private(len: usize, mirrored: bool) -> io::Result<Mapping> {
+        let segment = create_segment(len)?;
+        let fd = std::os::fd::AsFd::as_fd(&segment);
+        if mirrored {
+            Mapping::mirrored(fd, 0, len)
+        } else {
+            Mapping::new(fd, 0, len)
+        }
+    }
+
     fn owning(ptr: *mut u8, len: usize) -> io::Result<Mapping> {
         let base = NonNull::new(ptr).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(Mapping { base, len })

@@ -1,15 +1,20 @@
 //! Start-up of a group: every rank publishes through the side channel what its peers need (its
-//! host, where it accepts TCP data connections, where it accepts shared-memory peers), the
-//! ranks check that they agree on the settings, and each rank opens its links. Each ring
-//! neighbour gets its own transport: shared memory when both ranks are on one host, TCP
-//! otherwise; so 2 hosts × 4 ranks use shared memory inside each host and TCP between them.
-//! When every rank is on this host, each also maps every other rank's segment for the direct
-//! collectives (`algo::direct`).
+//! host, where it accepts TCP data connections, where it accepts shared-memory peers, whether
+//! it can use RDMA), the ranks check that they agree on the settings, and each rank opens its
+//! links. Each ring neighbour gets its own transport: shared memory when both ranks are on one
+//! host, RDMA when both have a device that reaches the other ([`rdma`]), TCP otherwise; so 2
+//! hosts × 4 ranks use shared memory inside each host and RDMA or TCP between them. When every
+//! rank is on this host, each also maps every other rank's segment for the direct collectives
+//! (`algo::direct`).
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::time::Instant;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+mod rdma;
 
 use crate::algo::direct::Direct;
 use crate::algo::engine::Channel;
@@ -18,6 +23,7 @@ use crate::bootstrap::SideChannel;
 use crate::config::{Config, Transport};
 use crate::error::{Error, Result};
 use crate::liveness::{Heartbeat, Liveness};
+use crate::transport::rdma::link::RdmaLink;
 use crate::transport::shm::{self, Layout, PeerSpec, Shm, link::ShmLink};
 use crate::transport::{Identity, Link, tcp};
 use crate::wait::{WaitPolicy, deadline_after};
@@ -33,6 +39,7 @@ struct PeerInfo {
     shm: Option<String>,
     wires: usize,
     transport: String,
+    rdma: rdma::Availability,
 }
 
 /// A group's connections, ready for collectives.
@@ -70,36 +77,31 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         },
         _ => None,
     };
+    let geometry = Geometry {
+        rank,
+        size,
+        wires: config.wire_count(),
+    };
+    let (left, right) = (geometry.left(), geometry.right());
+    let (rdma_available, rdma_devices) = rdma::open_devices(config, (left, right), geometry.wires);
     let me = PeerInfo {
         host: shm::host_identity(config.host_id.as_deref()),
         tcp: listener
             .local_addr()
             .map_err(|e| Error::io(rank, "data listener address", e))?,
         shm: shm_listener.as_ref().map(|l| l.name().to_owned()),
-        wires: config.wire_count(),
+        wires: geometry.wires,
         transport: config.transport.to_string(),
+        rdma: rdma_available,
     };
-    let mine = serde_json::to_vec(&me).map_err(|e| Error::Bootstrap(e.to_string()))?;
-    let infos = side
-        .all_gather(&mine, deadline)?
-        .iter()
-        .enumerate()
-        .map(|(r, bytes)| {
-            serde_json::from_slice::<PeerInfo>(bytes)
-                .map_err(|e| fail(format!("rank {r} published unreadable start-up data: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let infos: Vec<PeerInfo> = exchange(&mut side, rank, &me, deadline)?;
     agree(rank, &me, &infos)?;
 
-    let geometry = Geometry {
-        rank,
-        size,
-        wires: me.wires,
-    };
     let liveness = Liveness::new(rank).map_err(|e| Error::io(rank, "liveness", e))?;
-    let (left, right) = (geometry.left(), geometry.right());
-    let shares_memory =
-        |peer: usize| me.shm.is_some() && infos[peer].shm.is_some() && infos[peer].host == me.host;
+    let pair_shares_memory = |a: usize, b: usize| {
+        infos[a].shm.is_some() && infos[b].shm.is_some() && infos[a].host == infos[b].host
+    };
+    let shares_memory = |peer: usize| pair_shares_memory(rank, peer);
     // Forced shared memory needs every pair of ring neighbours on one host; every rank checks
     // every pair, so all fail at once instead of waiting for the ones that noticed.
     if config.transport == Transport::Shm
@@ -112,14 +114,31 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
             infos[r].host, infos[next].host
         )));
     }
-    let transport_to = |peer: usize| {
+    let available: Vec<&rdma::Availability> = infos.iter().map(|i| &i.rdma).collect();
+    let rdma_pairs = rdma::candidates(config, &available, pair_shares_memory)?;
+    let rdma_links = if rdma_pairs.contains(&true) {
+        rdma::connect(
+            &mut side,
+            config,
+            rdma_devices.as_ref(),
+            &rdma_pairs,
+            deadline,
+        )?
+    } else {
+        rdma::Links::default()
+    };
+    drop(rdma_devices);
+    let transport_to = |peer: usize, rdma: &[_]| {
         if shares_memory(peer) {
             Transport::Shm
+        } else if !rdma.is_empty() {
+            Transport::Rdma
         } else {
             Transport::Tcp
         }
     };
-    let (to_left, to_right) = (transport_to(left), transport_to(right));
+    let to_left = transport_to(left, &rdma_links.left);
+    let to_right = transport_to(right, &rdma_links.right);
     let all_here = (0..size).all(|r| r == rank || shares_memory(r));
 
     let identity = Identity {
@@ -184,12 +203,21 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let mut from_left = tcp_links.incoming.into_iter().flatten();
     let mut to_right_tcp = tcp_links.outgoing.into_iter().flatten();
     let shm_ref = shm.as_ref();
-    let left_channels = channels(left, to_left, shm_ref, &mut from_left, (0, wires), wires)?;
+    let left_channels = channels(
+        left,
+        to_left,
+        shm_ref,
+        &mut from_left,
+        rdma_links.left,
+        (0, wires),
+        wires,
+    )?;
     let right_channels = channels(
         right,
         to_right,
         shm_ref,
         &mut to_right_tcp,
+        rdma_links.right,
         (wires, 0),
         wires,
     )?;
@@ -224,17 +252,22 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
 }
 
 /// The `wires` channels to `peer` over `transport`: shared-memory links sending on this rank's
-/// rings `rings.0 + w` and receiving on the peer's rings `rings.1 + w`, or the TCP links.
+/// rings `rings.0 + w` and receiving on the peer's rings `rings.1 + w`, the RDMA links, or the
+/// TCP links.
 fn channels(
     peer: usize,
     transport: Transport,
     shm: Option<&Shm>,
     tcp: &mut impl Iterator<Item = tcp::TcpLink>,
+    rdma: Vec<RdmaLink>,
     rings: (usize, usize),
     wires: usize,
 ) -> Result<Vec<Channel>> {
+    let mut rdma = rdma.into_iter();
     (0..wires)
         .map(|w| {
+            let missing =
+                || Error::Bootstrap(format!("internal error: no link to rank {peer}, wire {w}"));
             let link: Box<dyn Link> = match (
                 transport,
                 shm.and_then(|s| Some((s, s.peers[peer].as_ref()?))),
@@ -245,11 +278,31 @@ fn channels(
                     rings.0 + w,
                     rings.1 + w,
                 )),
-                _ => Box::new(tcp.next().ok_or_else(|| {
-                    Error::Bootstrap(format!("internal error: no link to rank {peer}, wire {w}"))
-                })?),
+                (Transport::Rdma, _) => Box::new(rdma.next().ok_or_else(missing)?),
+                _ => Box::new(tcp.next().ok_or_else(missing)?),
             };
             Ok(Channel::new(link, peer))
+        })
+        .collect()
+}
+
+/// All-gathers `mine` as JSON through the side channel.
+fn exchange<T: Serialize + DeserializeOwned>(
+    side: &mut SideChannel,
+    rank: usize,
+    mine: &T,
+    deadline: Instant,
+) -> Result<Vec<T>> {
+    let bytes = serde_json::to_vec(mine).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    side.all_gather(&bytes, deadline)?
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            serde_json::from_slice(b).map_err(|e| {
+                Error::Bootstrap(format!(
+                    "rank {rank}: rank {r} published unreadable start-up data: {e}"
+                ))
+            })
         })
         .collect()
 }

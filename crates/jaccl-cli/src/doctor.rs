@@ -92,7 +92,8 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
             if bytes < 16 * jaccl::probe::RDMA_BYTES_PER_LINK as u64 {
                 format!(
                     " — RDMA registers {} KiB per wire and ring neighbour; raise it with \
-                     `ulimit -l unlimited` before using RDMA",
+                     `ulimit -l unlimited` before using RDMA (processes with CAP_IPC_LOCK, as \
+                     root's, are exempt)",
                     jaccl::probe::RDMA_BYTES_PER_LINK / 1024
                 )
             } else {

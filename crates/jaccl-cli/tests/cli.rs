@@ -333,6 +333,20 @@ fn bench_and_doctor_over_rdma() {
         assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
         assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
     }
+    // Under a small locked-memory limit, without CAP_IPC_LOCK (which lifts it): `rdma` is
+    // unsupported, saying so, before any memory is registered.
+    let script = format!(
+        "ulimit -l 1024 && exec setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock \
+         {JACCL} bench -n 2 --transport rdma -b 8 -e 8 --iters 1"
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("unavailable on rank") && stderr.contains("locked-memory limit"),
+        "{stderr}"
+    );
+
     let out = jaccl(&["doctor"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}");

@@ -1,7 +1,8 @@
 //! Start-up of RDMA between ring neighbours (the transport itself is `transport::rdma`).
 //!
 //! 1. Each rank that may use RDMA opens its devices (the device matrix's, else the first with
-//!    an active port) and publishes, in the first exchange, whether it can ([`Availability`]).
+//!    an active port), checks that the locked-memory limit lets it register its links, and
+//!    publishes, in the first exchange, whether it can, or why not ([`Availability`]).
 //! 2. From everyone's availability every rank works out the same set of neighbour pairs that
 //!    may use RDMA ([`candidates`]); `auto` leaves out pairs that share memory.
 //! 3. If there is any, the ranks exchange endpoints (one per wire and candidate side), connect
@@ -18,7 +19,7 @@ use crate::bootstrap::SideChannel;
 use crate::config::{Config, Transport};
 use crate::error::{Error, Result};
 use crate::transport::rdma::link::RdmaLink;
-use crate::transport::rdma::{Endpoint, EndpointInfo, Nic};
+use crate::transport::rdma::{Endpoint, EndpointInfo, Nic, memlock_shortfall};
 
 /// The longest the hellos of step 3 may take: a device that does not reach the peer shows as
 /// silence.
@@ -71,7 +72,13 @@ pub(super) fn open_devices(
             })
             .collect()
     };
-    match open_side(left).and_then(|l| Ok((l, open_side(right)?))) {
+    let opened = open_side(left).and_then(|l| Ok((l, open_side(right)?)));
+    let registrable =
+        |(l, r): (Vec<Arc<Nic>>, Vec<Arc<Nic>>)| match memlock_shortfall(l.len() + r.len()) {
+            Some(why) => Err(why),
+            None => Ok((l, r)),
+        };
+    match opened.and_then(registrable) {
         Ok((left, right)) => (Availability::Yes, Some(Devices { left, right })),
         Err(why) => {
             tracing::debug!(rank = config.rank, %why, "no RDMA");

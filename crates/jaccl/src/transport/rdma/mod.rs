@@ -450,6 +450,26 @@ fn parse_gid(hex: &str) -> Option<[u8; 16]> {
     Some(gid)
 }
 
+/// Why `links` links could not register their memory under this process's locked-memory
+/// limit (`ulimit -l`), if they could not. `CAP_IPC_LOCK` (root has it) lifts the limit.
+pub(crate) fn memlock_shortfall(links: usize) -> Option<String> {
+    let needed = links.saturating_mul(BYTES_PER_LINK) as u64;
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Memlock).current?;
+    let exempt = rustix::thread::capabilities(None).is_ok_and(|c| {
+        c.effective
+            .contains(rustix::thread::CapabilitySet::IPC_LOCK)
+    });
+    (limit < needed && !exempt).then(|| {
+        format!(
+            "the locked-memory limit (`ulimit -l`) is {} KiB and {links} RDMA link(s) register \
+             {} KiB: raise it (`ulimit -l unlimited`, or `memlock` in \
+             /etc/security/limits.conf)",
+            limit / 1024,
+            needed / 1024
+        )
+    })
+}
+
 /// The locked-memory limit, for messages.
 fn memlock_limit() -> String {
     match rustix::process::getrlimit(rustix::process::Resource::Memlock).current {
@@ -494,7 +514,10 @@ mod tests {
         assert_eq!(choose_gid(&eth, &[ll_v2, v4_v1, v4_v2, site]), Some(v4_v2));
         // Only link-local addresses (Thunderbolt; an interface without IPv4).
         assert_eq!(choose_gid(&eth, &[site, ll_v2]), Some(ll_v2));
-        assert_eq!(choose_gid(&eth, &[site, v4_v1]), Some(v4_v1));
+        // RoCE v2 before v1: the two do not interoperate, and v2 is the routable, current one.
+        assert_eq!(choose_gid(&eth, &[v4_v1, ll_v2]), Some(ll_v2));
+        assert_eq!(choose_gid(&eth, &[site, v4_v1]), Some(site));
+        assert_eq!(choose_gid(&eth, &[v4_v1, gid(4, "fe80::1", 1)]), Some(v4_v1));
         assert_eq!(choose_gid(&eth, &[]), None);
         // InfiniBand: the port GID, whatever else the table holds.
         let ib = gid(0, "fe80::2:c903:0:1", 0);

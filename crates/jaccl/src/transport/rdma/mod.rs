@@ -517,7 +517,10 @@ mod tests {
         // RoCE v2 before v1: the two do not interoperate, and v2 is the routable, current one.
         assert_eq!(choose_gid(&eth, &[v4_v1, ll_v2]), Some(ll_v2));
         assert_eq!(choose_gid(&eth, &[site, v4_v1]), Some(site));
-        assert_eq!(choose_gid(&eth, &[v4_v1, gid(4, "fe80::1", 1)]), Some(v4_v1));
+        assert_eq!(
+            choose_gid(&eth, &[v4_v1, gid(4, "fe80::1", 1)]),
+            Some(v4_v1)
+        );
         assert_eq!(choose_gid(&eth, &[]), None);
         // InfiniBand: the port GID, whatever else the table holds.
         let ib = gid(0, "fe80::2:c903:0:1", 0);

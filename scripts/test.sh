@@ -96,8 +96,13 @@ cargo test --workspace "$@"
 # machine's kernel lacks it; the guest's has it). Tests that are about shared memory or TCP
 # alone ran on the host above and are left out here.
 if (( EUID == 0 )) && [[ -n "$RDMA_VM" ]]; then
+  # The VM sees the host read-only, except what is shared: the checkout (the tests run the
+  # `jaccl` binary and write temporary files there) and the target directory.
+  target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  shares="--share $PWD"
+  [[ $target == "$PWD"/* ]] || shares+=" --share $target"
   in_vm() {
-    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$RDMA_VM/run.sh --timeout 900 --env-prefix JACCL_ --env-prefix RUST_ --" \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$RDMA_VM/run.sh --timeout 900 $shares --env-prefix JACCL_ --env-prefix RUST_ --" \
       JACCL_REQUIRE_RDMA=1 "$@"
   }
   echo "test.sh: in the RDMA VM ($RDMA_VM)" >&2

@@ -15,7 +15,7 @@
 //! | transport | `JACCL_TRANSPORT` (`auto`, `tcp`, `shm`, `rdma`) | `auto`: shared memory with ranks on this host, RDMA with others a device reaches, TCP with the rest |
 //! | RDMA devices | `JACCL_IBV_DEVICES`, `MLX_IBV_DEVICES`: a device file ([`DeviceMatrix`]: the path, or the JSON itself) | the first active port of the first device |
 //! | RDMA library | `JACCL_IBVERBS` (a path or library name) | `libibverbs.so.1` |
-//! | waiting on shared memory | `JACCL_WAIT` (`auto`, `sleep`, `spin=50us,yield=2ms`) | `auto`: [`WaitPolicy::auto`] |
+//! | waiting for peers | `JACCL_WAIT` (`auto`, `sleep`, `spin=50us,yield=2ms`) | `auto`: [`WaitPolicy::auto`] |
 //! | host identity | `JACCL_HOST_ID` (any string; ranks with different ones never share memory, so one machine can play several hosts in tests) | unset |
 //! | wires | `JACCL_WIRES` (1 to 4) | measured default, [`Config::DEFAULT_WIRES`] |
 //! | operation timeout | `JACCL_TIMEOUT` (seconds, `2.5`, with a unit: `500ms`, `30s`, `5m`, or `off`) | [`Config::DEFAULT_TIMEOUT`] |
@@ -178,7 +178,7 @@ pub struct Config {
     /// job and step ids, the PMIx namespace, Open MPI's job id, if set) and the coordinator
     /// address, which keeps jobs apart but is no secret.
     pub job_token: Option<JobToken>,
-    /// How to wait for shared-memory peers; `None` means [`WaitPolicy::auto`] for the ranks
+    /// How to wait for peers; `None` means [`WaitPolicy::auto`] for the ranks
     /// and CPUs of this host.
     pub wait: Option<WaitPolicy>,
     /// Extra host identity: ranks share memory only when their hosts are the same and these
@@ -296,7 +296,7 @@ impl Config {
         JobToken::derived(&identity)
     }
 
-    /// Sets how ranks wait for shared-memory peers (see [`WaitPolicy`]).
+    /// Sets how ranks wait for their peers (see [`WaitPolicy`]).
     pub fn wait(mut self, policy: WaitPolicy) -> Config {
         self.wait = Some(policy);
         self

@@ -103,7 +103,7 @@ impl Group {
         matches!(&self.state, State::Connected(c) if c.direct.is_some())
     }
 
-    /// How ranks wait for shared-memory peers in this group (see [`Config::wait`]).
+    /// How ranks wait for their peers in this group (see [`Config::wait`]).
     pub fn wait_policy(&self) -> WaitPolicy {
         self.wait
     }

@@ -12,7 +12,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-/// How a rank waits for shared-memory peers: busy-wait for `spin` after the last progress, then
+/// How a rank waits for its peers (on every transport): busy-wait for `spin` after the last progress, then
 /// give the CPU away between checks (`sched_yield`) until `spin + yield_for` has passed, then
 /// sleep until woken. [`Config::wait`](crate::Config::wait) / `JACCL_WAIT` set it; by default
 /// ([`WaitPolicy::auto`]) it depends on whether every rank of this host has a CPU of its own.
@@ -162,9 +162,9 @@ impl Backoff {
         self.unclocked = 0;
     }
 
-    /// Nothing moved. `spinnable`: re-checking costs no system call.
-    pub(crate) fn idle(&mut self, spinnable: bool) -> Idle {
-        if spinnable && self.unclocked < CLOCK_EVERY && !self.policy.spin.is_zero() {
+    /// Nothing moved.
+    pub(crate) fn idle(&mut self) -> Idle {
+        if self.unclocked < CLOCK_EVERY && !self.policy.spin.is_zero() {
             self.unclocked += 1;
             std::hint::spin_loop();
             return Idle::Retry;
@@ -174,11 +174,11 @@ impl Backoff {
         if idle >= self.timeout {
             return Idle::TimedOut;
         }
-        if spinnable && idle < self.policy.spin {
+        if idle < self.policy.spin {
             std::hint::spin_loop();
             return Idle::Retry;
         }
-        if spinnable && idle < self.policy.spin.saturating_add(self.policy.yield_for) {
+        if idle < self.policy.spin.saturating_add(self.policy.yield_for) {
             rustix::thread::sched_yield();
             return Idle::Retry;
         }
@@ -213,13 +213,14 @@ mod tests {
     }
 
     #[test]
-    fn links_that_need_a_system_call_sleep_at_once() {
+    fn waits_spin_then_sleep_and_end_at_the_timeout() {
         let mut b = Backoff::new(WaitPolicy::auto(1, 1), Duration::from_secs(5));
-        assert!(matches!(b.idle(false), Idle::Sleep(_)));
-        assert_eq!(b.idle(true), Idle::Retry);
+        assert_eq!(b.idle(), Idle::Retry);
+        let mut b = Backoff::new(WaitPolicy::SLEEP, Duration::from_secs(5));
+        assert!(matches!(b.idle(), Idle::Sleep(_)));
         assert!(deadline_after(Duration::MAX) > Instant::now());
         let mut b = Backoff::new(WaitPolicy::SLEEP, Duration::from_nanos(1));
         std::thread::sleep(Duration::from_millis(1));
-        assert_eq!(b.idle(true), Idle::TimedOut);
+        assert_eq!(b.idle(), Idle::TimedOut);
     }
 }

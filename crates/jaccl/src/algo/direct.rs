@@ -409,7 +409,7 @@ impl Direct {
             if pending.len() < before {
                 backoff.progressed();
             }
-            match backoff.idle(true) {
+            match backoff.idle() {
                 Idle::Retry => {}
                 Idle::TimedOut => return Err(call.timed_out()),
                 Idle::Sleep(limit) => self.sleep(call, target, pending, limit)?,

@@ -263,11 +263,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
             continue;
         }
         liveness.check(call.op)?;
-        let spinnable = channels
-            .iter()
-            .zip(exec.wants())
-            .all(|(ch, w)| !w.any() || ch.link.in_memory());
-        match backoff.idle(spinnable) {
+        match backoff.idle() {
             Idle::Retry => {}
             Idle::TimedOut => return Err(call.timed_out()),
             Idle::Sleep(limit) => sleep(channels, liveness, exec.wants(), limit, call)?,

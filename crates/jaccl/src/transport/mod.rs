@@ -13,8 +13,10 @@
 //!
 //! A link never blocks. When a pass over the lanes moves nothing, the engine waits for the
 //! links it needs, with the link telling it how:
-//! 1. [`Link::in_memory`] links (shared memory) can be re-checked for the price of a load, so
-//!    the engine first spins and yields ([`crate::wait`]); other links are waited for at once.
+//! 1. The engine first re-checks the links for a while, spinning and then yielding the CPU,
+//!    as the rank's [`WaitPolicy`](crate::WaitPolicy) says ([`crate::wait`]): a shared-memory or
+//!    RDMA link costs a load per check, a TCP link a `recv` that finds nothing, both far less
+//!    than a sleep and a wake-up across cores (measured, docs/algorithms.md "Waiting").
 //! 2. [`Link::arm`] prepares to sleep for an [`Interest`]. A link that can already make progress
 //!    (bytes arrived or room appeared since it last returned 0, a peer that went away) answers
 //!    [`Readiness::Ready`] and the engine does not sleep.
@@ -99,9 +101,6 @@ pub(crate) trait Link: Send {
         max: usize,
         consume: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Result<usize, LinkError>;
-
-    /// True when re-checking the link costs no system call, so spinning on it is worthwhile.
-    fn in_memory(&self) -> bool;
 
     /// Prepares to sleep until the link may progress on `interest`.
     fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError>;

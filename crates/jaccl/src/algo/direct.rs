@@ -409,7 +409,7 @@ impl Direct {
             if pending.len() < before {
                 backoff.progressed();
             }
-            match backoff.idle() {
+            match backoff.idle(true) {
                 Idle::Retry => {}
                 Idle::TimedOut => return Err(call.timed_out()),
                 Idle::Sleep(limit) => self.sleep(call, target, pending, limit)?,

@@ -263,7 +263,11 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
             continue;
         }
         liveness.check(call.op)?;
-        match backoff.idle() {
+        let in_memory = channels
+            .iter()
+            .zip(exec.wants())
+            .all(|(ch, w)| !w.any() || ch.link.in_memory());
+        match backoff.idle(in_memory) {
             Idle::Retry => {}
             Idle::TimedOut => return Err(call.timed_out()),
             Idle::Sleep(limit) => sleep(channels, liveness, exec.wants(), limit, call)?,

@@ -118,6 +118,10 @@ impl Link for FakeLink {
         }
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError> {
         if self.rng.random_range(0..8) == 0 {
             return Ok(Readiness::Ready); // spurious, and legal

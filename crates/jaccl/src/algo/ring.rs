@@ -339,9 +339,15 @@ impl Geometry {
                 }
             })
             .collect();
+        // With two ranks the one direction already carries a header each way between them:
+        // more would cost a write and a read per call, on the latency path.
+        let headers_both_ways = match n {
+            2 => Vec::new(),
+            _ => self.collective_plan().headers_both_ways,
+        };
         Plan {
             transfers,
-            ..self.collective_plan()
+            headers_both_ways,
         }
     }
 

@@ -13,10 +13,11 @@
 //!
 //! A link never blocks. When a pass over the lanes moves nothing, the engine waits for the
 //! links it needs, with the link telling it how:
-//! 1. The engine first re-checks the links for a while, spinning and then yielding the CPU,
-//!    as the rank's [`WaitPolicy`](crate::WaitPolicy) says ([`crate::wait`]): a shared-memory or
-//!    RDMA link costs a load per check, a TCP link a `recv` that finds nothing, both far less
-//!    than a sleep and a wake-up across cores (measured, docs/algorithms.md "Waiting").
+//! 1. The engine first re-checks the links for the spin phase of the rank's
+//!    [`WaitPolicy`](crate::WaitPolicy): a check costs a load on [`Link::in_memory`] links
+//!    (shared memory, RDMA), a `recv` that finds nothing on TCP, far less than sleeping and
+//!    being woken across cores. In-memory links then also yield the CPU between checks for the
+//!    yield phase ([`crate::wait`]).
 //! 2. [`Link::arm`] prepares to sleep for an [`Interest`]. A link that can already make progress
 //!    (bytes arrived or room appeared since it last returned 0, a peer that went away) answers
 //!    [`Readiness::Ready`] and the engine does not sleep.
@@ -101,6 +102,10 @@ pub(crate) trait Link: Send {
         max: usize,
         consume: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Result<usize, LinkError>;
+
+    /// True when re-checking the link costs no system call: waits on it also yield the CPU
+    /// between checks before sleeping (see [`crate::wait`]).
+    fn in_memory(&self) -> bool;
 
     /// Prepares to sleep until the link may progress on `interest`.
     fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError>;

@@ -132,6 +132,10 @@ impl Link for TcpLink {
         }
     }
 
+    fn in_memory(&self) -> bool {
+        false
+    }
+
     /// Staged bytes are only left over when the consumer could not use them (part of an
     /// element), so the link can progress only when the kernel has more: always sleep.
     fn arm(&mut self, _interest: Interest) -> Result<Readiness, LinkError> {

@@ -138,6 +138,10 @@ impl Link for ShmLink {
         Ok(used)
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn arm(&mut self, interest: Interest) -> Result<Readiness, LinkError> {
         self.local.arm().map_err(LinkError::Io)?;
         let (tail_word, _) = Self::cursors(&self.local, &self.peer.main, self.rx);

@@ -405,12 +405,12 @@ fn a_rank_busy_in_its_own_code_is_not_an_error() {
     for net in nets() {
         let results = with_group_timeout(net, 3, 1, Duration::from_secs(60), |g| {
             if g.rank() == 1 {
-                std::thread::sleep(Duration::from_secs(3));
+                std::thread::sleep(6 * liveness_window());
             }
             let mut out = [0u32; 4];
             g.all_sum(&[1u32; 4], &mut out).map(|()| out)
         });
-        // (configs() sets the window to 500 ms, see common.)
+        // (configs() sets the window, see common::liveness_window.)
         for r in results {
             assert_eq!(r.unwrap(), [3; 4], "{net:?}");
         }

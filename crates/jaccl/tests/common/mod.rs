@@ -138,6 +138,16 @@ impl Net {
     }
 }
 
+/// The liveness window of test groups: short, so a lost rank is found quickly, but 4× longer
+/// inside the RDMA VM, whose emulated CPUs (TCG) run everything many times slower and where
+/// 500 ms once passed without a heartbeat getting the CPU.
+pub fn liveness_window() -> Duration {
+    match std::env::var("RDMA_VM") {
+        Ok(_) => Duration::from_secs(2),
+        Err(_) => Duration::from_millis(500),
+    }
+}
+
 /// Configs for one group of `size` ranks on loopback, connected as `net` says.
 pub fn configs(net: Net, size: usize, wires: usize, timeout: Duration) -> Vec<Config> {
     let coordinator = free_coordinator();
@@ -148,7 +158,7 @@ pub fn configs(net: Net, size: usize, wires: usize, timeout: Duration) -> Vec<Co
                 .coordinator(coordinator.clone())
                 .wires(wires)
                 .timeout(timeout)
-                .liveness(Duration::from_millis(500))
+                .liveness(liveness_window())
                 .job_token(token.clone());
             net.apply(cfg, rank, size)
         })

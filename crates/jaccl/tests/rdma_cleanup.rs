@@ -44,8 +44,11 @@ fn rdma_objects_are_released_on_every_path() {
         let mut out = [0u32; 1000];
         g.all_sum(&[1; 1000], &mut out).unwrap();
         assert_eq!(out, [3; 1000]);
+        // Every rank made all its objects before any left start-up; none drops them before
+        // the barrier.
+        let seen = count();
         g.barrier().unwrap();
-        count()
+        seen
     });
     // 3 ranks × 2 neighbours × 2 wires: 12 queue pairs, each with its completion queue and
     // two regions.

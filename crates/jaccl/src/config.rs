@@ -93,12 +93,15 @@ impl FromStr for Transport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Topology {
-    /// The best topology for the job (today: the ring).
+    /// The best topology for the job (today: the ring; see docs/algorithms.md, "Mesh").
     #[default]
     Auto,
     /// Each rank talks to its two neighbours over 1 to 4 wires.
     Ring,
-    /// Each rank talks to every other rank (not built yet).
+    /// The ring, plus one link from each rank to every other rank: [`crate::Group::send`] and
+    /// [`crate::Group::recv`] between any two ranks, and small collectives in one step (every
+    /// rank sends its data straight to all others, which reduce in rank order). Large messages
+    /// still go around the ring.
     Mesh,
 }
 

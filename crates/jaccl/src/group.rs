@@ -23,6 +23,8 @@ pub struct Group {
     rank: usize,
     size: usize,
     wires: usize,
+    /// Whether this rank has links to every other rank (kept after a failure, for reports).
+    mesh: bool,
     timeout: Duration,
     wait: WaitPolicy,
     state: State,
@@ -49,20 +51,16 @@ enum Path<'a> {
 impl Group {
     pub(crate) fn new(config: Config) -> Result<Group> {
         config.validate()?;
-        if config.topology == Topology::Mesh {
-            return Err(Error::Unsupported(
-                "the mesh topology is not available yet; use ring (or auto)".into(),
-            ));
-        }
-        let (state, wires, wait) = if config.size == 1 {
-            (State::Alone, 0, WaitPolicy::SLEEP)
+        let (state, wires, wait, mesh) = if config.size == 1 {
+            (State::Alone, 0, WaitPolicy::SLEEP, false)
         } else {
             let connected = connect::connect(&config)?;
-            let wait = connected.wait;
+            let (wait, mesh) = (connected.wait, connected.ring.geometry.mesh);
             (
                 State::Connected(Box::new(connected)),
                 config.wire_count(),
                 wait,
+                mesh,
             )
         };
         tracing::debug!(rank = config.rank, size = config.size, "jaccl group ready");
@@ -70,6 +68,7 @@ impl Group {
             rank: config.rank,
             size: config.size,
             wires,
+            mesh,
             timeout: config.timeout,
             wait,
             state,
@@ -86,13 +85,15 @@ impl Group {
         self.size
     }
 
-    /// The transport to each ring neighbour, as `(rank, transport)`: the left neighbour
-    /// (`rank − 1`), then the right one (`rank + 1`) if it is another rank. Shared memory
-    /// ([`Transport::Shm`]) with ranks on this host, TCP with the others, unless
-    /// [`Config::transport`] forced one. Empty for a group of one, which needs none.
+    /// The transport to each peer this rank has links to, as `(rank, transport)`: the left
+    /// ring neighbour (`rank − 1`), then the right one (`rank + 1`) if it is another rank, then
+    /// with the mesh every other rank in rank order. To a neighbour: shared memory
+    /// ([`Transport::Shm`]) on this host, RDMA where both ends have a device that reaches the
+    /// other, TCP otherwise, unless [`Config::transport`] forced one; the mesh's other links
+    /// are TCP. Empty for a group of one, which needs none.
     pub fn transport(&self) -> Vec<(usize, Transport)> {
         match &self.state {
-            State::Connected(c) => c.neighbours.clone(),
+            State::Connected(c) => c.peers.clone(),
             _ => Vec::new(),
         }
     }
@@ -108,10 +109,12 @@ impl Group {
         self.wait
     }
 
-    /// The topology in use; `None` for a group of one.
+    /// The topology in use ([`Topology::Ring`] or [`Topology::Mesh`]); `None` for a group of
+    /// one.
     pub fn topology(&self) -> Option<Topology> {
-        match self.state {
+        match &self.state {
             State::Alone => None,
+            _ if self.mesh => Some(Topology::Mesh),
             _ => Some(Topology::Ring),
         }
     }
@@ -271,8 +274,8 @@ impl Group {
     }
 
     /// Sends `data` to rank `dst`, which must call [`Group::recv`] with the same length and
-    /// type. With the ring topology `dst` must be a neighbour (`rank ± 1`). Returns once the
-    /// data is handed to the transport.
+    /// type. With the ring topology `dst` must be a neighbour (`rank ± 1`); with the mesh it
+    /// may be any other rank. Returns once the data is handed to the transport.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `dst` that is this rank, out of range, or not a
@@ -460,18 +463,19 @@ impl Group {
         if peer == self.rank {
             return Err(self.invalid(op, format!("a rank cannot {what} itself")));
         }
-        if let State::Connected(c) = &self.state {
+        if let State::Connected(c) = &self.state
+            && !c.ring.geometry.reaches(peer)
+        {
             let (left, right) = (c.ring.geometry.left(), c.ring.geometry.right());
-            if peer != left && peer != right {
-                return Err(self.invalid(
-                    op,
-                    format!(
-                        "rank {peer} is not a neighbour of rank {} (its neighbours are {left} and \
-                         {right}); the ring topology can only {what} neighbours",
-                        self.rank
-                    ),
-                ));
-            }
+            return Err(self.invalid(
+                op,
+                format!(
+                    "rank {peer} is not a neighbour of rank {} (its neighbours are {left} and \
+                     {right}); the ring topology can only {what} neighbours (the mesh can \
+                     {what} any rank: JACCL_TOPOLOGY=mesh)",
+                    self.rank
+                ),
+            ));
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Dtype, Element, Group, ReduceOp, WaitPolicy};
+use jaccl::{Dtype, Element, Group, ReduceOp, Topology, Transport, WaitPolicy};
 
 const SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
 const WIRES: [usize; 3] = [1, 2, 4];
@@ -119,6 +119,10 @@ fn transports_are_chosen_per_neighbour() {
                 let mut expect = vec![(left, net.between(rank, left, size))];
                 if right != left {
                     expect.push((right, net.between(rank, right, size)));
+                }
+                if net == Net::Mesh {
+                    let others = (0..size).filter(|&p| p != rank && p != left && p != right);
+                    expect.extend(others.map(|p| (p, Transport::Tcp)));
                 }
                 assert_eq!(transports, expect, "{net:?} size {size} rank {rank}");
                 assert_eq!(direct, net == Net::Shm, "{net:?} size {size} rank {rank}");
@@ -241,6 +245,74 @@ fn send_recv_to_both_neighbours() {
                     for_all_dtypes!(send_recv_case, g, &lengths)
                 });
             }
+        }
+    }
+}
+
+/// With the mesh, every rank sends to and receives from every other one, in one global order
+/// of pairs (so no rank waits on a pair that cannot proceed), whatever their distance.
+#[test]
+fn send_recv_between_every_pair_of_the_mesh() {
+    fn pairs_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
+        let (rank, size) = (g.rank(), g.size());
+        assert_eq!(g.topology(), Some(Topology::Mesh));
+        for &len in lengths {
+            for (from, to) in (0..size).flat_map(|a| (0..size).map(move |b| (a, b))) {
+                let value = |i| T::value(from * size + to, i, ReduceOp::Sum);
+                if from == to {
+                    continue;
+                } else if rank == from {
+                    let mine: Vec<T> = (0..len).map(value).collect();
+                    g.send(&mine, to).unwrap();
+                } else if rank == to {
+                    let mut got = vec![T::default(); len];
+                    g.recv(&mut got, from).unwrap();
+                    let expect: Vec<T> = (0..len).map(value).collect();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&expect),
+                        "{} len {len} {from} → {to}",
+                        T::DTYPE
+                    );
+                }
+            }
+        }
+        Vec::new()
+    }
+    for size in [2, 4, 5, 6] {
+        for wires in [1, 2] {
+            with_group(Net::Mesh, size, wires, |g| {
+                pairs_case::<u8>(g, &[0, 1, 4097, 300_007]);
+                pairs_case::<f64>(g, &[3, 70_001]);
+                pairs_case::<Complex32>(g, &[5]);
+            });
+        }
+    }
+}
+
+/// `auto` builds the mesh for 4 ranks or more when each is on a host of its own and they talk
+/// TCP (here: pretend hosts, so no shared memory; inside the RDMA VM they talk RDMA instead and
+/// keep the ring).
+#[test]
+fn auto_builds_the_mesh_for_one_rank_per_host_over_tcp() {
+    for size in [3, 4, 6] {
+        let make = || {
+            let cfgs = configs(Net::Mixed, size, 1, Duration::from_secs(60));
+            let hosts = cfgs.into_iter().enumerate();
+            hosts.map(|(r, c)| c.host_id(format!("host{r}"))).collect()
+        };
+        let seen = with_configs(make, |g| {
+            let mut out = [0u64; 3];
+            g.all_sum(&[g.rank() as u64; 3], &mut out).unwrap();
+            (g.topology(), g.transport().len(), out)
+        });
+        let mesh = size >= 4 && !rdma_here();
+        let sum = (size * (size - 1) / 2) as u64;
+        for (rank, (topology, peers, out)) in seen.into_iter().enumerate() {
+            let expect = if mesh { Topology::Mesh } else { Topology::Ring };
+            assert_eq!(topology, Some(expect), "size {size} rank {rank}");
+            assert_eq!(peers, if mesh { size - 1 } else { 2 }, "size {size}");
+            assert_eq!(out, [sum; 3]);
         }
     }
 }

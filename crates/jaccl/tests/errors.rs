@@ -158,10 +158,9 @@ fn invalid_configurations_are_refused_before_any_network() {
     assert!(config_error(Config::new(3, 2)).contains("rank 3"));
     assert!(config_error(Config::new(0, 2)).contains("coordinator"));
     assert!(config_error(Config::new(0, 1).wires(9)).contains("wires"));
-    assert!(matches!(
-        jaccl::init_with(Config::new(0, 1).topology(Topology::Mesh)),
-        Err(Error::Unsupported(_))
-    ));
+    // A group of one needs no links, whatever the topology.
+    let alone = jaccl::init_with(Config::new(0, 1).topology(Topology::Mesh)).unwrap();
+    assert_eq!(alone.topology(), None);
 }
 
 /// Without RDMA (no library, or no device: this machine outside the VM), a forced `rdma`
@@ -280,6 +279,18 @@ fn ranks_that_disagree_on_the_transport_fail_at_start_up() {
 }
 
 #[test]
+fn ranks_that_disagree_on_the_topology_fail_at_start_up() {
+    let mut cfgs = configs(Net::Tcp, 4, 1, Duration::from_secs(30));
+    cfgs[3] = cfgs[3].clone().topology(Topology::Mesh);
+    for r in init_all(cfgs) {
+        match r {
+            Err(Error::Bootstrap(msg)) => assert!(msg.contains("topology"), "{msg}"),
+            other => panic!("expected Bootstrap, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
     // Forced shared memory, but rank 2 of 4 pretends to be on another host: rank 0 is not its
     // neighbour, and must not wait for those who are.
@@ -349,18 +360,18 @@ fn a_send_of_another_length_is_a_mismatch_at_the_receiver() {
     }
 }
 
+/// Between neighbours, and with the mesh between ranks that are not (0 and 2 of 4).
 fn send_of_another_length_on(net: Net) {
-    let r = with_group_timeout(net, 2, 1, Duration::from_secs(30), |g| {
-        if g.rank() == 0 {
-            g.send(&[1u32; 8], 1)
-        } else {
-            g.recv(&mut [0u32; 9], 0)
-        }
+    let (size, to) = if net == Net::Mesh { (4, 2) } else { (2, 1) };
+    let r = with_group_timeout(net, size, 1, Duration::from_secs(30), |g| match g.rank() {
+        0 => g.send(&[1u32; 8], to),
+        r if r == to => g.recv(&mut [0u32; 9], 0),
+        _ => Ok(()),
     });
     assert!(r[0].is_ok());
     assert!(
         matches!(
-            &r[1],
+            &r[to],
             Err(Error::Mismatch {
                 peer: 0,
                 op: Op::Recv,
@@ -368,20 +379,22 @@ fn send_of_another_length_on(net: Net) {
             })
         ),
         "{net:?}: {:?}",
-        r[1]
+        r[to]
     );
 }
 
 #[test]
 fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
-    for (net, size) in nets().into_iter().flat_map(|n| [2, 4, 5].map(|s| (n, s))) {
+    let cases = nets().into_iter().flat_map(|n| [2, 4, 5].map(|s| (n, s)));
+    // Large all-reduces go around the ring; small ones gather (with the mesh, in one step).
+    for ((net, size), len) in cases.flat_map(|c| [(c, 1 << 20), (c, 8)]) {
         let gone = 1;
         let results = with_group_timeout(net, size, 2, Duration::from_secs(120), |g| {
             if g.rank() == gone {
                 return None; // drops the group: its connections close
             }
-            let mut out = vec![0f32; 1 << 20];
-            Some(g.all_sum(&vec![1f32; 1 << 20], &mut out))
+            let mut out = vec![0f32; len];
+            Some(g.all_sum(&vec![1f32; len], &mut out))
         });
         for (rank, r) in results.into_iter().enumerate() {
             match r {

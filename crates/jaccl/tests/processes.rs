@@ -163,7 +163,7 @@ fn signal_mid_all_reduce(
     signal: rustix::process::Signal,
     extra_env: &[(&str, &str)],
 ) -> (Vec<(usize, String, Instant)>, Instant) {
-    let env = [&[("JACCL_TRANSPORT", transport)], extra_env].concat();
+    let env = [net_env(transport), extra_env].concat();
     let (mut children, rx) = spawn_ranks("loop", size, &env);
     let mut ready = vec![false; size];
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -188,15 +188,28 @@ fn signal_mid_all_reduce(
     (survivors, signalled)
 }
 
-/// The transports of `nets()` (see common) that a process can be told to use alone.
+/// The nets of `nets()` (see common) that a process can be told to use alone: `tcp`, `shm`,
+/// `rdma`, or `mesh` (the mesh topology over TCP).
 fn transports() -> Vec<&'static str> {
     let names = nets().into_iter().filter_map(|net| match net {
         Net::Tcp => Some("tcp"),
         Net::Shm => Some("shm"),
         Net::Rdma => Some("rdma"),
+        Net::Mesh => Some("mesh"),
         Net::Mixed => None,
     });
     names.collect()
+}
+
+/// The environment that selects one of [`transports`].
+fn net_env(name: &str) -> &'static [(&'static str, &'static str)] {
+    match name {
+        "tcp" => &[("JACCL_TRANSPORT", "tcp")],
+        "shm" => &[("JACCL_TRANSPORT", "shm")],
+        "rdma" => &[("JACCL_TRANSPORT", "rdma")],
+        "mesh" => &[("JACCL_TRANSPORT", "tcp"), ("JACCL_TOPOLOGY", "mesh")],
+        other => panic!("unknown net {other}"),
+    }
 }
 
 #[test]
@@ -238,7 +251,14 @@ fn sigkill_of_a_rank_mid_all_reduce_fails_the_others_promptly() {
 
 #[test]
 fn a_stopped_rank_is_named_by_every_other_rank_within_the_liveness_window() {
-    let cases = [("tcp", 1), ("shm", 2), ("tcp", 0), ("rdma", 1), ("rdma", 0)];
+    let cases = [
+        ("tcp", 1),
+        ("shm", 2),
+        ("tcp", 0),
+        ("rdma", 1),
+        ("rdma", 0),
+        ("mesh", 2),
+    ];
     let chosen = transports();
     for (transport, victim) in cases.into_iter().filter(|(t, _)| chosen.contains(t)) {
         let (survivors, stopped) = signal_mid_all_reduce(
@@ -444,6 +464,7 @@ fn child() {
             g.all_sum(&[g.rank() as u64 + 1], &mut out)?;
             Ok(format!("sum {} of {}", out[0], g.size()))
         }),
+        // Large all-reduces (the ring) and small ones (with the mesh, one step to every rank).
         "loop" => jaccl::init().and_then(|mut g| {
             let input = vec![1f32; 4 << 20];
             let mut out = vec![0f32; input.len()];
@@ -451,6 +472,7 @@ fn child() {
             println!("READY");
             loop {
                 g.all_sum(&input, &mut out)?;
+                g.all_sum(&input[..8], &mut out[..8])?;
             }
         }),
         "sums" => jaccl::init().and_then(|mut g| {

@@ -157,15 +157,31 @@ impl Ends {
     }
 }
 
-/// The ring's channels for every rank (as `Ring::new` lays them out), over fake links.
-fn fake_ring(size: usize, wires: usize, seed: u64) -> (Vec<Vec<Channel>>, Vec<Vec<Ends>>) {
+/// The ring's channels for every rank (as `Ring::new` lays them out, with the mesh's if
+/// `mesh`), over fake links.
+fn fake_ring(
+    size: usize,
+    wires: usize,
+    mesh: bool,
+    seed: u64,
+) -> (Vec<Vec<Channel>>, Vec<Vec<Ends>>) {
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(seed));
-    let mut slots: Vec<Vec<Option<(Channel, Ends)>>> = (0..size)
-        .map(|_| (0..2 * wires).map(|_| None).collect())
+    let geos: Vec<Geometry> = (0..size).map(|r| geometry(r, size, wires, mesh)).collect();
+    let mut slots: Vec<Vec<Option<(Channel, Ends)>>> = geos
+        .iter()
+        .map(|g| {
+            (0..2 * wires + g.non_neighbours().count())
+                .map(|_| None)
+                .collect()
+        })
         .collect();
-    for r in 0..size {
-        let right = (r + 1) % size;
-        for w in 0..wires {
+    for (r, g) in geos.iter().enumerate() {
+        // Each channel is made once, by the side whose far end is not made yet.
+        for c in 0..slots[r].len() {
+            if slots[r][c].is_some() {
+                continue;
+            }
+            let (peer, theirs) = g.far_end(c);
             let mut pipe = || {
                 // At least two elements: a receiver that may merge only what it has sent itself
                 // (merge after send) needs whole elements in its buffer, as every real one has.
@@ -175,30 +191,24 @@ fn fake_ring(size: usize, wires: usize, seed: u64) -> (Vec<Vec<Channel>>, Vec<Ve
                     ..Pipe::default()
                 }))
             };
-            let (to_right, to_left) = (pipe(), pipe());
+            let (out, back) = (pipe(), pipe());
             let mut link = |tx: &Shared, rx: &Shared| FakeLink {
                 tx: Arc::clone(tx),
                 rx: Arc::clone(rx),
                 rng: TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(rng.random())),
                 stalled_at: None,
             };
-            let mine = link(&to_right, &to_left);
-            let theirs = link(&to_left, &to_right);
-            // My right channel w is the right neighbour's left channel w.
-            slots[r][wires + w] = Some((
-                Channel::new(Box::new(mine), right),
+            let mine = link(&out, &back);
+            let far = link(&back, &out);
+            slots[r][c] = Some((
+                Channel::new(Box::new(mine), peer),
                 Ends {
-                    tx: Arc::clone(&to_right),
-                    rx: Arc::clone(&to_left),
+                    tx: Arc::clone(&out),
+                    rx: Arc::clone(&back),
                 },
             ));
-            slots[right][w] = Some((
-                Channel::new(Box::new(theirs), r),
-                Ends {
-                    tx: to_left,
-                    rx: to_right,
-                },
-            ));
+            slots[peer][theirs] =
+                Some((Channel::new(Box::new(far), r), Ends { tx: back, rx: out }));
         }
     }
     slots
@@ -229,9 +239,9 @@ enum Phase {
 
 /// Runs every rank's call to the end over fake links, scheduling ranks at random. Panics on a
 /// deadlock (no rank can run and not all are done) or an error.
-fn run_all(mut ranks: Vec<RankCall>, wires: usize, seed: u64) -> Vec<Vec<u8>> {
+fn run_all(mut ranks: Vec<RankCall>, wires: usize, mesh: bool, seed: u64) -> Vec<Vec<u8>> {
     let size = ranks.len();
-    let (mut channels, ends) = fake_ring(size, wires, seed);
+    let (mut channels, ends) = fake_ring(size, wires, mesh, seed);
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(!seed));
     let reducer = Reducer::new(Dtype::Int64, ReduceOp::Sum);
     let calls: Vec<Call> = ranks.iter().map(|rc| rc.call).collect();
@@ -311,8 +321,13 @@ fn bytes(values: impl Iterator<Item = i64>) -> Vec<u8> {
     values.flat_map(i64::to_le_bytes).collect()
 }
 
-fn geometry(rank: usize, size: usize, wires: usize) -> Geometry {
-    Geometry { rank, size, wires }
+fn geometry(rank: usize, size: usize, wires: usize, mesh: bool) -> Geometry {
+    Geometry {
+        rank,
+        size,
+        wires,
+        mesh,
+    }
 }
 
 proptest! {
@@ -329,13 +344,13 @@ proptest! {
         let ranks = (0..size)
             .map(|r| {
                 let mine = bytes((0..count).map(|i| value(r, i)));
-                let plan = geometry(r, size, wires).all_reduce(count, 8, in_place);
+                let plan = geometry(r, size, wires, false).all_reduce(count, 8, in_place);
                 let (input, output) = if in_place { (None, mine) } else { (Some(mine), vec![0; count * 8]) };
                 RankCall { plan, input, output, call: call(r, Op::AllReduce, count) }
             })
             .collect();
         let expect = bytes((0..count).map(|i| (0..size).map(|r| value(r, i)).sum()));
-        for out in run_all(ranks, wires, seed) {
+        for out in run_all(ranks, wires, false, seed) {
             prop_assert!(out == expect);
         }
     }
@@ -349,13 +364,13 @@ proptest! {
         let count = if small { 1 + extra } else { 4097 + extra };
         let ranks = (0..size)
             .map(|r| RankCall {
-                plan: geometry(r, size, wires).reduce_scatter(count, 8),
+                plan: geometry(r, size, wires, false).reduce_scatter(count, 8),
                 input: Some(bytes((0..size * count).map(|i| value(r, i)))),
                 output: vec![0; count * 8],
                 call: call(r, Op::ReduceScatter, count),
             })
             .collect();
-        for (r, out) in run_all(ranks, wires, seed).into_iter().enumerate() {
+        for (r, out) in run_all(ranks, wires, false, seed).into_iter().enumerate() {
             let expect = bytes((0..count).map(|i| (0..size).map(|q| value(q, r * count + i)).sum()));
             prop_assert!(out == expect, "rank {}", r);
         }
@@ -370,7 +385,7 @@ proptest! {
         let block = if small { 8 * (1 + extra) } else { 40_000 + extra };
         let ranks = (0..size)
             .map(|r| {
-                let g = geometry(r, size, wires);
+                let g = geometry(r, size, wires, false);
                 let mut output = vec![0u8; size * block];
                 for (i, b) in output[r * block..(r + 1) * block].iter_mut().enumerate() {
                     *b = (r * 31 + i) as u8;
@@ -382,7 +397,7 @@ proptest! {
         let expect: Vec<u8> = (0..size)
             .flat_map(|r| (0..block).map(move |i| (r * 31 + i) as u8))
             .collect();
-        for out in run_all(ranks, wires, seed) {
+        for out in run_all(ranks, wires, false, seed) {
             prop_assert!(out == expect);
         }
     }
@@ -395,7 +410,7 @@ proptest! {
         let data: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
         let ranks = (0..size)
             .map(|r| {
-                let g = geometry(r, size, wires);
+                let g = geometry(r, size, wires, false);
                 match r {
                     0 => RankCall { plan: g.send(len, 1), input: Some(data.clone()), output: Vec::new(), call: call(r, Op::Send, len) },
                     1 => RankCall { plan: g.recv(len, 0), input: None, output: vec![0; len], call: call(r, Op::Recv, len) },
@@ -403,7 +418,65 @@ proptest! {
                 }
             })
             .collect();
-        let outs = run_all(ranks, wires, seed);
+        let outs = run_all(ranks, wires, false, seed);
         prop_assert!(outs[1] == data);
+    }
+
+    /// The mesh's one-step exchange (the small all-gather, all-reduce and barrier, and with
+    /// blocks from the input, reduce-scatter), over the ring's wire 0 and the mesh channels.
+    #[test]
+    fn mesh_exchange_over_misbehaving_links(
+        size in 2usize..=7, wires in 1usize..=3, block in 0usize..300, scatter in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let value = |r: usize, b: usize, i: usize| (r * 31 + b * 7 + i) as u8;
+        let ranks = (0..size)
+            .map(|r| {
+                let g = geometry(r, size, wires, true);
+                let mut output = vec![0u8; size * block];
+                let input: Vec<u8> = (0..size * block).map(|j| value(r, j / block.max(1), j % block.max(1))).collect();
+                let plan = if scatter {
+                    g.exchange_with_all(block, |p| super::Span::input(p * block, block))
+                } else {
+                    output[r * block..(r + 1) * block].copy_from_slice(&input[r * block..(r + 1) * block]);
+                    g.gather_small(block)
+                };
+                RankCall { plan, input: Some(input), output, call: call(r, Op::AllGather, block) }
+            })
+            .collect();
+        for (r, out) in run_all(ranks, wires, true, seed).into_iter().enumerate() {
+            for p in (0..size).filter(|&p| p != r) {
+                // Gathering, rank p sends its own block; scattering, block r of its input.
+                let b = if scatter { r } else { p };
+                let expect: Vec<u8> = (0..block).map(|i| value(p, b, i)).collect();
+                prop_assert!(out[p * block..(p + 1) * block] == expect[..], "rank {} from {}", r, p);
+            }
+        }
+    }
+
+    /// Send and receive between any two ranks of the mesh (neighbours split over the wires,
+    /// others on their one channel); the other ranks idle.
+    #[test]
+    fn mesh_send_recv_over_misbehaving_links(
+        size in 2usize..=6, wires in 1usize..=3, len in 0usize..20_000, pick in any::<(usize, usize)>(),
+        seed in any::<u64>(),
+    ) {
+        let from = pick.0 % size;
+        let to = (from + 1 + pick.1 % (size - 1)) % size;
+        let data: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
+        let ranks = (0..size)
+            .map(|r| {
+                let g = geometry(r, size, wires, true);
+                if r == from {
+                    RankCall { plan: g.send(len, to), input: Some(data.clone()), output: Vec::new(), call: call(r, Op::Send, len) }
+                } else if r == to {
+                    RankCall { plan: g.recv(len, from), input: None, output: vec![0; len], call: call(r, Op::Recv, len) }
+                } else {
+                    RankCall { plan: Plan::default(), input: None, output: Vec::new(), call: call(r, Op::Recv, 0) }
+                }
+            })
+            .collect();
+        let outs = run_all(ranks, wires, true, seed);
+        prop_assert!(outs[to] == data);
     }
 }

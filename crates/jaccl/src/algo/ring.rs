@@ -1,4 +1,5 @@
-//! The ring: every rank talks to its left and right neighbour over `wires` parallel channels.
+//! The ring: every rank talks to its left and right neighbour over `wires` parallel channels;
+//! with the mesh, also to every other rank over one channel each.
 //!
 //! Data is cut into lanes, one per (direction, wire): direction 0 moves data to the right
 //! (rank r sends to r + 1 and receives from r − 1), direction 1 to the left. Within every block
@@ -22,6 +23,11 @@ const SMALL_MESSAGE: usize = 32 * 1024;
 /// this: fewer hops beat fewer bytes up to there (measured on loopback at 2, 4 and 8 ranks:
 /// e.g. 64 KiB at 4 ranks took 290-350 µs gathered, 490 µs by the ring).
 const GATHER_LIMIT: usize = 512 * 1024;
+/// With the mesh, collectives whose vectors together are at most this many bytes take one step
+/// to every rank; larger ones go around the ring. Measured with 1 ms per packet on loopback
+/// (../shared/rdma-vm): one step won up to 4 KiB per rank at 4 and at 8 ranks, and lost or tied
+/// at 32 KiB, where sending every vector `size − 1` times costs more than the ring's hops.
+const MESH_LIMIT: usize = 64 * 1024;
 /// Frames are `MIN_FRAME << k` bytes, k = 0..=7 (4 KiB to 512 KiB).
 const MIN_FRAME: usize = 4096;
 const MAX_FRAME: usize = MIN_FRAME << 7;
@@ -74,12 +80,16 @@ fn ring_index(rank: usize, delta: isize, size: usize) -> usize {
     ((rank as isize + delta).rem_euclid(size_i)) as usize
 }
 
-/// The ring's geometry: which channel index is which wire to which neighbour.
+/// The ring's geometry: which channel index is which wire to which peer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Geometry {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) wires: usize,
+    /// The mesh: one more channel to every rank that is not a ring neighbour (after the ring's
+    /// channels, in rank order), so small collectives take one step and any pair may
+    /// send and receive.
+    pub(crate) mesh: bool,
 }
 
 impl Geometry {
@@ -89,6 +99,70 @@ impl Geometry {
 
     pub(crate) fn right(&self) -> usize {
         ring_index(self.rank, 1, self.size)
+    }
+
+    /// The ranks that are neither this one nor a ring neighbour, in rank order: with the mesh,
+    /// each has one channel of its own.
+    pub(crate) fn non_neighbours(&self) -> impl Iterator<Item = usize> + use<> {
+        let (rank, left, right) = (self.rank, self.left(), self.right());
+        (0..self.size).filter(move |&p| p != rank && p != left && p != right)
+    }
+
+    /// Whether this rank has a channel to `peer`: a ring neighbour, or any rank with the mesh.
+    pub(crate) fn reaches(&self, peer: usize) -> bool {
+        peer != self.rank
+            && peer < self.size
+            && (self.mesh || peer == self.left() || peer == self.right())
+    }
+
+    /// `(send channel, receive channel)` for talking to `peer` on wire `w` (a mesh channel
+    /// has wire 0 only). With two ranks both neighbours are the same rank: sends then use the
+    /// left channels and receives the right ones, which the peer sees the other way round.
+    fn channels_to(&self, peer: usize, w: usize) -> (usize, usize) {
+        let (left, right) = (self.left(), self.right());
+        let mesh = || 2 * self.wires + self.non_neighbours().take_while(|&p| p < peer).count();
+        let tx = match peer {
+            p if p == left => self.left_channel(w),
+            p if p == right => self.right_channel(w),
+            _ => mesh(),
+        };
+        let rx = match peer {
+            p if p == right => self.right_channel(w),
+            p if p == left => self.left_channel(w),
+            _ => mesh(),
+        };
+        (tx, rx)
+    }
+
+    /// Wires for a message of `bytes` to or from `peer`: split over the ring's wires to a
+    /// neighbour, one wire to another rank of the mesh.
+    fn wires_to(&self, bytes: usize, peer: usize) -> usize {
+        if peer == self.left() || peer == self.right() {
+            Lanes::for_message(bytes, bytes, 1, self.wires).wires
+        } else {
+            1
+        }
+    }
+
+    /// The peer at the other end of channel `c`, and that peer's index for the same channel.
+    #[cfg(test)]
+    pub(crate) fn far_end(&self, c: usize) -> (usize, usize) {
+        let w = self.wires;
+        if c < w {
+            (self.left(), c + w)
+        } else if c < 2 * w {
+            (self.right(), c - w)
+        } else {
+            let peer = self
+                .non_neighbours()
+                .nth(c - 2 * w)
+                .expect("a mesh channel");
+            let theirs = Geometry {
+                rank: peer,
+                ..*self
+            };
+            (peer, theirs.channels_to(self.rank, 0).0)
+        }
     }
 
     /// Channel index of wire `w` to the left neighbour (the one it opened to us).
@@ -238,40 +312,16 @@ impl Geometry {
         plan
     }
 
-    /// Send of `bytes` to neighbour `dst`, split across wires. With two ranks both neighbours
-    /// are the same rank: sends then use the left channels and receives the right ones, which
-    /// the peer sees the other way round.
+    /// Send of `bytes` to `dst`: a neighbour, split across wires, or (with the mesh) any rank.
     pub(crate) fn send(&self, bytes: usize, dst: usize) -> Plan {
-        let lanes = Lanes::for_message(bytes, bytes, 1, self.wires);
-        self.one_way(
-            bytes,
-            lanes.wires,
-            |w| {
-                if dst == self.left() {
-                    self.left_channel(w)
-                } else {
-                    self.right_channel(w)
-                }
-            },
-            true,
-        )
+        let wires = self.wires_to(bytes, dst);
+        self.one_way(bytes, wires, |w| self.channels_to(dst, w).0, true)
     }
 
-    /// Receive of `bytes` from neighbour `src`, the mirror of [`Geometry::send`].
+    /// Receive of `bytes` from `src`, the mirror of [`Geometry::send`].
     pub(crate) fn recv(&self, bytes: usize, src: usize) -> Plan {
-        let lanes = Lanes::for_message(bytes, bytes, 1, self.wires);
-        self.one_way(
-            bytes,
-            lanes.wires,
-            |w| {
-                if src == self.right() {
-                    self.right_channel(w)
-                } else {
-                    self.left_channel(w)
-                }
-            },
-            false,
-        )
+        let wires = self.wires_to(bytes, src);
+        self.one_way(bytes, wires, |w| self.channels_to(src, w).1, false)
     }
 
     fn one_way(
@@ -351,6 +401,51 @@ impl Geometry {
         }
     }
 
+    /// Every rank sends `send(p)` straight to every other rank p and receives p's into block
+    /// p of the output (`block` bytes each): one step, the mesh's small collectives. The mesh
+    /// channels carry it, and the ring's wire 0 to the neighbours.
+    pub(crate) fn exchange_with_all(&self, block: usize, send: impl Fn(usize) -> Span) -> Plan {
+        let transfers = (0..self.size)
+            .filter(|&p| p != self.rank)
+            .map(|p| {
+                let (tx, rx) = self.channels_to(p, 0);
+                Transfer {
+                    tx: Some(tx),
+                    rx: Some(rx),
+                    steps: vec![Step {
+                        send: send(p),
+                        recv: Span::output(p * block, block),
+                        merge: Merge::Copy,
+                    }],
+                    frame: frame_bytes(block),
+                    merge_after_send: false,
+                }
+            })
+            .collect();
+        Plan {
+            transfers,
+            headers_both_ways: Vec::new(),
+        }
+    }
+
+    /// Whether a collective whose vectors together take `total` bytes goes to every rank in
+    /// one step.
+    fn in_one_step(&self, total: usize) -> bool {
+        self.mesh && total <= MESH_LIMIT
+    }
+
+    /// Gathers every rank's block of `block` bytes into an output of `size` blocks whose own
+    /// block the caller has filled: straight from every rank with the mesh (up to
+    /// [`MESH_LIMIT`]), else whole blocks both ways around the ring.
+    pub(crate) fn gather_small(&self, block: usize) -> Plan {
+        if self.in_one_step(block * self.size) {
+            let own = Span::output(self.rank * block, block);
+            self.exchange_with_all(block, |_| own)
+        } else {
+            self.gather_both_ways(block)
+        }
+    }
+
     /// An empty plan for a collective: headers go both ways to both neighbours on wire 0.
     fn collective_plan(&self) -> Plan {
         Plan {
@@ -361,7 +456,8 @@ impl Geometry {
 }
 
 /// A ring's channels: `channels[w]` is wire w to the left neighbour, `channels[wires + w]` wire
-/// w to the right one. Runs each collective with the plan that suits its size.
+/// w to the right one, then with the mesh one channel to each other rank (in rank order). Runs
+/// each collective with the plan that suits its size.
 pub(crate) struct Ring {
     pub(crate) geometry: Geometry,
     channels: Vec<Channel>,
@@ -371,14 +467,17 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
+    /// `mesh` holds the channels to [`Geometry::non_neighbours`] (empty without the mesh).
     pub(crate) fn new(
         geometry: Geometry,
         left: Vec<Channel>,
         right: Vec<Channel>,
+        mesh: Vec<Channel>,
         liveness: Arc<Liveness>,
     ) -> Ring {
         let mut channels = left;
         channels.extend(right);
+        channels.extend(mesh);
         Ring {
             geometry,
             channels,
@@ -389,9 +488,9 @@ impl Ring {
 
     /// All-reduce of `output.len()` bytes: `input` into `output`, or in place when `input` is
     /// `None`. Small messages (all vectors together at most [`GATHER_LIMIT`]) gather every
-    /// rank's vector (both directions, whole vectors) and reduce them locally in rank order;
-    /// large ones use the ring's reduce-scatter + all-gather. Either way each element is reduced in one fixed order, so every rank gets
-    /// the same bits.
+    /// rank's vector ([`Geometry::gather_small`]) and reduce them locally in rank order; large
+    /// ones use the ring's reduce-scatter + all-gather. Either way each element is reduced in
+    /// one fixed order, so every rank gets the same bits.
     pub(crate) fn all_reduce(
         &mut self,
         input: Option<&[u8]>,
@@ -418,7 +517,7 @@ impl Ring {
         }
         let all = scratch(&mut self.scratch, g.size * bytes);
         all[g.rank * bytes..(g.rank + 1) * bytes].copy_from_slice(input.unwrap_or(output));
-        let plan = g.gather_both_ways(bytes);
+        let plan = g.gather_small(bytes);
         engine::run(
             &mut self.channels,
             &self.liveness,
@@ -430,10 +529,7 @@ impl Ring {
             None,
             call,
         )?;
-        output.copy_from_slice(&all[..bytes]);
-        for block in all[bytes..].chunks_exact(bytes.max(1)) {
-            reducer.accumulate(output, block);
-        }
+        fold_in_rank_order(output, all, reducer);
         Ok(())
     }
 
@@ -448,7 +544,7 @@ impl Ring {
         let block = input.len();
         output[g.rank * block..(g.rank + 1) * block].copy_from_slice(input);
         let plan = if block * g.size <= GATHER_LIMIT {
-            g.gather_both_ways(block)
+            g.gather_small(block)
         } else {
             g.all_gather(block)
         };
@@ -465,7 +561,9 @@ impl Ring {
         )
     }
 
-    /// Reduce-scatter of `input` (`size` blocks of `output.len()` bytes) into `output`.
+    /// Reduce-scatter of `input` (`size` blocks of `output.len()` bytes) into `output`. With
+    /// the mesh, small messages (up to [`MESH_LIMIT`]) send each block straight to its rank,
+    /// which reduces them in rank order.
     pub(crate) fn reduce_scatter(
         &mut self,
         input: &[u8],
@@ -473,6 +571,21 @@ impl Ring {
         reducer: &Reducer,
         call: &Call,
     ) -> Result<()> {
+        let g = self.geometry;
+        let bytes = output.len();
+        if g.in_one_step(bytes * g.size) {
+            let all = scratch(&mut self.scratch, g.size * bytes);
+            let own = g.rank * bytes..(g.rank + 1) * bytes;
+            all[own.clone()].copy_from_slice(&input[own]);
+            let plan = g.exchange_with_all(bytes, |p| Span::input(p * bytes, bytes));
+            let bufs = Buffers {
+                input: Some(input),
+                output: all,
+            };
+            engine::run(&mut self.channels, &self.liveness, &plan, bufs, None, call)?;
+            fold_in_rank_order(output, all, reducer);
+            return Ok(());
+        }
         let elem = reducer.elem_size();
         let plan = self.geometry.reduce_scatter(output.len() / elem, elem);
         let bufs = Buffers {
@@ -519,7 +632,7 @@ impl Ring {
     pub(crate) fn barrier(&mut self, call: &Call) -> Result<()> {
         let g = self.geometry;
         let tokens = scratch(&mut self.scratch, g.size);
-        let plan = g.gather_both_ways(1);
+        let plan = g.gather_small(1);
         engine::run(
             &mut self.channels,
             &self.liveness,
@@ -531,6 +644,16 @@ impl Ring {
             None,
             call,
         )
+    }
+}
+
+/// `output` = the reduction of the `size` blocks of `all`, in rank order (the same on every
+/// rank, so every rank gets the same bits).
+fn fold_in_rank_order(output: &mut [u8], all: &[u8], reducer: &Reducer) {
+    let bytes = output.len();
+    output.copy_from_slice(&all[..bytes]);
+    for block in all[bytes..].chunks_exact(bytes.max(1)) {
+        reducer.accumulate(output, block);
     }
 }
 
@@ -604,12 +727,18 @@ mod tests {
     fn simulate(
         size: usize,
         wires: usize,
+        mesh: bool,
         plan_of: impl Fn(&Geometry) -> Plan,
         init: impl Fn(usize) -> (Vec<i64>, Vec<i64>),
         combine: bool,
     ) -> Vec<Vec<i64>> {
         let geos: Vec<Geometry> = (0..size)
-            .map(|rank| Geometry { rank, size, wires })
+            .map(|rank| Geometry {
+                rank,
+                size,
+                wires,
+                mesh,
+            })
             .collect();
         let plans: Vec<Plan> = geos.iter().map(&plan_of).collect();
         let mut state: Vec<(Vec<i64>, Vec<i64>)> = (0..size).map(&init).collect();
@@ -631,14 +760,7 @@ mod tests {
                         _ => &state[r].1,
                     };
                     let data: Vec<i64> = src[step.send.off..step.send.off + step.send.len].to_vec();
-                    let tx = t.tx.unwrap();
-                    // My right channel (index >= wires) is the right neighbour's left one.
-                    let (peer, their) = if tx >= wires {
-                        ((r + 1) % size, tx - wires)
-                    } else {
-                        ((r + size - 1) % size, tx + wires)
-                    };
-                    inbox.insert((peer, their), data);
+                    inbox.insert(geos[r].far_end(t.tx.unwrap()), data);
                 }
             }
             for (r, plan) in plans.iter().enumerate() {
@@ -677,6 +799,7 @@ mod tests {
                         let outs = simulate(
                             size,
                             wires,
+                            false,
                             |g| g.all_reduce(count, 1, in_place),
                             init,
                             true,
@@ -708,7 +831,7 @@ mod tests {
                         }
                         (vec![], out)
                     };
-                    let outs = simulate(size, wires, |g| g.all_gather(block), init, false);
+                    let outs = simulate(size, wires, false, |g| g.all_gather(block), init, false);
                     let expect: Vec<i64> = (0..size)
                         .flat_map(|r| (0..block).map(move |i| (r * 100_000 + i) as i64))
                         .collect();
@@ -732,7 +855,14 @@ mod tests {
                             .collect();
                         (input, vec![0; count])
                     };
-                    let outs = simulate(size, wires, |g| g.reduce_scatter(count, 1), init, true);
+                    let outs = simulate(
+                        size,
+                        wires,
+                        false,
+                        |g| g.reduce_scatter(count, 1),
+                        init,
+                        true,
+                    );
                     for (r, out) in outs.iter().enumerate() {
                         let expect: Vec<i64> = (0..count)
                             .map(|i| (0..size).map(|q| value(q, r, i)).sum())
@@ -758,13 +888,81 @@ mod tests {
                     }
                     (vec![], out)
                 };
-                let outs = simulate(size, 1, |g| g.gather_both_ways(block), init, false);
                 let expect: Vec<i64> = (0..size)
                     .flat_map(|r| (0..block).map(move |i| (r * 100 + i) as i64))
                     .collect();
-                for out in &outs {
-                    assert_eq!(out, &expect, "size {size} block {block}");
+                for (mesh, wires) in [(false, 1), (true, 1), (true, 3)] {
+                    let outs = simulate(size, wires, mesh, |g| g.gather_small(block), init, false);
+                    for out in &outs {
+                        assert_eq!(out, &expect, "size {size} block {block} mesh {mesh}");
+                    }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn the_mesh_exchange_sends_each_block_to_its_rank() {
+        for size in 2..=8 {
+            for wires in [1, 2] {
+                let block = 3;
+                let value = |r: usize, b: usize, i: usize| (r * 100 + b * 10 + i) as i64;
+                let init = |r: usize| {
+                    let input = (0..size)
+                        .flat_map(|b| (0..block).map(move |i| value(r, b, i)))
+                        .collect();
+                    (input, vec![-1; size * block])
+                };
+                let outs = simulate(
+                    size,
+                    wires,
+                    true,
+                    |g| g.exchange_with_all(block, |p| Span::input(p * block, block)),
+                    init,
+                    false,
+                );
+                for (r, out) in outs.iter().enumerate() {
+                    for p in (0..size).filter(|&p| p != r) {
+                        let got = &out[p * block..(p + 1) * block];
+                        let expect: Vec<i64> = (0..block).map(|i| value(p, r, i)).collect();
+                        assert_eq!(got, expect, "size {size} wires {wires} rank {r} from {p}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn with_the_mesh_every_pair_can_send_and_receive() {
+        for size in 2..=7 {
+            for wires in 1..=3 {
+                let geo = |rank| Geometry {
+                    rank,
+                    size,
+                    wires,
+                    mesh: true,
+                };
+                for a in 0..size {
+                    for b in (0..size).filter(|&b| b != a) {
+                        assert!(geo(a).reaches(b));
+                        let send = geo(a).send(1 << 20, b);
+                        let recv = geo(b).recv(1 << 20, a);
+                        assert_eq!(send.transfers.len(), recv.transfers.len());
+                        for (s, r) in send.transfers.iter().zip(&recv.transfers) {
+                            assert_eq!(geo(a).far_end(s.tx.unwrap()), (b, r.rx.unwrap()));
+                            assert_eq!(s.steps[0].send.len, r.steps[0].recv.len);
+                        }
+                    }
+                }
+                // Without the mesh only neighbours are reachable.
+                let ring = Geometry {
+                    mesh: false,
+                    ..geo(0)
+                };
+                assert_eq!(
+                    (0..size).filter(|&p| ring.reaches(p)).count(),
+                    size.min(3) - 1
+                );
             }
         }
     }
@@ -776,11 +974,13 @@ mod tests {
                 rank: 0,
                 size: 2,
                 wires,
+                mesh: false,
             };
             let b = Geometry {
                 rank: 1,
                 size: 2,
                 wires,
+                mesh: false,
             };
             let send = a.send(1 << 20, 1);
             let recv = b.recv(1 << 20, 0);

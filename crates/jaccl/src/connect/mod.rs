@@ -20,7 +20,7 @@ use crate::algo::direct::Direct;
 use crate::algo::engine::Channel;
 use crate::algo::ring::{Geometry, Ring};
 use crate::bootstrap::SideChannel;
-use crate::config::{Config, Transport};
+use crate::config::{Config, Topology, Transport};
 use crate::error::{Error, Result};
 use crate::liveness::{Heartbeat, Liveness};
 use crate::transport::rdma::link::RdmaLink;
@@ -39,6 +39,7 @@ struct PeerInfo {
     shm: Option<String>,
     wires: usize,
     transport: String,
+    topology: String,
     rdma: rdma::Availability,
 }
 
@@ -49,8 +50,9 @@ pub(crate) struct Connected {
     pub(crate) direct: Option<Direct>,
     /// This rank's shared memory, if it has any peer on this host.
     pub(crate) shm: Option<Shm>,
-    /// The transport to each ring neighbour: the left one, then the right one if different.
-    pub(crate) neighbours: Vec<(usize, Transport)>,
+    /// The transport to each peer this rank has links to: the left neighbour, the right one if
+    /// different, then with the mesh every other rank in rank order.
+    pub(crate) peers: Vec<(usize, Transport)>,
     pub(crate) wait: WaitPolicy,
     /// What the heartbeat found out (also held by the ring and the direct collectives).
     pub(crate) liveness: Arc<Liveness>,
@@ -77,10 +79,11 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         },
         _ => None,
     };
-    let geometry = Geometry {
+    let mut geometry = Geometry {
         rank,
         size,
         wires: config.wire_count(),
+        mesh: false,
     };
     let (left, right) = (geometry.left(), geometry.right());
     let (rdma_available, rdma_devices) = rdma::open_devices(config, (left, right), geometry.wires);
@@ -92,6 +95,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         shm: shm_listener.as_ref().map(|l| l.name().to_owned()),
         wires: geometry.wires,
         transport: config.transport.to_string(),
+        topology: config.topology.to_string(),
         rdma: rdma_available,
     };
     let infos: Vec<PeerInfo> = exchange(&mut side, rank, &me, deadline)?;
@@ -146,23 +150,62 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         size,
         token: config.token(),
     };
+    // The mesh's links to the ranks that are not ring neighbours are TCP connections, each
+    // opened by the lower rank, after the ring's own ones.
+    let hosts: std::collections::HashSet<&str> = infos.iter().map(|i| i.host.as_str()).collect();
+    geometry.mesh = uses_mesh(
+        config.topology,
+        size,
+        hosts.len() == size,
+        rdma_pairs.contains(&true),
+    );
+    let mesh_peers: Vec<usize> = geometry
+        .non_neighbours()
+        .filter(|_| geometry.mesh)
+        .collect();
     let connect_to: Vec<_> = (to_right == Transport::Tcp)
-        .then(|| (right, infos[right].tcp))
+        .then(|| (right, infos[right].tcp, me.wires))
         .into_iter()
+        .chain(
+            mesh_peers
+                .iter()
+                .filter(|&&p| p > rank)
+                .map(|&p| (p, infos[p].tcp, 1)),
+        )
         .collect();
-    let accept_from: Vec<usize> = (to_left == Transport::Tcp)
-        .then_some(left)
+    let accept_from: Vec<_> = (to_left == Transport::Tcp)
+        .then_some((left, me.wires))
         .into_iter()
+        .chain(mesh_peers.iter().filter(|&&p| p < rank).map(|&p| (p, 1)))
         .collect();
-    let tcp_links = tcp::establish(
-        &listener,
-        &identity,
-        &connect_to,
-        &accept_from,
-        me.wires,
-        deadline,
-    )?;
+    let tcp_links = tcp::establish(&listener, &identity, &connect_to, &accept_from, deadline)?;
     drop(listener);
+    let mut outgoing = tcp_links.outgoing.into_iter();
+    let mut incoming = tcp_links.incoming.into_iter();
+    let mut to_right_tcp = (to_right == Transport::Tcp)
+        .then(|| outgoing.next())
+        .flatten()
+        .into_iter()
+        .flatten();
+    let mut from_left = (to_left == Transport::Tcp)
+        .then(|| incoming.next())
+        .flatten()
+        .into_iter()
+        .flatten();
+    let mesh_channels = mesh_peers
+        .iter()
+        .map(|&p| {
+            let links = if p < rank {
+                incoming.next()
+            } else {
+                outgoing.next()
+            };
+            let link = links.into_iter().flatten().next().ok_or_else(|| {
+                Error::Bootstrap(format!("internal error: no mesh link to rank {p}"))
+            })?;
+            Ok(Channel::new(Box::new(link), p))
+        })
+        .collect::<Result<Vec<_>>>()?;
 
     // Shared memory: with every rank for the direct collectives, else with the neighbours on
     // this host. A neighbour sends to this rank on its rings towards this rank.
@@ -200,8 +243,6 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         _ => None,
     };
 
-    let mut from_left = tcp_links.incoming.into_iter().flatten();
-    let mut to_right_tcp = tcp_links.outgoing.into_iter().flatten();
     let shm_ref = shm.as_ref();
     let left_channels = channels(
         left,
@@ -225,16 +266,18 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         geometry,
         left_channels,
         right_channels,
+        mesh_channels,
         Arc::clone(&liveness),
     );
     let direct = match (&shm, all_here) {
         (Some(shm), true) => Direct::new(rank, size, shm, Arc::clone(&liveness)),
         _ => None,
     };
-    let mut neighbours = vec![(left, to_left)];
+    let mut peers = vec![(left, to_left)];
     if right != left {
-        neighbours.push((right, to_right));
+        peers.push((right, to_right));
     }
+    peers.extend(mesh_peers.iter().map(|&p| (p, Transport::Tcp)));
     side.barrier(deadline)?;
     let heartbeat = (config.liveness != std::time::Duration::MAX)
         .then(|| side.into_heartbeat(config.liveness, Arc::clone(&liveness)))
@@ -244,7 +287,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         ring,
         direct,
         shm,
-        neighbours,
+        peers,
         wait,
         liveness,
         heartbeat,
@@ -286,6 +329,24 @@ fn channels(
         .collect()
 }
 
+/// Whether a group builds the mesh's links: when asked to, or with `auto` where it pays. Small
+/// collectives then take one step instead of ⌈(size − 1)/2⌉ around the ring, which pays when
+/// each hop costs a network's latency (with 1 ms per packet, 4 ranks: 1.7 ms instead of 2.8 ms
+/// per small all-reduce; docs/algorithms.md, "Mesh"). So `auto` builds it for 4 to
+/// [`AUTO_MESH_MAX`] ranks that are each on a host of their own and talk TCP (the mesh's extra
+/// links are TCP). Every input is the same on every rank, so all choose alike.
+fn uses_mesh(topology: Topology, size: usize, one_rank_per_host: bool, rdma: bool) -> bool {
+    match topology {
+        Topology::Mesh => true,
+        Topology::Auto => (4..=AUTO_MESH_MAX).contains(&size) && one_rank_per_host && !rdma,
+        _ => false,
+    }
+}
+
+/// The most ranks for which `auto` builds the mesh: each rank opens `size − 3` more TCP
+/// connections, and a one-step exchange sends `size − 1` messages at once.
+const AUTO_MESH_MAX: usize = 16;
+
 /// All-gathers `mine` as JSON through the side channel.
 fn exchange<T: Serialize + DeserializeOwned>(
     side: &mut SideChannel,
@@ -315,6 +376,13 @@ fn agree(rank: usize, me: &PeerInfo, infos: &[PeerInfo]) -> Result<()> {
                 "ranks disagree on the number of wires: rank {rank} uses {}, rank {r} uses {}; \
                  set JACCL_WIRES (or Config::wires) the same on every rank",
                 me.wires, info.wires
+            )));
+        }
+        if info.topology != me.topology {
+            return Err(Error::Bootstrap(format!(
+                "ranks disagree on the topology: rank {rank} uses {}, rank {r} uses {}; set \
+                 JACCL_TOPOLOGY (or Config::topology) the same on every rank",
+                me.topology, info.topology
             )));
         }
         if info.transport != me.transport {

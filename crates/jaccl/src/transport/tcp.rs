@@ -165,15 +165,15 @@ pub(crate) struct Established {
     pub(crate) incoming: Vec<Vec<TcpLink>>,
 }
 
-/// Opens `wires` authenticated connections to each peer of `connect_to` while accepting
-/// `wires` from each peer of `accept_from` on `listener` (on another thread: every rank's
-/// handshakes as the connecting side need its neighbour to be accepting).
+/// Opens `wires` authenticated connections to each `(peer, address, wires)` of `connect_to`
+/// while accepting `wires` from each `(peer, wires)` of `accept_from` on `listener` (on
+/// another thread: every rank's handshakes as the connecting side need its neighbour to be
+/// accepting).
 pub(crate) fn establish(
     listener: &TcpListener,
     me: &Identity,
-    connect_to: &[(usize, SocketAddr)],
-    accept_from: &[usize],
-    wires: usize,
+    connect_to: &[(usize, SocketAddr, usize)],
+    accept_from: &[(usize, usize)],
     deadline: Instant,
 ) -> Result<Established> {
     listener
@@ -181,8 +181,8 @@ pub(crate) fn establish(
         .map_err(|e| Error::io(me.rank, "data listener", e))?;
     let stop = AtomicBool::new(false);
     let (incoming, outgoing) = std::thread::scope(|s| {
-        let acceptor = s.spawn(|| accept_all(listener, me, accept_from, wires, deadline, &stop));
-        let outgoing = connect_all(me, connect_to, wires, deadline);
+        let acceptor = s.spawn(|| accept_all(listener, me, accept_from, deadline, &stop));
+        let outgoing = connect_all(me, connect_to, deadline);
         if outgoing.is_err() {
             stop.store(true, Ordering::Relaxed);
         }
@@ -196,7 +196,9 @@ pub(crate) fn establish(
     });
     let (outgoing, incoming) = (outgoing?, incoming?);
     // Each wire of each neighbour receives for one lane in each direction.
-    let staging = (STAGING_PER_RANK / (2 * wires.max(1))).max(MIN_STAGING);
+    let wires = connect_to.iter().map(|c| c.2);
+    let wires = wires.chain(accept_from.iter().map(|a| a.1)).max();
+    let staging = (STAGING_PER_RANK / (2 * wires.unwrap_or(1).max(1))).max(MIN_STAGING);
     let to_links = |streams: Vec<Vec<TcpStream>>| -> Result<Vec<Vec<TcpLink>>> {
         streams
             .into_iter()
@@ -214,17 +216,17 @@ pub(crate) fn establish(
     })
 }
 
-/// Opens and authenticates `wires` connections to each peer of `connect_to`.
+/// Opens and authenticates `wires` connections to each `(peer, address, wires)` of
+/// `connect_to`.
 fn connect_all(
     me: &Identity,
-    connect_to: &[(usize, SocketAddr)],
-    wires: usize,
+    connect_to: &[(usize, SocketAddr, usize)],
     deadline: Instant,
 ) -> Result<Vec<Vec<TcpStream>>> {
     let fail = |what: String| Error::Bootstrap(format!("rank {}: {what}", me.rank));
     connect_to
         .iter()
-        .map(|&(peer, addr)| {
+        .map(|&(peer, addr, wires)| {
             (0..wires)
                 .map(|wire| {
                     let claim = Claim {
@@ -262,22 +264,21 @@ fn connect_all(
         .collect()
 }
 
-/// Accepts until every (peer, wire) of `accept_from` × `wires` has connected and
+/// Accepts until every wire of every `(peer, wires)` of `accept_from` has connected and
 /// authenticated. Strangers are dropped; a connection that claims a taken slot, or is not
 /// expected, is refused and the slot keeps its connection.
 fn accept_all(
     listener: &TcpListener,
     me: &Identity,
-    accept_from: &[usize],
-    wires: usize,
+    accept_from: &[(usize, usize)],
     deadline: Instant,
     stop: &AtomicBool,
 ) -> Result<Vec<Vec<TcpStream>>> {
     let mut slots: Vec<Vec<Option<TcpStream>>> = accept_from
         .iter()
-        .map(|_| (0..wires).map(|_| None).collect())
+        .map(|&(_, wires)| (0..wires).map(|_| None).collect())
         .collect();
-    let mut missing = accept_from.len() * wires;
+    let mut missing: usize = accept_from.iter().map(|a| a.1).sum();
     if missing > 0 {
         let done = auth::serve(
             listener.as_fd(),
@@ -290,7 +291,7 @@ fn accept_all(
                 let reply_by = deadline.min(deadline_after(auth::HANDSHAKE_TIMEOUT));
                 let slot = accept_from
                     .iter()
-                    .position(|&p| p == claim.rank)
+                    .position(|&(p, _)| p == claim.rank)
                     .filter(|_| claim.purpose == Purpose::Data && claim.size == me.size)
                     .and_then(|i| slots[i].get_mut(claim.wire));
                 match slot {
@@ -327,7 +328,7 @@ fn accept_all(
             let absent: Vec<String> = accept_from
                 .iter()
                 .zip(&slots)
-                .flat_map(|(peer, wires)| {
+                .flat_map(|((peer, _), wires)| {
                     wires
                         .iter()
                         .enumerate()

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Config, Element, Error, Group, JobToken, ReduceOp, Transport};
+use jaccl::{Config, Element, Error, Group, JobToken, ReduceOp, Topology, Transport};
 
 /// A random number from the OS-seeded hasher (no extra dependency).
 pub fn random_u64() -> u64 {
@@ -52,19 +52,22 @@ pub enum Net {
     /// RDMA verbs between all ranks (`Transport::Rdma`, the first active port): only where
     /// there is one, as inside ../shared/rdma-vm.
     Rdma,
+    /// The mesh topology (a link between every pair of ranks) over TCP.
+    Mesh,
 }
 
 /// The nets the suites run on: `JACCL_TEST_NETS` (comma-separated `tcp`, `shm`, `mixed`,
-/// `rdma`), by default every one but `rdma`. scripts/test.sh runs the suites again inside the
+/// `mesh`, `rdma`), by default every one but `rdma`. scripts/test.sh runs the suites again inside the
 /// RDMA VM with `rdma,mixed`.
 pub fn nets() -> Vec<Net> {
-    let list = std::env::var("JACCL_TEST_NETS").unwrap_or_else(|_| "tcp,shm,mixed".into());
+    let list = std::env::var("JACCL_TEST_NETS").unwrap_or_else(|_| "tcp,shm,mixed,mesh".into());
     list.split(',')
         .map(|name| match name.trim() {
             "tcp" => Net::Tcp,
             "shm" => Net::Shm,
             "mixed" => Net::Mixed,
             "rdma" => Net::Rdma,
+            "mesh" => Net::Mesh,
             other => panic!("JACCL_TEST_NETS: unknown net {other:?}"),
         })
         .collect()
@@ -121,6 +124,7 @@ impl Net {
             Net::Tcp => cfg.transport(Transport::Tcp),
             Net::Shm => cfg.transport(Transport::Shm),
             Net::Rdma => cfg.transport(Transport::Rdma),
+            Net::Mesh => cfg.transport(Transport::Tcp).topology(Topology::Mesh),
             Net::Mixed => cfg.host_id(self.host(rank, size).unwrap_or_default()),
         }
     }
@@ -128,7 +132,7 @@ impl Net {
     /// The transport this net must give between ranks `a` and `b`.
     pub fn between(self, a: usize, b: usize, size: usize) -> Transport {
         match self {
-            Net::Tcp => Transport::Tcp,
+            Net::Tcp | Net::Mesh => Transport::Tcp,
             Net::Shm => Transport::Shm,
             Net::Rdma => Transport::Rdma,
             Net::Mixed if self.host(a, size) == self.host(b, size) => Transport::Shm,

@@ -15,6 +15,7 @@ need=()
 command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || need+=(openssh-server)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 command -v ip >/dev/null || need+=(iproute2)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if (( ${#need[@]} )) && (( EUID == 0 )) && command -v apt-get >/dev/null; then
   echo "test.sh: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -86,6 +87,22 @@ fi
 
 cargo test --workspace "$@"
 
+target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+
+# The Python package (crates/jaccl-py): pip builds it with maturin (PEP 517) into a virtual
+# environment in the target directory, as the README's install does, with numpy, ml_dtypes
+# (bfloat16) and pytest from PyPI; then its tests run real jobs of 1-4 processes, and the
+# example under `jaccl launch` (the debug binary cargo test just built). PyTorch is too large
+# to install here: its tests skip, and the DLPack path is tested with numpy.
+venv="$target/py-venv"
+if python3 -m venv "$venv" && "$venv/bin/pip" install -q numpy pytest ml_dtypes \
+    && MATURIN_PEP517_ARGS="--locked" "$venv/bin/pip" install -q --force-reinstall --no-deps ./crates/jaccl-py; then
+  JACCL_BIN="$target/debug/jaccl" "$venv/bin/python" -m pytest -q crates/jaccl-py/tests
+else
+  echo "test.sh: SKIPPED the Python tests: could not make a venv with numpy, pytest and the package" >&2
+  [[ -z "${JACCL_REQUIRE_ALL:-}" ]] || exit 1
+fi
+
 # ../shared/rdma-vm boots a small VM with a Soft-RoCE device (rxe0): cargo builds here, the VM
 # runs each test binary (cargo's runner), with JACCL_REQUIRE_RDMA=1 so that a missing device is
 # a failure. There: the suites over RDMA (JACCL_TEST_NETS=rdma), `auto` across two pretend
@@ -98,7 +115,6 @@ cargo test --workspace "$@"
 if (( EUID == 0 )) && [[ -n "$RDMA_VM" ]]; then
   # The VM sees the host read-only, except what is shared: the checkout (the tests run the
   # `jaccl` binary and write temporary files there) and the target directory.
-  target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
   shares="--share $PWD"
   [[ $target == "$PWD"/* ]] || shares+=" --share $target"
   in_vm() {

@@ -338,13 +338,19 @@ impl Config {
     /// [`Error::Config`] naming the variable and value when a value does not parse, or when a
     /// rank is set without a size (or the reverse).
     pub fn from_env() -> Result<Config> {
-        Config::from_lookup(|name| match std::env::var(name) {
-            Ok(v) => Ok(Some(v)),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => Err(Error::Config(format!(
-                "{name}={} is not valid UTF-8",
-                v.to_string_lossy()
-            ))),
+        Config::from_lookup(env_var)
+    }
+
+    /// [`Config::from_env`], where `overrides` (variable name → value, e.g. `JACCL_WIRES` →
+    /// `2`) take precedence over the environment: settings given in code, read with the
+    /// environment's rules and errors (the Python bindings' `jaccl.init(wires=2)`).
+    ///
+    /// # Errors
+    /// As [`Config::from_env`].
+    pub fn from_env_with(overrides: &std::collections::HashMap<String, String>) -> Result<Config> {
+        Config::from_lookup(|name| match overrides.get(name) {
+            Some(value) => Ok(Some(value.clone())),
+            None => env_var(name),
         })
     }
 
@@ -577,6 +583,18 @@ pub const SIZE_VARIABLES: [&str; 5] = [
 ];
 
 /// Variable lookup where an empty value counts as unset.
+/// The environment variable `name`, if set.
+fn env_var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Config(format!(
+            "{name}={} is not valid UTF-8",
+            v.to_string_lossy()
+        ))),
+    }
+}
+
 struct Env<F> {
     lookup: F,
 }

@@ -202,22 +202,37 @@ impl Group {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_usable()?;
-        if input.len() != output.len() || !input.len().is_multiple_of(dtype.size()) {
+        self.elements(Op::AllReduce, "input", input.len(), dtype)?;
+        if input.len() != output.len() {
             return Err(self.invalid(
                 Op::AllReduce,
                 format!(
-                    "input has {} bytes and output {}; both must be the same whole number of \
-                     {}-byte {dtype} elements",
+                    "input has {} bytes but output has {} (they must be equal)",
                     input.len(),
-                    output.len(),
-                    dtype.size()
+                    output.len()
                 ),
             ));
         }
         self.all_reduce_bytes(Some(input), output, dtype, op)?;
-        if dtype == Dtype::Bool {
-            output.iter_mut().for_each(|b| *b = u8::from(*b != 0));
-        }
+        normalise_bools(output, dtype);
+        Ok(())
+    }
+
+    /// [`Group::all_reduce_raw`] with the result written over `data`.
+    ///
+    /// # Errors
+    /// As [`Group::all_reduce_raw`].
+    pub fn all_reduce_raw_in_place(
+        &mut self,
+        data: &mut [u8],
+        dtype: Dtype,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_usable()?;
+        self.elements(Op::AllReduce, "data", data.len(), dtype)?;
+        normalise_bools(data, dtype);
+        self.all_reduce_bytes(None, data, dtype, op)?;
+        normalise_bools(data, dtype);
         Ok(())
     }
 
@@ -234,13 +249,35 @@ impl Group {
             ("output", output.len()),
             ("input", input.len()),
         )?;
-        let call = self.call(Op::AllGather, T::DTYPE, ReduceOp::Sum, input.len());
         let input = T::as_bytes(input);
-        T::with_bytes_mut(output, |out| {
-            self.copy_or_run(call, &input, out, |path, i, o, c| match path {
-                Path::Ring(ring) => ring.all_gather(i, o, c),
-                Path::Direct(direct) => direct.all_gather(i, o, c),
-            })
+        T::with_bytes_mut(output, |out| self.all_gather_bytes(&input, out, T::DTYPE))
+    }
+
+    /// [`Group::all_gather`] over raw bytes holding elements of `dtype`, for bindings to other
+    /// languages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless both are whole numbers of elements and
+    /// `output.len() == size() * input.len()`; otherwise as [`Group::all_gather`].
+    pub fn all_gather_raw(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
+        self.check_usable()?;
+        let op = Op::AllGather;
+        let whole = ("output", self.elements(op, "output", output.len(), dtype)?);
+        let block = ("input", self.elements(op, "input", input.len(), dtype)?);
+        self.check_blocks(op, whole, block)?;
+        self.all_gather_bytes(input, output, dtype)
+    }
+
+    fn all_gather_bytes(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
+        let call = self.call(
+            Op::AllGather,
+            dtype,
+            ReduceOp::Sum,
+            input.len() / dtype.size(),
+        );
+        self.copy_or_run(call, input, output, |path, i, o, c| match path {
+            Path::Ring(ring) => ring.all_gather(i, o, c),
+            Path::Direct(direct) => direct.all_gather(i, o, c),
         })
     }
 
@@ -262,14 +299,50 @@ impl Group {
             ("input", input.len()),
             ("output", output.len()),
         )?;
-        let call = self.call(Op::ReduceScatter, T::DTYPE, op, output.len());
-        let reducer = Reducer::new(T::DTYPE, op);
         let input = T::as_bytes(input);
         T::with_bytes_mut(output, |out| {
-            self.copy_or_run(call, &input, out, |path, i, o, c| match path {
-                Path::Ring(ring) => ring.reduce_scatter(i, o, &reducer, c),
-                Path::Direct(direct) => direct.reduce_scatter(i, o, &reducer, c),
-            })
+            self.reduce_scatter_bytes(&input, out, T::DTYPE, op)
+        })
+    }
+
+    /// [`Group::reduce_scatter`] over raw bytes holding elements of `dtype`, for bindings to
+    /// other languages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless both are whole numbers of elements and
+    /// `input.len() == size() * output.len()`; otherwise as [`Group::reduce_scatter`].
+    pub fn reduce_scatter_raw(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: Dtype,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let which = Op::ReduceScatter;
+        let whole = ("input", self.elements(which, "input", input.len(), dtype)?);
+        let block = (
+            "output",
+            self.elements(which, "output", output.len(), dtype)?,
+        );
+        self.check_blocks(which, whole, block)?;
+        self.reduce_scatter_bytes(input, output, dtype, op)?;
+        normalise_bools(output, dtype);
+        Ok(())
+    }
+
+    fn reduce_scatter_bytes(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: Dtype,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let call = self.call(Op::ReduceScatter, dtype, op, output.len() / dtype.size());
+        let reducer = Reducer::new(dtype, op);
+        self.copy_or_run(call, input, output, |path, i, o, c| match path {
+            Path::Ring(ring) => ring.reduce_scatter(i, o, &reducer, c),
+            Path::Direct(direct) => direct.reduce_scatter(i, o, &reducer, c),
         })
     }
 
@@ -283,10 +356,25 @@ impl Group {
     /// poisoned.
     pub fn send<T: Element>(&mut self, data: &[T], dst: usize) -> Result<()> {
         self.check_usable()?;
+        self.send_bytes(&T::as_bytes(data), dst, T::DTYPE)
+    }
+
+    /// [`Group::send`] of raw bytes holding elements of `dtype`, for bindings to other
+    /// languages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `data` is a whole number of elements; otherwise as
+    /// [`Group::send`].
+    pub fn send_raw(&mut self, data: &[u8], dst: usize, dtype: Dtype) -> Result<()> {
+        self.check_usable()?;
+        self.elements(Op::Send, "data", data.len(), dtype)?;
+        self.send_bytes(data, dst, dtype)
+    }
+
+    fn send_bytes(&mut self, data: &[u8], dst: usize, dtype: Dtype) -> Result<()> {
         self.check_peer(Op::Send, dst)?;
-        let bytes = T::as_bytes(data);
-        let call = self.call(Op::Send, T::DTYPE, ReduceOp::Sum, data.len());
-        self.on_ring(call, |ring, call| ring.send(&bytes, dst, call))
+        let call = self.call(Op::Send, dtype, ReduceOp::Sum, data.len() / dtype.size());
+        self.on_ring(call, |ring, call| ring.send(data, dst, call))
     }
 
     /// Receives into `out` what rank `src` sends with [`Group::send`] (same length and type).
@@ -295,11 +383,27 @@ impl Group {
     /// As [`Group::send`]; a sender whose length or type differs gives [`Error::Mismatch`].
     pub fn recv<T: Element>(&mut self, out: &mut [T], src: usize) -> Result<()> {
         self.check_usable()?;
+        T::with_bytes_mut(out, |bytes| self.recv_bytes(bytes, src, T::DTYPE))
+    }
+
+    /// [`Group::recv`] into raw bytes holding elements of `dtype`, for bindings to other
+    /// languages. `bool` bytes other than 0 and 1 that a sender sent arrive as 1.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `out` is a whole number of elements; otherwise as
+    /// [`Group::recv`].
+    pub fn recv_raw(&mut self, out: &mut [u8], src: usize, dtype: Dtype) -> Result<()> {
+        self.check_usable()?;
+        self.elements(Op::Recv, "out", out.len(), dtype)?;
+        self.recv_bytes(out, src, dtype)?;
+        normalise_bools(out, dtype);
+        Ok(())
+    }
+
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize, dtype: Dtype) -> Result<()> {
         self.check_peer(Op::Recv, src)?;
-        let call = self.call(Op::Recv, T::DTYPE, ReduceOp::Sum, out.len());
-        T::with_bytes_mut(out, |bytes| {
-            self.on_ring(call, |ring, call| ring.recv(bytes, src, call))
-        })
+        let call = self.call(Op::Recv, dtype, ReduceOp::Sum, out.len() / dtype.size());
+        self.on_ring(call, |ring, call| ring.recv(out, src, call))
     }
 
     /// Returns once every rank has entered the barrier.
@@ -480,8 +584,29 @@ impl Group {
         Ok(())
     }
 
+    /// The number of `dtype` elements in `bytes` bytes of `what`, which must be whole.
+    fn elements(&self, op: Op, what: &str, bytes: usize, dtype: Dtype) -> Result<usize> {
+        if bytes.is_multiple_of(dtype.size()) {
+            return Ok(bytes / dtype.size());
+        }
+        Err(self.invalid(
+            op,
+            format!(
+                "{what} has {bytes} bytes, not a whole number of {}-byte {dtype} elements",
+                dtype.size()
+            ),
+        ))
+    }
+
     fn invalid(&self, op: Op, what: String) -> Error {
         Error::InvalidArgument(format!("rank {}: {op}: {what}", self.rank))
+    }
+}
+
+/// Makes `bool` bytes 0 or 1 (any other byte is true), as `bool` values must be.
+fn normalise_bools(bytes: &mut [u8], dtype: Dtype) {
+    if dtype == Dtype::Bool {
+        bytes.iter_mut().for_each(|b| *b = u8::from(*b != 0));
     }
 }
 

@@ -416,6 +416,59 @@ fn wrappers_raw_api_and_mixed_sequences() {
                     .unwrap();
                 let expect: Vec<u8> = (0..10).map(|i| u8::from(i < n)).collect();
                 assert_eq!(any, expect);
+                let mut flags = flags;
+                g.all_reduce_raw_in_place(&mut flags, Dtype::Bool, ReduceOp::Max)
+                    .unwrap();
+                assert_eq!(flags, expect);
+
+                // The other raw calls: u16 elements as bytes, and lengths that are not whole
+                // elements, refused before anything is sent.
+                let mine: Vec<u8> = [rank as u16 + 1; 4 * 8]
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect();
+                let mut all = vec![0u8; n * mine.len()];
+                g.all_gather_raw(&mine, &mut all, Dtype::UInt16).unwrap();
+                assert_eq!(
+                    all.chunks(mine.len()).nth(n - 1),
+                    Some(&[n as u8, 0].repeat(32)[..])
+                );
+                let block = mine.len() / n.min(4) / 2 * 2;
+                let mut reduced = vec![0u8; block];
+                let whole = &mine[..block * n];
+                g.reduce_scatter_raw(whole, &mut reduced, Dtype::UInt16, ReduceOp::Sum)
+                    .unwrap();
+                let sum = (n * (n + 1) / 2) as u16;
+                assert_eq!(reduced, sum.to_ne_bytes().repeat(block / 2));
+                let odd = [0u8; 3];
+                for e in [
+                    g.all_gather_raw(&odd, &mut vec![0; 3 * n], Dtype::UInt16),
+                    g.reduce_scatter_raw(
+                        &vec![0; 3 * n],
+                        &mut [0; 3],
+                        Dtype::UInt16,
+                        ReduceOp::Sum,
+                    ),
+                    g.all_reduce_raw_in_place(&mut [0; 3], Dtype::UInt16, ReduceOp::Sum),
+                    g.send_raw(&odd, (rank + 1) % n, Dtype::UInt16),
+                    g.recv_raw(&mut [0; 3], (rank + 1) % n, Dtype::UInt16),
+                ] {
+                    assert!(matches!(e, Err(jaccl::Error::InvalidArgument(_))), "{e:?}");
+                }
+                if n > 1 {
+                    let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
+                    let mut got = vec![0u8; 20];
+                    let data = vec![rank as u8 + 3; 20];
+                    if rank % 2 == 0 {
+                        g.send_raw(&data, right, Dtype::Bool).unwrap();
+                        g.recv_raw(&mut got, left, Dtype::Bool).unwrap();
+                    } else {
+                        g.recv_raw(&mut got, left, Dtype::Bool).unwrap();
+                        g.send_raw(&data, right, Dtype::Bool).unwrap();
+                    }
+                    // bool bytes arrive as 0 or 1.
+                    assert_eq!(got, vec![1u8; 20]);
+                }
             }
         });
     }

@@ -1,0 +1,67 @@
+"""The exceptions of jaccl: one class per kind of failure, all subclasses of :class:`Error`.
+
+Every exception carries ``rank`` (the rank that failed), ``peer`` (the other rank involved)
+and ``op`` (``"all_reduce"``, ``"send"``, ``"init"``, ...) where they are known, else ``None``.
+After a failure while data moved (``PeerLost``, ``Timeout``, ``Mismatch``, ``ProtocolError``,
+``IoError``) the group is closed: every later call raises the same error.
+"""
+
+from typing import Optional
+
+
+class Error(Exception):
+    """A jaccl failure."""
+
+    rank: Optional[int] = None
+    peer: Optional[int] = None
+    op: Optional[str] = None
+
+
+class PeerLost(Error):
+    """A peer's process ended, its connection closed, or it stopped answering (liveness)."""
+
+
+class Timeout(Error):
+    """No progress for the operation timeout (``JACCL_TIMEOUT``)."""
+
+
+class Mismatch(Error):
+    """Ranks called different operations, lengths, element types or reductions."""
+
+
+class ProtocolError(Error):
+    """A peer sent something that is not jaccl's protocol, or a transport failed."""
+
+
+class BootstrapError(Error):
+    """The group could not be formed (coordinator unreachable, start-up timeout, ...)."""
+
+
+class ConfigError(Error):
+    """A setting or environment variable does not parse or does not fit."""
+
+
+class InvalidArgument(Error, ValueError):
+    """A call's arguments are wrong (element type, shape, layout, rank); nothing was sent."""
+
+
+class Unsupported(Error):
+    """The request cannot be served here (e.g. RDMA without a device)."""
+
+
+class IoError(Error):
+    """The operating system refused something jaccl needed."""
+
+
+__all__ = [
+    "Error",
+    "PeerLost",
+    "Timeout",
+    "Mismatch",
+    "ProtocolError",
+    "BootstrapError",
+    "ConfigError",
+    "InvalidArgument",
+    "Unsupported",
+    "IoError",
+]

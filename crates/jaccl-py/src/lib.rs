@@ -1,0 +1,222 @@
+//! `jaccl._native`: the Rust side of the Python package `jaccl`.
+//!
+//! It is deliberately thin: a `Group` whose collectives take raw bytes (`(address, length)`
+//! of arrays, see `memory`) and an element type by name, and errors that become the
+//! exceptions of `jaccl.errors`. The package (python/jaccl/__init__.py) does everything
+//! about arrays: element types, shapes, `out=`, PyTorch tensors. Data moves with the GIL
+//! released.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use jaccl::{Dtype, ReduceOp};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+mod memory;
+
+use memory::Memory;
+
+/// A jaccl group (`jaccl::Group`), for the package's `jaccl.Group`.
+#[pyclass(module = "jaccl._native", frozen)]
+struct Group {
+    inner: Mutex<jaccl::Group>,
+}
+
+/// Joins the group that `settings` (variable name → value, e.g. `JACCL_WIRES` → `2`) and
+/// the environment describe.
+#[pyfunction]
+fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
+    let group = py
+        .detach(|| jaccl::Config::from_env_with(&settings).and_then(jaccl::init_with))
+        .map_err(|e| to_python(py, &e))?;
+    Ok(Group {
+        inner: Mutex::new(group),
+    })
+}
+
+#[pymethods]
+impl Group {
+    #[getter]
+    fn rank(&self) -> PyResult<usize> {
+        Ok(self.lock()?.rank())
+    }
+
+    #[getter]
+    fn size(&self) -> PyResult<usize> {
+        Ok(self.lock()?.size())
+    }
+
+    /// `[(peer, transport name)]`, as `jaccl::Group::transport`.
+    #[getter]
+    fn transport(&self) -> PyResult<Vec<(usize, String)>> {
+        let peers = self.lock()?.transport();
+        Ok(peers.into_iter().map(|(p, t)| (p, t.to_string())).collect())
+    }
+
+    /// `ring`, `mesh`, or `None` for a group of one.
+    #[getter]
+    fn topology(&self) -> PyResult<Option<String>> {
+        Ok(self.lock()?.topology().map(|t| t.to_string()))
+    }
+
+    /// All-reduce of `input` into `output`, or of `output` in place when `input` is `None`.
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        input: Option<Memory>,
+        output: Memory,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
+        let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
+        match input {
+            Some(input) if input.overlaps(output) => Err(overlap(py)),
+            Some(input) => self.run(py, |g| {
+                g.all_reduce_raw(input.bytes(), output.bytes_mut(), dtype, op)
+            }),
+            None => self.run(py, |g| {
+                g.all_reduce_raw_in_place(output.bytes_mut(), dtype, op)
+            }),
+        }
+    }
+
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        dtype: &str,
+    ) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        if input.overlaps(output) {
+            return Err(overlap(py));
+        }
+        self.run(py, |g| {
+            g.all_gather_raw(input.bytes(), output.bytes_mut(), dtype)
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
+        let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
+        if input.overlaps(output) {
+            return Err(overlap(py));
+        }
+        self.run(py, |g| {
+            g.reduce_scatter_raw(input.bytes(), output.bytes_mut(), dtype, op)
+        })
+    }
+
+    fn send(&self, py: Python<'_>, data: Memory, dst: usize, dtype: &str) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run(py, |g| g.send_raw(data.bytes(), dst, dtype))
+    }
+
+    fn recv(&self, py: Python<'_>, out: Memory, src: usize, dtype: &str) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run(py, |g| g.recv_raw(out.bytes_mut(), src, dtype))
+    }
+
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, jaccl::Group::barrier)
+    }
+}
+
+impl Group {
+    /// The group, for one call at a time (Python threads sharing a group take turns).
+    fn lock(&self) -> PyResult<MutexGuard<'_, jaccl::Group>> {
+        self.inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("a jaccl call panicked earlier in this group"))
+    }
+
+    /// Runs `f` on the group with the GIL released; its error becomes a `jaccl.errors`
+    /// exception.
+    fn run(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<()> + Send,
+    ) -> PyResult<()> {
+        let result = py.detach(|| {
+            let mut group = self.lock()?;
+            Ok(f(&mut group))
+        });
+        result.and_then(|r| r.map_err(|e| to_python(py, &e)))
+    }
+}
+
+fn parse_dtype(py: Python<'_>, name: &str) -> PyResult<Dtype> {
+    name.parse()
+        .map_err(|why: String| exception(py, "InvalidArgument", why, None, None, None))
+}
+
+fn parse_op(py: Python<'_>, name: &str) -> PyResult<ReduceOp> {
+    name.parse()
+        .map_err(|why: String| exception(py, "InvalidArgument", why, None, None, None))
+}
+
+fn overlap(py: Python<'_>) -> PyErr {
+    let why = "the input and output overlap without being the same array";
+    exception(py, "InvalidArgument", why.into(), None, None, None)
+}
+
+/// The `jaccl.errors` exception for `e`, with the rank, peer and operation it names.
+fn to_python(py: Python<'_>, e: &jaccl::Error) -> PyErr {
+    use jaccl::Error as E;
+    let msg = e.to_string();
+    let op = |op: &jaccl::Op| Some(op.name());
+    let (class, rank, peer, op) = match e {
+        E::PeerLost {
+            rank, peer, op: o, ..
+        } => ("PeerLost", Some(*rank), Some(*peer), op(o)),
+        E::Timeout { rank, op: o, .. } => ("Timeout", Some(*rank), None, op(o)),
+        E::Mismatch {
+            rank, peer, op: o, ..
+        } => ("Mismatch", Some(*rank), Some(*peer), op(o)),
+        E::Protocol {
+            rank, peer, op: o, ..
+        } => ("ProtocolError", Some(*rank), Some(*peer), op(o)),
+        E::Bootstrap(_) => ("BootstrapError", None, None, Some("init")),
+        E::Config(_) => ("ConfigError", None, None, Some("init")),
+        E::InvalidArgument(_) => ("InvalidArgument", None, None, None),
+        E::Unsupported(_) => ("Unsupported", None, None, None),
+        E::Io { rank, .. } => ("IoError", Some(*rank), None, None),
+        _ => ("Error", None, None, None),
+    };
+    exception(py, class, msg, rank, peer, op)
+}
+
+/// An instance of `jaccl.errors.<class>` with its `rank`, `peer` and `op` attributes.
+fn exception(
+    py: Python<'_>,
+    class: &str,
+    msg: String,
+    rank: Option<usize>,
+    peer: Option<usize>,
+    op: Option<&str>,
+) -> PyErr {
+    let made = (|| -> PyResult<PyErr> {
+        let class = py.import("jaccl.errors")?.getattr(class)?;
+        let value = class.call1((msg,))?;
+        value.setattr("rank", rank)?;
+        value.setattr("peer", peer)?;
+        value.setattr("op", op)?;
+        Ok(PyErr::from_value(value))
+    })();
+    made.unwrap_or_else(|e| e)
+}
+
+/// The module `jaccl._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Group>()?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,123 @@
+"""Failures surface as exceptions of jaccl.errors carrying rank, peer and op; nothing leaks."""
+
+import time
+
+
+def test_a_killed_rank_is_peer_lost_on_the_others(job):
+    j = job(
+        4,
+        """
+g = jaccl.init()
+x = np.ones(1 << 16, np.float32)
+g.all_sum(x)
+print("READY", flush=True)
+try:
+    while True:
+        g.all_sum(x)
+        g.all_sum(x[:8])
+except jaccl.Error as e:
+    report([type(e).__name__, isinstance(e, jaccl.PeerLost), e.rank, e.peer, e.op, str(e)])
+    # The group stays failed: the same error at once.
+    try:
+        g.barrier()
+    except jaccl.PeerLost as again:
+        report(str(again) == str(e))
+""",
+    )
+    for r in range(4):
+        j.wait_for_line(r, "READY")
+    victim = 2
+    killed = time.monotonic()
+    j.kill(victim)
+    for r in range(4):
+        if r == victim:
+            continue
+        stdout, stderr = j.procs[r].communicate(timeout=60)
+        after = time.monotonic() - killed
+        assert j.procs[r].returncode == 0, stderr
+        lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+        assert len(lines) == 2, stdout + stderr
+        name, is_lost, rank, peer, op, msg = __import__("json").loads(lines[0][7:])
+        assert (name, is_lost, rank, peer, op) == ("PeerLost", True, r, victim, "all_reduce"), msg
+        assert lines[1] == "RESULT true"
+        # Found by the connections or the liveness window (2 s here), far inside this bound.
+        assert after < 30, after
+
+
+def test_mismatched_calls_are_mismatch_with_the_peer(run):
+    results = run(
+        2,
+        """
+g = jaccl.init(timeout="20s")
+try:
+    g.all_sum(np.ones(10 if g.rank else 20, np.float32))
+    report("no error")
+except jaccl.Mismatch as e:
+    report([e.rank, e.peer, e.op])
+""",
+    )
+    assert results == [[[0, 1, "all_reduce"]], [[1, 0, "all_reduce"]]]
+
+
+def test_a_silent_peer_is_a_timeout(run):
+    results = run(
+        2,
+        """
+import time
+g = jaccl.init(timeout="300ms", liveness="off")
+if g.rank == 1:
+    time.sleep(2)
+    report("slept")
+else:
+    try:
+        g.barrier()
+    except jaccl.Timeout as e:
+        report([e.rank, e.peer, e.op, isinstance(e, jaccl.Error)])
+""",
+    )
+    assert results[0] == [[0, None, "barrier", True]]
+
+
+def test_bootstrap_and_config_errors():
+    import jaccl
+
+    try:
+        jaccl.init(rank=0, size=2, coordinator="127.0.0.1:1", startup_timeout="300ms")
+        raise AssertionError("no error")
+    except jaccl.BootstrapError as e:
+        assert e.op == "init" and "127.0.0.1:1" in str(e)
+    try:
+        jaccl.init(rank=3, size=2, coordinator="127.0.0.1:1")
+        raise AssertionError("no error")
+    except jaccl.ConfigError as e:
+        assert "rank 3" in str(e)
+
+
+def test_reference_counts_stay_stable_over_many_calls(run):
+    results = run(
+        2,
+        """
+import gc
+g = jaccl.init()
+x = np.ones(16, np.float32)
+out = np.empty_like(x)
+def counts():
+    gc.collect()
+    return [sys.getrefcount(x), sys.getrefcount(out), sys.getrefcount(g), len(gc.get_objects())]
+before = counts()
+for i in range(10_000):
+    g.all_sum(x, out=out)
+    g.all_gather(x)
+    if i % 1000 == 0:
+        try:
+            g.all_sum(x, out=np.zeros(3, np.float32))
+        except jaccl.InvalidArgument:
+            pass
+after = counts()
+report([before, after])
+""",
+    )
+    for [[before, after]] in results:
+        assert before[:3] == after[:3], (before, after)
+        # No objects pile up (a few may come and go with the interpreter's caches).
+        assert after[3] - before[3] < 100, (before, after)

@@ -1,0 +1,36 @@
+"""The README's example: `jaccl launch -n 4 -- python examples/data_parallel.py`."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def jaccl_command():
+    """The `jaccl` binary: $JACCL_BIN, else the workspace's build."""
+    for candidate in (os.environ.get("JACCL_BIN"), ROOT / "target/release/jaccl", ROOT / "target/debug/jaccl"):
+        if candidate and pathlib.Path(candidate).is_file():
+            return str(candidate)
+    if os.environ.get("JACCL_REQUIRE_ALL"):
+        raise AssertionError("no jaccl binary (set JACCL_BIN or run cargo build)")
+    pytest.skip("no jaccl binary: run cargo build first")
+
+
+def test_data_parallel_example_matches_single_process_training():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
+    example = str(ROOT / "examples/data_parallel.py")
+    done = subprocess.run(
+        [jaccl_command(), "launch", "-n", "4", "--", sys.executable, example],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "weights identical on every rank: True" in done.stdout
+    assert "(ok)" in done.stdout
+    assert "step    0  loss" in done.stdout

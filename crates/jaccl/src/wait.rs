@@ -6,7 +6,7 @@
 //! only then sleeps in `poll(2)` on its doorbell. With a core per rank, spinning gives the
 //! cache-line round trip; with more ranks than cores, a spinning rank takes the core the rank it
 //! waits for needs (a whole scheduler slice, 4 ms, per hop), so the automatic policy yields at
-//! once. Links that cost a system call to re-check (TCP) are slept on at once.
+//! once. Links that cost a system call to re-check (TCP) yield for at most [`SYSCALL_YIELD`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -146,6 +146,13 @@ pub(crate) struct Backoff {
 
 const CLOCK_EVERY: u32 = 32;
 
+/// The longest yield phase of a wait on links that need a system call to re-check (TCP). Short:
+/// ranks yielding for the policy's 2 ms in system calls, 8 ranks on 2 CPUs and two tests at
+/// once, kept heartbeat threads off the CPU for over 500 ms (the tests' liveness window), while
+/// 50 µs already gives most of the gain (4 ranks on 2 CPUs, 8 B all-reduce: 77 µs sleeping at
+/// once, 42 µs with 50 µs of yield, 39 µs with 1 ms; docs/algorithms.md, "Waiting").
+pub(crate) const SYSCALL_YIELD: Duration = Duration::from_micros(50);
+
 impl Backoff {
     pub(crate) fn new(policy: WaitPolicy, timeout: Duration) -> Backoff {
         Backoff {
@@ -163,9 +170,7 @@ impl Backoff {
     }
 
     /// Nothing moved. `in_memory`: re-checking costs no system call. Links that need one (TCP)
-    /// spin but never yield: a rank yielding in system calls while others wait for the CPU
-    /// starved their heartbeat threads (8 ranks on 2 CPUs, CI), and sleeping costs them little
-    /// more.
+    /// yield for at most [`SYSCALL_YIELD`] of the policy's yield phase.
     pub(crate) fn idle(&mut self, in_memory: bool) -> Idle {
         if self.unclocked < CLOCK_EVERY && !self.policy.spin.is_zero() {
             self.unclocked += 1;
@@ -181,7 +186,11 @@ impl Backoff {
             std::hint::spin_loop();
             return Idle::Retry;
         }
-        if in_memory && idle < self.policy.spin.saturating_add(self.policy.yield_for) {
+        let yield_for = match in_memory {
+            true => self.policy.yield_for,
+            false => self.policy.yield_for.min(SYSCALL_YIELD),
+        };
+        if idle < self.policy.spin.saturating_add(yield_for) {
             rustix::thread::sched_yield();
             return Idle::Retry;
         }
@@ -216,12 +225,14 @@ mod tests {
     }
 
     #[test]
-    fn links_that_need_a_system_call_spin_but_never_yield() {
+    fn links_that_need_a_system_call_yield_only_briefly() {
         let yield_only = WaitPolicy {
             spin: Duration::ZERO,
             yield_for: Duration::from_secs(5),
         };
         let mut b = Backoff::new(yield_only, Duration::from_secs(5));
+        assert_eq!(b.idle(false), Idle::Retry);
+        std::thread::sleep(SYSCALL_YIELD);
         assert!(matches!(b.idle(false), Idle::Sleep(_)));
         assert_eq!(b.idle(true), Idle::Retry);
         let mut b = Backoff::new(WaitPolicy::auto(1, 1), Duration::from_secs(5));

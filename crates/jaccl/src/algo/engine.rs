@@ -3,10 +3,10 @@
 //! An [`Execution`] is one call in progress: each [`Execution::pass`] over the lanes sends what
 //! may be sent and merges what has arrived, without blocking. [`run`] repeats passes and, when
 //! one moves nothing, waits as the links' readiness interface says (`crate::transport`): it
-//! spins and yields on shared-memory links (per the call's [`crate::WaitPolicy`]), and sleeps in
-//! `poll(2)` on exactly the links it waits for. With more ranks than cores (tests run 8 ranks on
-//! 2), a rank that busy-polls steals the core its peer needs and each hop then costs a
-//! scheduler slice, so TCP links are slept on at once.
+//! spins and yields (per the call's [`crate::WaitPolicy`]; on TCP links the yield phase is
+//! short), and sleeps in `poll(2)` on exactly the links it waits for. With more ranks than
+//! cores (tests run 8 ranks on 2), a rank that busy-polls steals the core its peer needs and
+//! each hop then costs a scheduler slice, so such ranks never spin.
 //!
 //! Every wait has a deadline: when no byte moves for the call's timeout, it fails with
 //! [`Error::Timeout`].

@@ -16,8 +16,8 @@
 //! 1. The engine first re-checks the links for the spin phase of the rank's
 //!    [`WaitPolicy`](crate::WaitPolicy): a check costs a load on [`Link::in_memory`] links
 //!    (shared memory, RDMA), a `recv` that finds nothing on TCP, far less than sleeping and
-//!    being woken across cores. In-memory links then also yield the CPU between checks for the
-//!    yield phase ([`crate::wait`]).
+//!    being woken across cores. Then it yields the CPU between checks for the yield phase
+//!    (at most 50 µs of it on links that need a system call; [`crate::wait`]).
 //! 2. [`Link::arm`] prepares to sleep for an [`Interest`]. A link that can already make progress
 //!    (bytes arrived or room appeared since it last returned 0, a peer that went away) answers
 //!    [`Readiness::Ready`] and the engine does not sleep.

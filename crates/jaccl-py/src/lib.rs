@@ -7,7 +7,7 @@
 //! released.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use jaccl::{Dtype, ReduceOp};
 use pyo3::exceptions::PyRuntimeError;
@@ -21,17 +21,35 @@ use memory::Memory;
 #[pyclass(module = "jaccl._native", frozen)]
 struct Group {
     inner: Mutex<jaccl::Group>,
+    /// What a signal handler raised while a call waited (Ctrl-C: `KeyboardInterrupt`).
+    interrupt: Arc<Mutex<Option<PyErr>>>,
 }
 
 /// Joins the group that `settings` (variable name → value, e.g. `JACCL_WIRES` → `2`) and
 /// the environment describe.
 #[pyfunction]
 fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
-    let group = py
+    let mut group = py
         .detach(|| jaccl::Config::from_env_with(&settings).and_then(jaccl::init_with))
         .map_err(|e| to_python(py, &e))?;
+    // While a call waits, run Python's signal handlers (on the main thread) every 100 ms: a
+    // handler that raises (Ctrl-C) stops the call, and its exception is raised in its place.
+    let interrupt = Arc::new(Mutex::new(None));
+    let raised = Arc::clone(&interrupt);
+    group.interrupt_when(move || {
+        Python::attach(|py| match py.check_signals() {
+            Ok(()) => false,
+            Err(e) => {
+                if let Ok(mut slot) = raised.lock() {
+                    *slot = Some(e);
+                }
+                true
+            }
+        })
+    });
     Ok(Group {
         inner: Mutex::new(group),
+        interrupt,
     })
 }
 
@@ -148,7 +166,19 @@ impl Group {
             let mut group = self.lock()?;
             Ok(f(&mut group))
         });
-        result.and_then(|r| r.map_err(|e| to_python(py, &e)))
+        result.and_then(|r| {
+            r.map_err(|e| match e {
+                // The handler's own exception, the first time (later calls on the stopped
+                // group raise jaccl.errors.Interrupted).
+                jaccl::Error::Interrupted { .. } => self
+                    .interrupt
+                    .lock()
+                    .ok()
+                    .and_then(|mut slot| slot.take())
+                    .unwrap_or_else(|| to_python(py, &e)),
+                e => to_python(py, &e),
+            })
+        })
     }
 }
 
@@ -180,6 +210,7 @@ fn to_python(py: Python<'_>, e: &jaccl::Error) -> PyErr {
         E::Mismatch {
             rank, peer, op: o, ..
         } => ("Mismatch", Some(*rank), Some(*peer), op(o)),
+        E::Interrupted { rank, op: o } => ("Interrupted", Some(*rank), None, op(o)),
         E::Protocol {
             rank, peer, op: o, ..
         } => ("ProtocolError", Some(*rank), Some(*peer), op(o)),

@@ -121,3 +121,36 @@ report([before, after])
         assert before[:3] == after[:3], (before, after)
         # No objects pile up (a few may come and go with the interpreter's caches).
         assert after[3] - before[3] < 100, (before, after)
+
+
+def test_ctrl_c_while_waiting_raises_keyboard_interrupt(job):
+    j = job(
+        2,
+        """
+import time
+g = jaccl.init()
+if g.rank == 1:
+    time.sleep(4)
+    sys.exit(0)
+print("WAITING", flush=True)
+start = time.monotonic()
+try:
+    g.barrier()
+    report("no interrupt")
+except KeyboardInterrupt:
+    report(time.monotonic() - start)
+try:
+    g.all_sum(np.ones(2))
+except jaccl.Interrupted as e:
+    report([e.rank, e.op])
+""",
+    )
+    j.wait_for_line(0, "WAITING")
+    time.sleep(0.5)
+    j.procs[0].send_signal(__import__("signal").SIGINT)
+    stdout, stderr = j.procs[0].communicate(timeout=30)
+    lines = [l[7:] for l in stdout.splitlines() if l.startswith("RESULT ")]
+    assert len(lines) == 2, stdout + stderr
+    # Raised well before rank 1 (asleep for 4 s) could have arrived.
+    assert float(lines[0]) < 3, lines
+    assert lines[1] == '[0, "barrier"]'

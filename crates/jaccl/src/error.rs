@@ -50,7 +50,7 @@ impl fmt::Display for Op {
 /// reports it, so a log line from any rank is self-explanatory.
 ///
 /// After an error that happened while data was moving (`PeerLost`, `Timeout`, `Mismatch`,
-/// `Protocol`, `Io`) the group is *poisoned*: it has closed its connections (so its peers fail
+/// `Protocol`, `Interrupted`, `Io`) the group is *poisoned*: it has closed its connections (so its peers fail
 /// promptly too) and every later call returns the same error at once. Create a new group to go on.
 /// Argument errors are found before any data moves and leave the group usable.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -108,6 +108,15 @@ pub enum Error {
         op: Op,
         /// What was wrong.
         detail: String,
+    },
+    /// The caller's interrupt check ([`crate::Group::interrupt_when`]) asked a waiting
+    /// operation to stop (Ctrl-C in the Python bindings). The operation stopped half-way.
+    #[error("rank {rank}: {op}: interrupted while waiting for the other ranks")]
+    Interrupted {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The operation that was running.
+        op: Op,
     },
     /// Start-up failed: the coordinator is unreachable or refused us, a rank did not join in
     /// time, ranks disagree on the configuration, or data connections could not be made.

@@ -119,6 +119,16 @@ impl Group {
         }
     }
 
+    /// Makes every wait of this group ask `check`, at least every 100 ms while it sleeps, whether
+    /// to stop; when `check` answers true, the operation fails with [`Error::Interrupted`]
+    /// (and, having stopped half-way, poisons the group). Bindings use it to honour Ctrl-C
+    /// while a call waits for slow peers; `check` runs on the calling thread.
+    pub fn interrupt_when(&mut self, check: impl Fn() -> bool + Send + Sync + 'static) {
+        if let State::Connected(c) = &self.state {
+            c.liveness.set_interrupt(Some(std::sync::Arc::new(check)));
+        }
+    }
+
     /// Parallel connections to each ring neighbour (0 for a group of one).
     pub fn wires(&self) -> usize {
         self.wires

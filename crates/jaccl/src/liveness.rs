@@ -10,7 +10,8 @@
 //! interval, whatever the transport. A rank that is only busy in its own code keeps beating.
 //!
 //! Operations look at the verdict whenever they would wait, and sleeps wake when it arrives
-//! ([`Liveness::wake_fd`]).
+//! ([`Liveness::wake_fd`]). The same object carries the caller's interrupt check
+//! ([`crate::Group::interrupt_when`]), which sleeping operations consult.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -33,7 +34,16 @@ pub(crate) struct Liveness {
     verdict: Mutex<Option<(usize, String)>>,
     /// Readable once a verdict is in, so that sleeping operations wake.
     wake: OwnedFd,
+    /// Asked after each sleep (sleeps then last at most [`INTERRUPT_EVERY`]).
+    interrupt: Mutex<Option<InterruptCheck>>,
 }
+
+/// A check that says whether the caller wants the current operation to stop (for example, the
+/// Python bindings answer whether Ctrl-C was pressed). See [`crate::Group::interrupt_when`].
+pub(crate) type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a sleeping operation asks the interrupt check, when there is one.
+pub(crate) const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
 
 impl Liveness {
     /// No verdict yet; a heartbeat ([`coordinate`], [`attend`]) may deliver one.
@@ -43,7 +53,38 @@ impl Liveness {
             lost: AtomicBool::new(false),
             verdict: Mutex::new(None),
             wake: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            interrupt: Mutex::new(None),
         }))
+    }
+
+    /// Installs (or with `None` removes) the interrupt check.
+    pub(crate) fn set_interrupt(&self, check: Option<InterruptCheck>) {
+        if let Ok(mut slot) = self.interrupt.lock() {
+            *slot = check;
+        }
+    }
+
+    /// The longest a sleep of `limit` may last: [`INTERRUPT_EVERY`] with an interrupt check.
+    pub(crate) fn sleep_limit(&self, limit: Duration) -> Duration {
+        match self.interrupt.lock() {
+            Ok(slot) if slot.is_some() => limit.min(INTERRUPT_EVERY),
+            _ => limit,
+        }
+    }
+
+    /// After a sleep: [`Error::Interrupted`] if the interrupt check asks to stop.
+    pub(crate) fn check_interrupt(&self, op: Op) -> Result<(), Error> {
+        let check = match self.interrupt.lock() {
+            Ok(slot) => slot.clone(),
+            Err(_) => None,
+        };
+        match check {
+            Some(stop) if stop() => Err(Error::Interrupted {
+                rank: self.rank,
+                op,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Records that `peer` is lost (the first verdict stays) and wakes sleeping operations.

@@ -486,3 +486,45 @@ fn silent_peer_on(net: Net) {
     }
     assert_eq!(format!("{first:?}"), format!("{second:?}"));
 }
+
+#[test]
+fn an_interrupt_check_stops_a_waiting_operation_and_poisons_the_group() {
+    for net in nets() {
+        let results = with_group_timeout(net, 2, 1, Duration::from_secs(60), |g| {
+            if g.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(1500));
+                // Rank 0's token may have arrived before it stopped: the barrier may pass.
+                let _ = g.barrier();
+                return (g.all_sum(&[1u8], &mut [0u8]), None, Duration::ZERO);
+            }
+            let start = std::time::Instant::now();
+            g.interrupt_when(move || start.elapsed() > Duration::from_millis(200));
+            let first = g.barrier();
+            let took = start.elapsed();
+            (first, Some(g.all_sum(&[1u8], &mut [0u8])), took)
+        });
+        let (first, again, took) = &results[0];
+        assert!(
+            matches!(
+                first,
+                Err(Error::Interrupted {
+                    rank: 0,
+                    op: Op::Barrier
+                })
+            ),
+            "{net:?}: {first:?}"
+        );
+        assert_eq!(
+            format!("{:?}", again.clone().unwrap()),
+            format!("{first:?}")
+        );
+        // Asked at least every 100 ms while sleeping: far sooner than rank 1 arrives.
+        assert!(*took < Duration::from_millis(1400), "{net:?}: {took:?}");
+        // The interrupted rank closed its connections: its peer does not wait for it.
+        assert!(
+            matches!(results[1].0, Err(Error::PeerLost { peer: 0, .. })),
+            "{net:?}: {:?}",
+            results[1].0
+        );
+    }
+}

@@ -3,7 +3,11 @@
 Every exception carries ``rank`` (the rank that failed), ``peer`` (the other rank involved)
 and ``op`` (``"all_reduce"``, ``"send"``, ``"init"``, ...) where they are known, else ``None``.
 After a failure while data moved (``PeerLost``, ``Timeout``, ``Mismatch``, ``ProtocolError``,
-``IoError``) the group is closed: every later call raises the same error.
+``IoError``, an interrupt) the group is closed: every later call raises the same error.
+
+Ctrl-C while a call waits for other ranks raises ``KeyboardInterrupt`` within 100 ms (Python's
+signal handlers run while jaccl waits); the call stopped half-way, so the group is closed and
+later calls raise :class:`Interrupted`.
 """
 
 from typing import Optional
@@ -27,6 +31,11 @@ class Timeout(Error):
 
 class Mismatch(Error):
     """Ranks called different operations, lengths, element types or reductions."""
+
+
+class Interrupted(Error):
+    """The group was stopped by an earlier interrupt (Ctrl-C while a call waited: that call
+    raised ``KeyboardInterrupt``)."""
 
 
 class ProtocolError(Error):
@@ -58,6 +67,7 @@ __all__ = [
     "PeerLost",
     "Timeout",
     "Mismatch",
+    "Interrupted",
     "ProtocolError",
     "BootstrapError",
     "ConfigError",

@@ -440,13 +440,13 @@ impl Direct {
                 poll_fd(self.liveness.wake_fd(), read),
             ];
             fds.extend(pending.iter().map(|&q| self.others[q].poll_liveness()));
-            if let Err(e) = poll(&mut fds, limit) {
+            if let Err(e) = poll(&mut fds, self.liveness.sleep_limit(limit)) {
                 self.local.disarm();
                 return Err(Error::io(call.rank, format!("{}: poll", call.op), e));
             }
         }
         self.local.disarm();
-        Ok(())
+        self.liveness.check_interrupt(call.op)
     }
 
     /// When a peer gave up, the rank it lost may be one this rank waits for too: the rank whose

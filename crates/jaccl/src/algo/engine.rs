@@ -545,12 +545,13 @@ fn sleep(
                 ch.link.wait_fds(*w, &mut fds);
             }
         }
-        outcome = poll(&mut fds, limit)
+        outcome = poll(&mut fds, liveness.sleep_limit(limit))
             .map(|_| Readiness::Armed)
             .map_err(|e| Error::io(call.rank, format!("{}: poll", call.op), e));
     }
     disarm(channels, wants, armed);
-    outcome.map(drop)
+    outcome?;
+    liveness.check_interrupt(call.op)
 }
 
 /// Arms the channels with an interest in order, stopping at the first that is ready (or

@@ -97,18 +97,26 @@ pub(crate) struct Report<'a> {
 }
 
 /// How a group's collectives move data: `direct over shm` when every rank shares memory,
-/// else the ring over its neighbours' transports (`ring over shm+tcp (left 3 shm, right 1
-/// tcp)`).
+/// else the topology over its peers' transports (`ring over shm+tcp (left 3 shm, right 1
+/// tcp)`; with the mesh, `mesh over tcp (left 3 tcp, right 1 tcp, 2 more ranks)`).
 pub(crate) fn route(g: &Group) -> String {
     let transports = g.transport();
+    let topology = g.topology().map_or("ring", |t| t.name());
     match (g.shares_memory_with_all(), transports.as_slice()) {
         (_, []) => "no transport (one rank)".into(),
         (true, _) => "direct over shm".into(),
-        (false, [(_, t)]) => format!("ring over {t}"),
-        (false, [(l, lt), (r, rt)]) if lt == rt => format!("ring over {lt} (ranks {l} and {r})"),
-        (false, [(l, lt), (r, rt), ..]) => {
+        (false, [(_, t)]) => format!("{topology} over {t}"),
+        (false, [(l, lt), (r, rt)]) if lt == rt => {
+            format!("{topology} over {lt} (ranks {l} and {r})")
+        }
+        (false, [(l, lt), (r, rt), others @ ..]) => {
+            let more = match others.len() {
+                0 => String::new(),
+                1 => ", 1 more rank".into(),
+                n => format!(", {n} more ranks"),
+            };
             format!(
-                "ring over {} (left {l} {lt}, right {r} {rt})",
+                "{topology} over {} (left {l} {lt}, right {r} {rt}{more})",
                 transport_summary(g)
             )
         }

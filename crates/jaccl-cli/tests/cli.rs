@@ -243,6 +243,26 @@ fn bench_runs_every_op_with_checks() {
         assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
         assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
         assert!(stdout.contains(&format!("jaccl bench: {op}")), "{stdout}");
+        // The mesh over TCP: small sizes in one step, larger ones around the ring.
+        let out = bench(&[
+            "-n",
+            "4",
+            "--op",
+            op,
+            "--check",
+            "-e",
+            "256K",
+            "-f",
+            "8",
+            "--transport",
+            "tcp",
+            "--topology",
+            "mesh",
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
+        assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
+        assert!(stdout.contains("mesh over tcp"), "{op}: {stdout}");
     }
     for (dtype, reduce) in [
         ("bf16", "max"),

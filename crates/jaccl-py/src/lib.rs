@@ -20,7 +20,10 @@ use memory::Memory;
 /// A jaccl group (`jaccl::Group`), for the package's `jaccl.Group`.
 #[pyclass(module = "jaccl._native", frozen)]
 struct Group {
-    inner: Mutex<jaccl::Group>,
+    /// `None` once closed.
+    inner: Mutex<Option<jaccl::Group>>,
+    rank: usize,
+    size: usize,
     /// What a signal handler raised while a call waited (Ctrl-C: `KeyboardInterrupt`).
     interrupt: Arc<Mutex<Option<PyErr>>>,
 }
@@ -48,7 +51,9 @@ fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
         })
     });
     Ok(Group {
-        inner: Mutex::new(group),
+        rank: group.rank(),
+        size: group.size(),
+        inner: Mutex::new(Some(group)),
         interrupt,
     })
 }
@@ -56,26 +61,44 @@ fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
 #[pymethods]
 impl Group {
     #[getter]
-    fn rank(&self) -> PyResult<usize> {
-        Ok(self.lock()?.rank())
+    fn rank(&self) -> usize {
+        self.rank
     }
 
     #[getter]
-    fn size(&self) -> PyResult<usize> {
-        Ok(self.lock()?.size())
+    fn size(&self) -> usize {
+        self.size
     }
 
-    /// `[(peer, transport name)]`, as `jaccl::Group::transport`.
+    /// `[(peer, transport name)]`, as `jaccl::Group::transport` (empty once closed).
     #[getter]
     fn transport(&self) -> PyResult<Vec<(usize, String)>> {
-        let peers = self.lock()?.transport();
-        Ok(peers.into_iter().map(|(p, t)| (p, t.to_string())).collect())
+        let peers = self.lock()?.as_ref().map(jaccl::Group::transport);
+        let peers = peers.unwrap_or_default().into_iter();
+        Ok(peers.map(|(p, t)| (p, t.to_string())).collect())
     }
 
-    /// `ring`, `mesh`, or `None` for a group of one.
+    /// `ring`, `mesh`, or `None` for a group of one (or once closed).
     #[getter]
     fn topology(&self) -> PyResult<Option<String>> {
-        Ok(self.lock()?.topology().map(|t| t.to_string()))
+        let topology = self.lock()?.as_ref().and_then(jaccl::Group::topology);
+        Ok(topology.map(|t| t.to_string()))
+    }
+
+    /// Whether [`Group::close`] was called.
+    #[getter]
+    fn closed(&self) -> PyResult<bool> {
+        Ok(self.lock()?.is_none())
+    }
+
+    /// Leaves the group: says goodbye to the peers and closes the connections (the other
+    /// ranks' next calls fail with `PeerLost`). Later calls raise; closing again does nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let group = self.lock()?.take();
+            drop(group);
+            Ok(())
+        })
     }
 
     /// All-reduce of `input` into `output`, or of `output` in place when `input` is `None`.
@@ -149,7 +172,7 @@ impl Group {
 
 impl Group {
     /// The group, for one call at a time (Python threads sharing a group take turns).
-    fn lock(&self) -> PyResult<MutexGuard<'_, jaccl::Group>> {
+    fn lock(&self) -> PyResult<MutexGuard<'_, Option<jaccl::Group>>> {
         self.inner
             .lock()
             .map_err(|_| PyRuntimeError::new_err("a jaccl call panicked earlier in this group"))
@@ -162,11 +185,13 @@ impl Group {
         py: Python<'_>,
         f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<()> + Send,
     ) -> PyResult<()> {
-        let result = py.detach(|| {
-            let mut group = self.lock()?;
-            Ok(f(&mut group))
-        });
+        let result = py.detach(|| Ok(self.lock()?.as_mut().map(f)));
+        let closed = || {
+            let why = format!("rank {}: the group is closed", self.rank);
+            exception(py, "Error", why, Some(self.rank), None, None)
+        };
         result.and_then(|r| {
+            let r = r.ok_or_else(closed)?;
             r.map_err(|e| match e {
                 // The handler's own exception, the first time (later calls on the stopped
                 // group raise jaccl.errors.Interrupted).

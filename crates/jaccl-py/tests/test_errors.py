@@ -154,3 +154,46 @@ except jaccl.Interrupted as e:
     # Raised well before rank 1 (asleep for 4 s) could have arrived.
     assert float(lines[0]) < 3, lines
     assert lines[1] == '[0, "barrier"]'
+
+
+def test_ctrl_c_during_start_up_raises_at_once(job):
+    # A rank of a job whose other rank never comes: start-up would wait a minute.
+    j = job(
+        2,
+        """
+import time
+print("STARTING", flush=True)
+start = time.monotonic()
+try:
+    jaccl.init(rank=1, startup_timeout="60s")
+except KeyboardInterrupt:
+    report(time.monotonic() - start)
+""",
+    )
+    j.kill(0)
+    j.wait_for_line(1, "STARTING")
+    time.sleep(0.5)
+    j.procs[1].send_signal(__import__("signal").SIGINT)
+    stdout, stderr = j.procs[1].communicate(timeout=30)
+    lines = [l[7:] for l in stdout.splitlines() if l.startswith("RESULT ")]
+    assert len(lines) == 1 and float(lines[0]) < 5, stdout + stderr
+
+
+def test_close_and_with(run):
+    results = run(
+        2,
+        """
+with jaccl.init() as g:
+    total = g.all_sum(np.ones(3))
+assert g.closed and g.topology is None and g.transport == [] and "closed" in repr(g)
+try:
+    g.barrier()
+    report("no error")
+except jaccl.Error as e:
+    report(["closed" in str(e), e.rank == g.rank])
+g.close()  # again: nothing happens
+report(total.tolist())
+""",
+    )
+    for r in results:
+        assert r == [[True, True], [2.0, 2.0, 2.0]]

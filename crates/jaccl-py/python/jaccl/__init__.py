@@ -14,6 +14,7 @@ written there (``out=x`` works in place) and nothing is allocated. Data moves wi
 released. Failures raise the exceptions of :mod:`jaccl.errors`.
 """
 
+import threading
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -68,7 +69,24 @@ def init(**settings: Any) -> "Group":
             f"unknown setting(s) {', '.join(unknown)}; expected some of {', '.join(_SETTINGS)}"
         )
     variables = {f"JACCL_{k.upper()}": _setting(v) for k, v in settings.items() if v is not None}
-    return Group(_native.init(variables))
+    # Start-up waits for the other ranks (up to the start-up timeout): it runs on a helper
+    # thread so that Ctrl-C here raises at once (the helper is a daemon; a group it still
+    # forms afterwards is dropped, which the other ranks see as this rank leaving).
+    outcome: dict = {}
+
+    def start() -> None:
+        try:
+            outcome["group"] = _native.init(variables)
+        except BaseException as e:  # handed to the caller's thread
+            outcome["error"] = e
+
+    helper = threading.Thread(target=start, name="jaccl-init", daemon=True)
+    helper.start()
+    while helper.is_alive():
+        helper.join(0.1)
+    if "error" in outcome:
+        raise outcome["error"]
+    return Group(outcome["group"])
 
 
 def _setting(value: Any) -> str:
@@ -104,8 +122,26 @@ class Group:
         """``"ring"``, ``"mesh"``, or ``None`` for a group of one."""
         return self._g.topology
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._g.closed
+
+    def close(self) -> None:
+        """Leaves the group: the connections close (the other ranks' next calls raise
+        :class:`PeerLost`) and later calls on this group raise :class:`Error`. Also done when
+        the group is garbage-collected, or at the end of a ``with jaccl.init() as g:`` block."""
+        self._g.close()
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def __repr__(self) -> str:
-        return f"jaccl.Group(rank={self.rank}, size={self.size}, topology={self.topology!r})"
+        state = ", closed" if self.closed else ""
+        return f"jaccl.Group(rank={self.rank}, size={self.size}, topology={self.topology!r}{state})"
 
     def all_sum(self, x: Any, out: Any = None) -> Any:
         """Element-wise sum over all ranks (see :meth:`all_reduce`)."""

@@ -32,10 +32,9 @@ impl Memory {
         if self.1 == 0 {
             return &[];
         }
-        // SAFETY: by the module's contract, `self.0` is the data of a live array of `self.1`
-        // bytes that the Python package holds until this call returns, which outlives the
-        // slice (it is used only within the native call); u8 has no alignment or validity
-        // requirement.
+        // SAFETY: by the module's contract, `self.0` is a live array of `self.1` bytes held by
+        // the package until the native call (the slice's only user) returns; u8 needs no
+        // alignment and every byte is valid.
         unsafe { std::slice::from_raw_parts(self.0 as *const u8, self.1) }
     }
 

@@ -523,18 +523,21 @@ impl Group {
         };
         let result = match (result, &self.state) {
             // A closed connection may be the ring passing on a loss that the heartbeat is
-            // about to announce: then name the rank that was really lost.
-            (Err(lost @ Error::PeerLost { .. }), State::Connected(c)) if c.heartbeat.is_some() => {
-                match c.liveness.verdict_within(VERDICT_GRACE) {
-                    Some((peer, cause)) => Err(Error::PeerLost {
-                        rank: self.rank,
-                        peer,
-                        op: call.op,
-                        cause,
-                    }),
-                    None => Err(lost),
-                }
-            }
+            // about to announce: then name the rank that was really lost. A transport failure
+            // may be a death seen from the transport's side (an RDMA write into a killed
+            // process's memory completes with "remote access error"): the same holds.
+            (
+                Err(lost @ (Error::PeerLost { .. } | Error::Protocol { .. } | Error::Io { .. })),
+                State::Connected(c),
+            ) if c.heartbeat.is_some() => match c.liveness.verdict_within(VERDICT_GRACE) {
+                Some((peer, cause)) => Err(Error::PeerLost {
+                    rank: self.rank,
+                    peer,
+                    op: call.op,
+                    cause,
+                }),
+                None => Err(lost),
+            },
             (other, _) => other,
         };
         if let Err(e) = &result

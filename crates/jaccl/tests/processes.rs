@@ -464,7 +464,8 @@ fn child() {
             g.all_sum(&[g.rank() as u64 + 1], &mut out)?;
             Ok(format!("sum {} of {}", out[0], g.size()))
         }),
-        // Large all-reduces (the ring) and small ones (with the mesh, one step to every rank).
+        // Large all-reduces (the ring), medium ones (64 KiB: recursive doubling with 4 ranks)
+        // and small ones (with the mesh, one step to every rank).
         "loop" => jaccl::init().and_then(|mut g| {
             let input = vec![1f32; 4 << 20];
             let mut out = vec![0f32; input.len()];
@@ -472,6 +473,7 @@ fn child() {
             println!("READY");
             loop {
                 g.all_sum(&input, &mut out)?;
+                g.all_sum(&input[..16 << 10], &mut out[..16 << 10])?;
                 g.all_sum(&input[..8], &mut out[..8])?;
             }
         }),

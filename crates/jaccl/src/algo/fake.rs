@@ -479,4 +479,33 @@ proptest! {
         let outs = run_all(ranks, wires, true, seed);
         prop_assert!(outs[to] == data);
     }
+
+    /// One step of the recursive-doubling all-reduce: every rank swaps its vector with that
+    /// step's partner (a neighbour split over the wires, or a mesh channel).
+    #[test]
+    fn doubling_swaps_over_misbehaving_links(
+        eight in any::<bool>(), wires in 1usize..=3, len in 2049usize..40_000, step in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let (size, mesh) = if eight { (8, true) } else { (4, false) };
+        let data = |r: usize| -> Vec<u8> { (0..len).map(|i| (r * 31 + i * 7) as u8).collect() };
+        let mut partners = Vec::new();
+        let ranks = (0..size)
+            .map(|r| {
+                let g = geometry(r, size, wires, mesh);
+                let steps = g.doubling_partners().expect("pairs up").steps();
+                let k = step % steps.len();
+                partners.push(steps[k]);
+                RankCall {
+                    plan: g.swap_with(steps[k], len, k == 0),
+                    input: Some(data(r)),
+                    output: vec![0; len],
+                    call: call(r, Op::AllReduce, len),
+                }
+            })
+            .collect();
+        for (r, out) in run_all(ranks, wires, mesh, seed).into_iter().enumerate() {
+            prop_assert!(out == data(partners[r]), "rank {} from {}", r, partners[r]);
+        }
+    }
 }

@@ -510,7 +510,11 @@ fn float_sums_are_bit_identical_on(net: Net) {
         for (rank, r) in first.iter().enumerate() {
             assert_eq!(r, &first[0], "{net:?}: rank {rank} of {size} differs");
         }
-        assert_eq!(run(size)[0], first[0], "{net:?}: a second run gives other bits");
+        assert_eq!(
+            run(size)[0],
+            first[0],
+            "{net:?}: a second run gives other bits"
+        );
     }
 }
 

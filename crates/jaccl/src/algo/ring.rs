@@ -33,7 +33,7 @@ const MESH_LIMIT: usize = 64 * 1024;
 /// step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
 /// bytes than the gather and fewer hops than the ring. Measured on loopback (4 ranks on the
 /// ring, 8 with the mesh): it beats the gather from 8 KiB (ties below) and the ring up to
-/// 448 KiB (at 4 ranks, 64 KiB: 110-140 µs against the gather's 150-170 µs).
+/// 448 KiB (at 4 ranks, 64 KiB: 110-168 µs against the gather's 164-352 µs).
 const DOUBLING: std::ops::RangeInclusive<usize> = (2 * 1024 + 1)..=(384 * 1024);
 /// Frames are `MIN_FRAME << k` bytes, k = 0..=7 (4 KiB to 512 KiB).
 const MIN_FRAME: usize = 4096;
@@ -596,7 +596,8 @@ impl Ring {
     /// All-reduce by recursive doubling: in each step this rank swaps its partial result with
     /// that step's partner and combines the two, the lower rank's first, so every rank computes
     /// every element in one order and gets the same bits. The first step sends the caller's
-    /// vector; two scratch vectors hold the partner's and the next partial result.
+    /// vector; scratch vectors hold the partner's vector, the partial result and, with more than
+    /// two steps, the next one.
     fn all_reduce_by_doubling(
         &mut self,
         input: Option<&[u8]>,
@@ -606,9 +607,10 @@ impl Ring {
         partners: &Doubling,
     ) -> Result<()> {
         let bytes = output.len();
-        let all = scratch(&mut self.scratch, 3 * bytes);
-        let (mut partial, rest) = all.split_at_mut(bytes);
-        let (mut next, theirs) = rest.split_at_mut(bytes);
+        let vectors = if partners.middle.is_empty() { 2 } else { 3 };
+        let all = scratch(&mut self.scratch, vectors * bytes);
+        let (theirs, rest) = all.split_at_mut(bytes);
+        let (mut partial, mut next) = rest.split_at_mut(bytes);
         let mut swap = Swap {
             geometry: self.geometry,
             channels: &mut self.channels,

@@ -28,13 +28,20 @@ const GATHER_LIMIT: usize = 512 * 1024;
 /// (../shared/rdma-vm): one step won up to 4 KiB per rank at 4 and at 8 ranks, and lost or tied
 /// at 32 KiB, where sending every vector `size − 1` times costs more than the ring's hops.
 const MESH_LIMIT: usize = 64 * 1024;
-/// All-reduces of more than 2 KiB and at most 384 KiB per rank use recursive doubling where
-/// the ranks pair up ([`Geometry::doubling_partners`]) and the mesh does not take them in one
-/// step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
-/// bytes than the gather and fewer hops than the ring. Measured on loopback (4 ranks on the
-/// ring, 8 with the mesh): it beats the gather from 8 KiB (ties below) and the ring up to
-/// 448 KiB (at 4 ranks, 64 KiB: 110-168 µs against the gather's 164-352 µs).
-const DOUBLING: std::ops::RangeInclusive<usize> = (2 * 1024 + 1)..=(384 * 1024);
+/// All-reduces of more than 2 KiB per rank, up to a limit per transport, use recursive doubling
+/// where the ranks pair up ([`Geometry::doubling_partners`]) and the mesh does not take them in
+/// one step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
+/// hops than the ring and fewer bytes than the gather, but more bytes than the ring.
+const DOUBLING_MIN: usize = 2 * 1024 + 1;
+/// The limit over TCP (and shared memory), measured on loopback (4 ranks on the ring, 8 with the
+/// mesh): doubling beats the gather from 8 KiB (ties below) and the ring up to 448 KiB (at 4
+/// ranks, 64 KiB: 110-168 µs against the gather's 164-352 µs; 256 KiB: 293-529 µs against the
+/// ring's 415-602 µs).
+const DOUBLING_MAX: usize = 384 * 1024;
+/// The limit when ring neighbours use RDMA, where the bytes cost more against the hops: with
+/// Soft-RoCE in ../shared/rdma-vm (4 ranks), doubling took 13.1-14.6 ms against the gather's
+/// 21.4-24.3 ms at 128 KiB, but 20.3-22.5 ms against the ring's 16.8-18.1 ms at 192 KiB.
+const DOUBLING_MAX_RDMA: usize = 128 * 1024;
 /// Frames are `MIN_FRAME << k` bytes, k = 0..=7 (4 KiB to 512 KiB).
 const MIN_FRAME: usize = 4096;
 const MAX_FRAME: usize = MIN_FRAME << 7;
@@ -519,16 +526,21 @@ pub(crate) struct Ring {
     liveness: Arc<Liveness>,
     /// Reused buffer of the small-message algorithms (`u128` for alignment).
     scratch: Vec<u128>,
+    /// The largest all-reduce (bytes per rank) that takes recursive doubling.
+    doubling_max: usize,
 }
 
 impl Ring {
-    /// `mesh` holds the channels to [`Geometry::non_neighbours`] (empty without the mesh).
+    /// `mesh` holds the channels to [`Geometry::non_neighbours`] (empty without the mesh);
+    /// `rdma` says whether any pair of ring neighbours in the group uses RDMA (which moves the
+    /// algorithms' crossovers). Every rank must pass the same, so that all choose alike.
     pub(crate) fn new(
         geometry: Geometry,
         left: Vec<Channel>,
         right: Vec<Channel>,
         mesh: Vec<Channel>,
         liveness: Arc<Liveness>,
+        rdma: bool,
     ) -> Ring {
         let mut channels = left;
         channels.extend(right);
@@ -538,11 +550,17 @@ impl Ring {
             channels,
             liveness,
             scratch: Vec::new(),
+            doubling_max: if rdma {
+                DOUBLING_MAX_RDMA
+            } else {
+                DOUBLING_MAX
+            },
         }
     }
 
     /// All-reduce of `output.len()` bytes: `input` into `output`, or in place when `input` is
-    /// `None`. Medium messages ([`DOUBLING`]) use recursive doubling where the ranks pair up;
+    /// `None`. Medium messages ([`DOUBLING_MIN`] to [`DOUBLING_MAX`], or [`DOUBLING_MAX_RDMA`])
+    /// use recursive doubling where the ranks pair up;
     /// other small messages (all vectors together at most [`GATHER_LIMIT`]) gather every
     /// rank's vector ([`Geometry::gather_small`]) and reduce them locally in rank order; large
     /// ones use the ring's reduce-scatter + all-gather. Each way reduces every element in one
@@ -556,7 +574,8 @@ impl Ring {
     ) -> Result<()> {
         let g = self.geometry;
         let bytes = output.len();
-        let doubling = !g.in_one_step(bytes * g.size) && DOUBLING.contains(&bytes);
+        let doubling =
+            !g.in_one_step(bytes * g.size) && (DOUBLING_MIN..=self.doubling_max).contains(&bytes);
         if let Some(partners) = g.doubling_partners().filter(|_| doubling) {
             return self.all_reduce_by_doubling(input, output, reducer, call, &partners);
         }

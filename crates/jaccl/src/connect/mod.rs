@@ -268,6 +268,8 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         right_channels,
         mesh_channels,
         Arc::clone(&liveness),
+        // Known alike to every rank (unlike this rank's own links), so all choose alike.
+        rdma_pairs.contains(&true),
     );
     let direct = match (&shm, all_here) {
         (Some(shm), true) => Direct::new(rank, size, shm, Arc::clone(&liveness)),

@@ -142,7 +142,8 @@ impl<'a> Execution<'a> {
             channels.iter().map(|_| HeaderState::default()).collect();
         let sending = plan.transfers.iter().filter_map(|t| t.tx);
         let receiving = plan.transfers.iter().filter_map(|t| t.rx);
-        for tx in sending.chain(plan.headers_both_ways.iter().copied()) {
+        let headers_out = plan.headers_both_ways.iter().chain(&plan.headers_out);
+        for tx in sending.chain(headers_out.copied()) {
             if headers[tx].outgoing.is_none() {
                 let ch = &mut channels[tx];
                 headers[tx].outgoing = Some((call.header(ch.sent_ops, call.rank).encode(), 0));

@@ -95,4 +95,17 @@ pub(crate) struct Plan {
     /// Channels that carry this call's header both ways even if no lane sends or receives on
     /// them, so that every neighbour of a rank that called something else notices.
     pub(crate) headers_both_ways: Vec<usize>,
+    /// Channels that carry only this call's header out, with nothing expected back.
+    pub(crate) headers_out: Vec<usize>,
+}
+
+impl Plan {
+    /// This call's header alone on every channel this plan sends on, nothing received: for a
+    /// rank that fails before a step whose peer expects its header, so the peer can check it.
+    pub(crate) fn announcement(&self) -> Plan {
+        Plan {
+            headers_out: self.transfers.iter().filter_map(|t| t.tx).collect(),
+            ..Plan::default()
+        }
+    }
 }

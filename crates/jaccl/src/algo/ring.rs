@@ -10,10 +10,11 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::engine::{self, Buffers, Call, Channel};
 use super::{Merge, Plan, Span, Step, Transfer};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::reduce::Reducer;
 
@@ -28,20 +29,22 @@ const GATHER_LIMIT: usize = 512 * 1024;
 /// (../shared/rdma-vm): one step won up to 4 KiB per rank at 4 and at 8 ranks, and lost or tied
 /// at 32 KiB, where sending every vector `size − 1` times costs more than the ring's hops.
 const MESH_LIMIT: usize = 64 * 1024;
-/// All-reduces of more than 2 KiB per rank, up to a limit per transport, use recursive doubling
-/// where the ranks pair up ([`Geometry::doubling_partners`]) and the mesh does not take them in
-/// one step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
-/// hops than the ring and fewer bytes than the gather, but more bytes than the ring.
-const DOUBLING_MIN: usize = 2 * 1024 + 1;
-/// The limit over TCP (and shared memory), measured on loopback (4 ranks on the ring, 8 with the
-/// mesh): doubling beats the gather from 8 KiB (ties below) and the ring up to 448 KiB (at 4
-/// ranks, 64 KiB: 110-168 µs against the gather's 164-352 µs; 256 KiB: 293-529 µs against the
-/// ring's 415-602 µs).
+/// All-reduces up to this many bytes per rank (over TCP and shared memory; [`DOUBLING_MAX_RDMA`]
+/// with RDMA) use recursive doubling where the ranks pair up ([`Geometry::doubling_partners`])
+/// and the mesh does not take them in one step: log2(size) steps, each swapping the whole
+/// partial result with one rank, so fewer hops than the ring, fewer bytes than the gather and,
+/// with 4 ranks, fewer messages than either (2 per rank against the gather's 3). Measured on
+/// loopback (4 ranks on the ring, 8 with the mesh): doubling beats the gather at every size
+/// (4 ranks, 8 B: 28-34 µs against 48-56; 64 KiB: 110-168 against 164-352) and the ring up to
+/// 448 KiB (256 KiB: 293-529 µs against the ring's 415-602).
 const DOUBLING_MAX: usize = 384 * 1024;
 /// The limit when ring neighbours use RDMA, where the bytes cost more against the hops: with
 /// Soft-RoCE in ../shared/rdma-vm (4 ranks), doubling took 13.1-14.6 ms against the gather's
 /// 21.4-24.3 ms at 128 KiB, but 20.3-22.5 ms against the ring's 16.8-18.1 ms at 192 KiB.
 const DOUBLING_MAX_RDMA: usize = 128 * 1024;
+/// The longest a rank that failed a recursive-doubling step with a `Mismatch` spends telling
+/// the partners of the later steps (their links have room for a header, so it takes no wait).
+const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Frames are `MIN_FRAME << k` bytes, k = 0..=7 (4 KiB to 512 KiB).
 const MIN_FRAME: usize = 4096;
 const MAX_FRAME: usize = MIN_FRAME << 7;
@@ -368,7 +371,7 @@ impl Geometry {
             .collect();
         Plan {
             transfers,
-            headers_both_ways: Vec::new(),
+            ..Plan::default()
         }
     }
 
@@ -401,7 +404,7 @@ impl Geometry {
             .collect();
         Plan {
             transfers,
-            headers_both_ways: self.collective_plan().headers_both_ways,
+            ..self.collective_plan()
         }
     }
 
@@ -428,7 +431,7 @@ impl Geometry {
             .collect();
         Plan {
             transfers,
-            headers_both_ways: Vec::new(),
+            ..Plan::default()
         }
     }
 
@@ -438,35 +441,32 @@ impl Geometry {
         self.mesh && total <= MESH_LIMIT
     }
 
-    /// The partners of a recursive-doubling all-reduce, if the ranks can pair up: with 4
-    /// ranks on the ring (first the rank in the same pair, 0-1 and 2-3, then the other
-    /// neighbour, 0-3 and 1-2), or a power of two of ranks with the mesh (in step k the rank
-    /// whose index differs in bit k). In every step the lower rank of a pair holds the partial
-    /// result of the lower ranks, so "lower rank's value first" is one order for every rank.
-    pub(crate) fn doubling_partners(&self) -> Option<Doubling> {
+    /// The partner of each step of a recursive-doubling all-reduce, in step order, if the ranks
+    /// can pair up: with 4 ranks on the ring (first the rank in the same pair, 0-1 and 2-3, then
+    /// the other neighbour, 0-3 and 1-2), or a power of two of ranks with the mesh (in step k
+    /// the rank whose index differs in bit k). In every step the lower rank of a pair holds the
+    /// partial result of the lower ranks, so "lower rank's value first" is one order for every
+    /// rank. Partnership is mutual: this rank's partner in step k has this rank as its own.
+    pub(crate) fn doubling_partners(&self) -> Option<Vec<usize>> {
         let (r, n) = (self.rank, self.size);
         if n == 4 {
-            Some(Doubling {
-                first: r ^ 1,
-                middle: Vec::new(),
-                last: 3 - r,
-            })
+            Some(vec![r ^ 1, 3 - r])
         } else if self.mesh && n > 4 && n.is_power_of_two() {
-            let steps = n.trailing_zeros();
-            Some(Doubling {
-                first: r ^ 1,
-                middle: (1..steps - 1).map(|k| r ^ (1 << k)).collect(),
-                last: r ^ (n >> 1),
-            })
+            Some((0..n.trailing_zeros()).map(|k| r ^ (1 << k)).collect())
         } else {
             None
         }
     }
 
-    /// One step of recursive doubling: this rank sends `bytes` of the input to `peer` and
-    /// receives as many from it into the output, split over the ring's wires to a neighbour.
-    /// The first step also carries headers both ways to both neighbours, as every collective.
-    pub(crate) fn swap_with(&self, peer: usize, bytes: usize, first: bool) -> Plan {
+    /// Step `k` of recursive doubling with `partners` (in step order): this rank sends `bytes`
+    /// of the input to `partners[k]` and receives as many from it into the output, split over
+    /// the ring's wires to a neighbour. The first step also exchanges headers with each ring
+    /// neighbour that no later step talks to, so every neighbour of a rank that called
+    /// something else notices; a later partner gets the header with that step's data (or alone,
+    /// [`Plan::announcement`], when this rank fails before), which saves a message per rank
+    /// and call (with 4 ranks on the ring, a third of them).
+    pub(crate) fn swap_with(&self, partners: &[usize], k: usize, bytes: usize) -> Plan {
+        let peer = partners[k];
         let wires = self.wires_to(bytes, peer);
         let transfers = (0..wires)
             .map(|w| {
@@ -485,13 +485,21 @@ impl Geometry {
                 }
             })
             .collect();
-        let headers_both_ways = match first {
-            true => self.collective_plan().headers_both_ways,
-            false => Vec::new(),
+        let headers_both_ways = match k {
+            0 => [
+                (self.left(), self.left_channel(0)),
+                (self.right(), self.right_channel(0)),
+            ]
+            .into_iter()
+            .filter(|(neighbour, _)| !partners[1..].contains(neighbour))
+            .map(|(_, channel)| channel)
+            .collect(),
+            _ => Vec::new(),
         };
         Plan {
             transfers,
             headers_both_ways,
+            ..Plan::default()
         }
     }
 
@@ -513,6 +521,7 @@ impl Geometry {
         Plan {
             transfers: Vec::new(),
             headers_both_ways: vec![self.left_channel(0), self.right_channel(0)],
+            ..Plan::default()
         }
     }
 }
@@ -559,8 +568,8 @@ impl Ring {
     }
 
     /// All-reduce of `output.len()` bytes: `input` into `output`, or in place when `input` is
-    /// `None`. Medium messages ([`DOUBLING_MIN`] to [`DOUBLING_MAX`], or [`DOUBLING_MAX_RDMA`])
-    /// use recursive doubling where the ranks pair up;
+    /// `None`. Messages up to [`DOUBLING_MAX`] (or [`DOUBLING_MAX_RDMA`]) use recursive
+    /// doubling where the ranks pair up;
     /// other small messages (all vectors together at most [`GATHER_LIMIT`]) gather every
     /// rank's vector ([`Geometry::gather_small`]) and reduce them locally in rank order; large
     /// ones use the ring's reduce-scatter + all-gather. Each way reduces every element in one
@@ -574,8 +583,8 @@ impl Ring {
     ) -> Result<()> {
         let g = self.geometry;
         let bytes = output.len();
-        let doubling =
-            !g.in_one_step(bytes * g.size) && (DOUBLING_MIN..=self.doubling_max).contains(&bytes);
+        // An empty all-reduce only exchanges headers: the gather's one step does that.
+        let doubling = !g.in_one_step(bytes * g.size) && (1..=self.doubling_max).contains(&bytes);
         if let Some(partners) = g.doubling_partners().filter(|_| doubling) {
             return self.all_reduce_by_doubling(input, output, reducer, call, &partners);
         }
@@ -623,10 +632,10 @@ impl Ring {
         output: &mut [u8],
         reducer: &Reducer,
         call: &Call,
-        partners: &Doubling,
+        partners: &[usize],
     ) -> Result<()> {
         let bytes = output.len();
-        let vectors = if partners.middle.is_empty() { 2 } else { 3 };
+        let vectors = if partners.len() == 2 { 2 } else { 3 };
         let all = scratch(&mut self.scratch, vectors * bytes);
         let (theirs, rest) = all.split_at_mut(bytes);
         let (mut partial, mut next) = rest.split_at_mut(bytes);
@@ -634,16 +643,18 @@ impl Ring {
             geometry: self.geometry,
             channels: &mut self.channels,
             liveness: &self.liveness,
+            partners,
             theirs,
             reducer,
             call,
         };
-        swap.step(partners.first, true, input.unwrap_or(output), partial)?;
-        for &peer in &partners.middle {
-            swap.step(peer, false, partial, next)?;
+        let last = partners.len() - 1;
+        swap.step(0, input.unwrap_or(output), partial)?;
+        for k in 1..last {
+            swap.step(k, partial, next)?;
             std::mem::swap(&mut partial, &mut next);
         }
-        swap.step(partners.last, false, partial, output)
+        swap.step(last, partial, output)
     }
 
     /// All-gather of `input` into `output` (`size` blocks).
@@ -760,30 +771,13 @@ impl Ring {
     }
 }
 
-/// The partner of each step of a recursive-doubling all-reduce: two steps or more.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Doubling {
-    pub(crate) first: usize,
-    pub(crate) middle: Vec<usize>,
-    pub(crate) last: usize,
-}
-
-impl Doubling {
-    /// The partners in step order.
-    #[cfg(test)]
-    pub(crate) fn steps(&self) -> Vec<usize> {
-        let mut steps = vec![self.first];
-        steps.extend(&self.middle);
-        steps.push(self.last);
-        steps
-    }
-}
-
 /// What every step of a recursive-doubling all-reduce shares.
 struct Swap<'a> {
     geometry: Geometry,
     channels: &'a mut [Channel],
     liveness: &'a Liveness,
+    /// The partner of each step.
+    partners: &'a [usize],
     /// Receives the partner's partial result.
     theirs: &'a mut [u8],
     reducer: &'a Reducer,
@@ -791,19 +785,51 @@ struct Swap<'a> {
 }
 
 impl Swap<'_> {
-    /// Swaps `mine` with `peer` and leaves the two combined in `dst`, the lower rank's first.
-    fn step(&mut self, peer: usize, first: bool, mine: &[u8], dst: &mut [u8]) -> Result<()> {
-        let plan = self.geometry.swap_with(peer, mine.len(), first);
+    /// Swaps `mine` with the partner of step `k` and leaves the two combined in `dst`, the
+    /// lower rank's first. On a `Mismatch` the partners of the later steps, which expect this
+    /// rank's header with those steps, get it alone, so they see the mismatch too.
+    fn step(&mut self, k: usize, mine: &[u8], dst: &mut [u8]) -> Result<()> {
+        let plan = self.geometry.swap_with(self.partners, k, mine.len());
         let bufs = Buffers {
             input: Some(mine),
             output: self.theirs,
         };
-        engine::run(self.channels, self.liveness, &plan, bufs, None, self.call)?;
-        match self.geometry.rank < peer {
+        let swapped = engine::run(self.channels, self.liveness, &plan, bufs, None, self.call);
+        if let Err(e @ Error::Mismatch { .. }) = swapped {
+            self.announce_to_later_partners(k, mine.len());
+            return Err(e);
+        }
+        swapped?;
+        match self.geometry.rank < self.partners[k] {
             true => self.reducer.combine(dst, mine, self.theirs),
             false => self.reducer.combine(dst, self.theirs, mine),
         }
         Ok(())
+    }
+
+    /// Sends this call's header alone to the partners of the steps after `k`, waiting at most
+    /// [`ANNOUNCE_TIMEOUT`] (this rank fails either way; the header only tells them why).
+    fn announce_to_later_partners(&mut self, k: usize, bytes: usize) {
+        let call = Call {
+            timeout: self.call.timeout.min(ANNOUNCE_TIMEOUT),
+            ..*self.call
+        };
+        for later in k + 1..self.partners.len() {
+            let plan = self.geometry.swap_with(self.partners, later, bytes);
+            let bufs = Buffers {
+                input: None,
+                output: &mut [],
+            };
+            let announcement = plan.announcement();
+            let _ = engine::run(
+                self.channels,
+                self.liveness,
+                &announcement,
+                bufs,
+                None,
+                &call,
+            );
+        }
     }
 }
 
@@ -1168,7 +1194,7 @@ mod tests {
                 .collect();
             let steps: Vec<Vec<usize>> = geometries
                 .iter()
-                .map(|g| g.doubling_partners().expect("pairs up").steps())
+                .map(|g| g.doubling_partners().expect("pairs up"))
                 .collect();
             // partners[k][r]: rank r's partner in step k.
             let partners: Vec<Vec<usize>> = (0..size.trailing_zeros() as usize)

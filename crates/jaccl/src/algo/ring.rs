@@ -461,8 +461,8 @@ impl Geometry {
     /// Step `k` of recursive doubling with `partners` (in step order): this rank sends `bytes`
     /// of the input to `partners[k]` and receives as many from it into the output, split over
     /// the ring's wires to a neighbour. The first step also exchanges headers with each ring
-    /// neighbour that no later step talks to, so every neighbour of a rank that called
-    /// something else notices; a later partner gets the header with that step's data (or alone,
+    /// neighbour that is no step's partner, so every neighbour of a rank that called
+    /// something else notices; a partner gets the header with its step's data (or alone,
     /// [`Plan::announcement`], when this rank fails before), which saves a message per rank
     /// and call (with 4 ranks on the ring, a third of them).
     pub(crate) fn swap_with(&self, partners: &[usize], k: usize, bytes: usize) -> Plan {
@@ -491,7 +491,7 @@ impl Geometry {
                 (self.right(), self.right_channel(0)),
             ]
             .into_iter()
-            .filter(|(neighbour, _)| !partners[1..].contains(neighbour))
+            .filter(|(neighbour, _)| !partners.contains(neighbour))
             .map(|(_, channel)| channel)
             .collect(),
             _ => Vec::new(),
@@ -1181,6 +1181,54 @@ mod tests {
 
     /// Every rank of a recursive doubling builds the same expression over all ranks (so gets
     /// the same bits), talking only to ranks it has a channel to, and partners agree.
+    #[test]
+    fn doubling_sends_headers_alone_only_to_neighbours_no_step_talks_to() {
+        // 4 ranks on the ring: both neighbours are partners, so each step is one message to
+        // one channel and no header travels alone.
+        for rank in 0..4 {
+            let g = Geometry {
+                rank,
+                size: 4,
+                wires: 1,
+                mesh: false,
+            };
+            let partners = g.doubling_partners().expect("pairs up");
+            for k in 0..partners.len() {
+                let plan = g.swap_with(&partners, k, 8);
+                assert_eq!(
+                    plan.headers_both_ways,
+                    Vec::<usize>::new(),
+                    "rank {rank} step {k}"
+                );
+                let tx: Vec<_> = plan.transfers.iter().filter_map(|t| t.tx).collect();
+                assert_eq!(
+                    tx,
+                    vec![g.channel_to(partners[k], 0)],
+                    "rank {rank} step {k}"
+                );
+            }
+        }
+        // 8 ranks with the mesh: rank 0's partners are 1, 2 and 4; its left neighbour 7 is
+        // none of them, so step 1 exchanges headers with it.
+        let g = Geometry {
+            rank: 0,
+            size: 8,
+            wires: 1,
+            mesh: true,
+        };
+        let partners = g.doubling_partners().expect("pairs up");
+        assert_eq!(partners, vec![1, 2, 4]);
+        assert_eq!(
+            g.swap_with(&partners, 0, 8).headers_both_ways,
+            vec![g.left_channel(0)]
+        );
+        assert!(g.swap_with(&partners, 1, 8).headers_both_ways.is_empty());
+        // A rank that fails before step 2 announces itself on exactly that step's channels.
+        let announcement = g.swap_with(&partners, 2, 8).announcement();
+        assert_eq!(announcement.headers_out, vec![g.channel_to(4, 0)]);
+        assert!(announcement.transfers.is_empty() && announcement.headers_both_ways.is_empty());
+    }
+
     #[test]
     fn recursive_doubling_builds_one_expression_on_every_rank() {
         for (size, mesh) in [(4, false), (4, true), (8, true), (16, true)] {

@@ -15,9 +15,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use rustix::event::PollFd;
 
-use super::Plan;
 use super::engine::{self, Buffers, Call, Channel, Execution};
 use super::ring::Geometry;
+use super::{Plan, Span};
 use crate::error::Op;
 use crate::reduce::Reducer;
 use crate::transport::{Interest, Link, LinkError, Readiness};
@@ -497,7 +497,7 @@ proptest! {
                 let k = step % steps.len();
                 partners.push(steps[k]);
                 RankCall {
-                    plan: g.swap_with(&steps, k, len),
+                    plan: g.swap_with(&steps, k, Span::input(0, len), Span::output(0, len)),
                     input: Some(data(r)),
                     output: vec![0; len],
                     call: call(r, Op::AllReduce, len),

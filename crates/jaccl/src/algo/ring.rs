@@ -458,26 +458,31 @@ impl Geometry {
         }
     }
 
-    /// Step `k` of recursive doubling with `partners` (in step order): this rank sends `bytes`
-    /// of the input to `partners[k]` and receives as many from it into the output, split over
-    /// the ring's wires to a neighbour. The first step also exchanges headers with each ring
+    /// Step `k` of recursive doubling with `partners` (in step order): this rank sends `send`
+    /// to `partners[k]` and receives as many bytes from it into `recv`, split over the ring's
+    /// wires to a neighbour. The first step also exchanges headers with each ring
     /// neighbour that is no step's partner, so every neighbour of a rank that called
     /// something else notices; a partner gets the header with its step's data (or alone,
     /// [`Plan::announcement`], when this rank fails before), which saves a message per rank
     /// and call (with 4 ranks on the ring, a third of them).
-    pub(crate) fn swap_with(&self, partners: &[usize], k: usize, bytes: usize) -> Plan {
+    pub(crate) fn swap_with(&self, partners: &[usize], k: usize, send: Span, recv: Span) -> Plan {
         let peer = partners[k];
-        let wires = self.wires_to(bytes, peer);
+        let wires = self.wires_to(send.len, peer);
         let transfers = (0..wires)
             .map(|w| {
                 let channel = self.channel_to(peer, w);
-                let slice = lane_slice(bytes, wires, w);
+                let slice = lane_slice(send.len, wires, w);
+                let part = |span: Span| Span {
+                    off: span.off + slice.start,
+                    len: slice.len(),
+                    ..span
+                };
                 Transfer {
                     tx: Some(channel),
                     rx: Some(channel),
                     steps: vec![Step {
-                        send: Span::input(slice.start, slice.len()),
-                        recv: Span::output(slice.start, slice.len()),
+                        send: part(send),
+                        recv: part(recv),
                         merge: Merge::Copy,
                     }],
                     frame: frame_bytes(slice.len()),
@@ -634,19 +639,27 @@ impl Ring {
         call: &Call,
         partners: &[usize],
     ) -> Result<()> {
+        let g = self.geometry;
         let bytes = output.len();
+        let (whole_input, whole_output) = (Span::input(0, bytes), Span::output(0, bytes));
+        let plans: Vec<Plan> = (0..partners.len())
+            .map(|k| g.swap_with(partners, k, whole_input, whole_output))
+            .collect();
         let vectors = if partners.len() == 2 { 2 } else { 3 };
         let all = scratch(&mut self.scratch, vectors * bytes);
         let (theirs, rest) = all.split_at_mut(bytes);
         let (mut partial, mut next) = rest.split_at_mut(bytes);
         let mut swap = Swap {
-            geometry: self.geometry,
-            channels: &mut self.channels,
-            liveness: &self.liveness,
+            steps: DoublingSteps {
+                channels: &mut self.channels,
+                liveness: &self.liveness,
+                plans: &plans,
+                call,
+            },
+            rank: g.rank,
             partners,
             theirs,
             reducer,
-            call,
         };
         let last = partners.len() - 1;
         swap.step(0, input.unwrap_or(output), partial)?;
@@ -667,22 +680,7 @@ impl Ring {
         let g = self.geometry;
         let block = input.len();
         output[g.rank * block..(g.rank + 1) * block].copy_from_slice(input);
-        let plan = if block * g.size <= GATHER_LIMIT {
-            g.gather_small(block)
-        } else {
-            g.all_gather(block)
-        };
-        engine::run(
-            &mut self.channels,
-            &self.liveness,
-            &plan,
-            Buffers {
-                input: None,
-                output,
-            },
-            None,
-            call,
-        )
+        gather(g, &mut self.channels, &self.liveness, output, block, call)
     }
 
     /// Reduce-scatter of `input` (`size` blocks of `output.len()` bytes) into `output`. With
@@ -756,80 +754,113 @@ impl Ring {
     pub(crate) fn barrier(&mut self, call: &Call) -> Result<()> {
         let g = self.geometry;
         let tokens = scratch(&mut self.scratch, g.size);
-        let plan = g.gather_small(1);
-        engine::run(
-            &mut self.channels,
-            &self.liveness,
-            &plan,
-            Buffers {
-                input: None,
-                output: tokens,
-            },
-            None,
-            call,
-        )
+        gather(g, &mut self.channels, &self.liveness, tokens, 1, call)
     }
 }
 
-/// What every step of a recursive-doubling all-reduce shares.
-struct Swap<'a> {
-    geometry: Geometry,
+/// Gathers every rank's block of `block` bytes into `output` (`size` blocks), whose own block
+/// the caller has filled: by recursive doubling where the ranks pair up (2 messages per rank
+/// at 4 ranks, against 3 for the both-ways gather: step k swaps the 2^k blocks each partner
+/// holds), else small ones by [`Geometry::gather_small`] and large ones around the ring.
+fn gather(
+    g: Geometry,
+    channels: &mut [Channel],
+    liveness: &Liveness,
+    output: &mut [u8],
+    block: usize,
+    call: &Call,
+) -> Result<()> {
+    let total = block * g.size;
+    let small = total <= GATHER_LIMIT;
+    let doubling = small && block > 0 && !g.in_one_step(total);
+    if let Some(partners) = g.doubling_partners().filter(|_| doubling) {
+        let plans: Vec<Plan> = (0..partners.len())
+            .map(|k| {
+                // Before step k each rank holds the aligned group of 2^k blocks around its own
+                // (partners differ in bit k; the ring's pairs 0-1 and 2-3 are such groups).
+                let (held, theirs) = ((g.rank >> k) << k, (partners[k] >> k) << k);
+                let group = block << k;
+                let send = Span::output(held * block, group);
+                g.swap_with(&partners, k, send, Span::output(theirs * block, group))
+            })
+            .collect();
+        let mut steps = DoublingSteps {
+            channels,
+            liveness,
+            plans: &plans,
+            call,
+        };
+        for k in 0..plans.len() {
+            steps.run(k, &mut *output, None)?;
+        }
+        return Ok(());
+    }
+    let plan = match small {
+        true => g.gather_small(block),
+        false => g.all_gather(block),
+    };
+    let bufs = Buffers {
+        input: None,
+        output,
+    };
+    engine::run(channels, liveness, &plan, bufs, None, call)
+}
+
+/// The steps of one recursive-doubling collective, one plan each ([`Geometry::swap_with`]).
+struct DoublingSteps<'a> {
     channels: &'a mut [Channel],
     liveness: &'a Liveness,
+    plans: &'a [Plan],
+    call: &'a Call,
+}
+
+impl DoublingSteps<'_> {
+    /// Runs step `k` over `output` (and `input`, where its plan sends from the input). On a
+    /// `Mismatch` the partners of the later steps, which expect this rank's header with those
+    /// steps, get it alone ([`Plan::announcement`]), so they see the mismatch too; that waits
+    /// at most [`ANNOUNCE_TIMEOUT`] (this rank fails either way).
+    fn run(&mut self, k: usize, output: &mut [u8], input: Option<&[u8]>) -> Result<()> {
+        let bufs = Buffers { input, output };
+        let (channels, liveness) = (&mut *self.channels, self.liveness);
+        let result = engine::run(channels, liveness, &self.plans[k], bufs, None, self.call);
+        if let Err(Error::Mismatch { .. }) = result {
+            let call = Call {
+                timeout: self.call.timeout.min(ANNOUNCE_TIMEOUT),
+                ..*self.call
+            };
+            for later in &self.plans[k + 1..] {
+                let bufs = Buffers {
+                    input: None,
+                    output: &mut [],
+                };
+                let _ = engine::run(channels, liveness, &later.announcement(), bufs, None, &call);
+            }
+        }
+        result
+    }
+}
+
+/// A recursive-doubling all-reduce in progress.
+struct Swap<'a> {
+    steps: DoublingSteps<'a>,
+    rank: usize,
     /// The partner of each step.
     partners: &'a [usize],
     /// Receives the partner's partial result.
     theirs: &'a mut [u8],
     reducer: &'a Reducer,
-    call: &'a Call,
 }
 
 impl Swap<'_> {
     /// Swaps `mine` with the partner of step `k` and leaves the two combined in `dst`, the
-    /// lower rank's first. On a `Mismatch` the partners of the later steps, which expect this
-    /// rank's header with those steps, get it alone, so they see the mismatch too.
+    /// lower rank's first.
     fn step(&mut self, k: usize, mine: &[u8], dst: &mut [u8]) -> Result<()> {
-        let plan = self.geometry.swap_with(self.partners, k, mine.len());
-        let bufs = Buffers {
-            input: Some(mine),
-            output: self.theirs,
-        };
-        let swapped = engine::run(self.channels, self.liveness, &plan, bufs, None, self.call);
-        if let Err(e @ Error::Mismatch { .. }) = swapped {
-            self.announce_to_later_partners(k, mine.len());
-            return Err(e);
-        }
-        swapped?;
-        match self.geometry.rank < self.partners[k] {
+        self.steps.run(k, self.theirs, Some(mine))?;
+        match self.rank < self.partners[k] {
             true => self.reducer.combine(dst, mine, self.theirs),
             false => self.reducer.combine(dst, self.theirs, mine),
         }
         Ok(())
-    }
-
-    /// Sends this call's header alone to the partners of the steps after `k`, waiting at most
-    /// [`ANNOUNCE_TIMEOUT`] (this rank fails either way; the header only tells them why).
-    fn announce_to_later_partners(&mut self, k: usize, bytes: usize) {
-        let call = Call {
-            timeout: self.call.timeout.min(ANNOUNCE_TIMEOUT),
-            ..*self.call
-        };
-        for later in k + 1..self.partners.len() {
-            let plan = self.geometry.swap_with(self.partners, later, bytes);
-            let bufs = Buffers {
-                input: None,
-                output: &mut [],
-            };
-            let announcement = plan.announcement();
-            let _ = engine::run(
-                self.channels,
-                self.liveness,
-                &announcement,
-                bufs,
-                None,
-                &call,
-            );
-        }
     }
 }
 
@@ -1194,7 +1225,7 @@ mod tests {
             };
             let partners = g.doubling_partners().expect("pairs up");
             for k in 0..partners.len() {
-                let plan = g.swap_with(&partners, k, 8);
+                let plan = g.swap_with(&partners, k, Span::input(0, 8), Span::output(0, 8));
                 assert_eq!(
                     plan.headers_both_ways,
                     Vec::<usize>::new(),
@@ -1219,12 +1250,19 @@ mod tests {
         let partners = g.doubling_partners().expect("pairs up");
         assert_eq!(partners, vec![1, 2, 4]);
         assert_eq!(
-            g.swap_with(&partners, 0, 8).headers_both_ways,
+            g.swap_with(&partners, 0, Span::input(0, 8), Span::output(0, 8))
+                .headers_both_ways,
             vec![g.left_channel(0)]
         );
-        assert!(g.swap_with(&partners, 1, 8).headers_both_ways.is_empty());
+        assert!(
+            g.swap_with(&partners, 1, Span::input(0, 8), Span::output(0, 8))
+                .headers_both_ways
+                .is_empty()
+        );
         // A rank that fails before step 2 announces itself on exactly that step's channels.
-        let announcement = g.swap_with(&partners, 2, 8).announcement();
+        let announcement = g
+            .swap_with(&partners, 2, Span::input(0, 8), Span::output(0, 8))
+            .announcement();
         assert_eq!(announcement.headers_out, vec![g.channel_to(4, 0)]);
         assert!(announcement.transfers.is_empty() && announcement.headers_both_ways.is_empty());
     }

@@ -358,6 +358,13 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
             g.all_reduce(&[1u16; 100_000], &mut [0u16; 100_000], op)
         });
         expect_mismatch(size, odd, r);
+        // Reduce-scatters of different lengths (recursive halving at 4 and 8 ranks).
+        let r = with_group_timeout(net, size, 1, timeout, |g| {
+            let len = if g.rank() == odd { 3 } else { 5 };
+            let input = vec![1f64; len * g.size()];
+            g.reduce_scatter(&input, &mut vec![0f64; len], ReduceOp::Sum)
+        });
+        expect_mismatch(size, odd, r);
     }
 }
 

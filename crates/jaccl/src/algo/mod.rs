@@ -100,11 +100,15 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// This call's header alone on every channel this plan sends on, nothing received: for a
-    /// rank that fails before a step whose peer expects its header, so the peer can check it.
+    /// This call's header alone on every channel this plan sends on or exchanges headers
+    /// over, nothing received: for a rank that fails before a step whose peers expect its
+    /// header, so they can check it.
     pub(crate) fn announcement(&self) -> Plan {
+        let senders = self.transfers.iter().filter_map(|t| t.tx);
         Plan {
-            headers_out: self.transfers.iter().filter_map(|t| t.tx).collect(),
+            headers_out: senders
+                .chain(self.headers_both_ways.iter().copied())
+                .collect(),
             ..Plan::default()
         }
     }

@@ -685,7 +685,8 @@ impl Ring {
 
     /// Reduce-scatter of `input` (`size` blocks of `output.len()` bytes) into `output`. With
     /// the mesh, small messages (up to [`MESH_LIMIT`]) send each block straight to its rank,
-    /// which reduces them in rank order.
+    /// which reduces them in rank order; other small ones (up to [`GATHER_LIMIT`] in all) use
+    /// recursive halving where the ranks pair up; the rest go around the ring.
     pub(crate) fn reduce_scatter(
         &mut self,
         input: &[u8],
@@ -708,6 +709,10 @@ impl Ring {
             fold_in_rank_order(output, all, reducer);
             return Ok(());
         }
+        let halving = bytes > 0 && bytes * g.size <= GATHER_LIMIT;
+        if let Some(partners) = g.doubling_partners().filter(|_| halving) {
+            return self.reduce_scatter_by_halving(input, output, reducer, call, &partners);
+        }
         let elem = reducer.elem_size();
         let plan = self.geometry.reduce_scatter(output.len() / elem, elem);
         let bufs = Buffers {
@@ -722,6 +727,63 @@ impl Ring {
             Some(reducer),
             call,
         )
+    }
+
+    /// Reduce-scatter by recursive halving, the doubling partners in reverse order: before
+    /// the step with partner `partners[k]` this rank holds partial sums of the aligned group
+    /// of 2^(k+1) blocks around its own; it sends the partner the half around the partner's
+    /// block and reduces the half around its own with what the partner sends. `log2 size`
+    /// messages per rank (2 at 4 ranks, against the ring's 3 hops), the ring's bytes. Each
+    /// block is reduced on one rank only, so no other rank's bits need to agree with it.
+    fn reduce_scatter_by_halving(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        reducer: &Reducer,
+        call: &Call,
+        partners: &[usize],
+    ) -> Result<()> {
+        let g = self.geometry;
+        let bytes = output.len();
+        // The bytes of the aligned group of 2^k blocks around rank r's.
+        let group = |r: usize, k: usize| {
+            let first = (r >> k) << k;
+            first * bytes..(first + (1 << k)) * bytes
+        };
+        let order: Vec<usize> = (0..partners.len()).rev().collect();
+        let plans: Vec<Plan> = order
+            .iter()
+            .map(|&k| {
+                let (theirs, mine) = (group(partners[k], k), group(g.rank, k));
+                let send = Span::input(theirs.start, theirs.len());
+                g.swap_with(partners, k, send, Span::output(mine.start, mine.len()))
+            })
+            .collect();
+        let all = scratch(&mut self.scratch, 2 * g.size * bytes);
+        let (theirs, partial) = all.split_at_mut(g.size * bytes);
+        let mut steps = DoublingSteps {
+            channels: &mut self.channels,
+            liveness: &self.liveness,
+            plans: &plans,
+            call,
+        };
+        for (i, &k) in order.iter().enumerate() {
+            let mine = group(g.rank, k);
+            let source: &[u8] = if i == 0 { input } else { partial };
+            steps.run(i, &mut *theirs, Some(source))?;
+            if i + 1 == order.len() {
+                reducer.combine(output, &source[mine.clone()], &theirs[mine]);
+            } else if i == 0 {
+                reducer.combine(
+                    &mut partial[mine.clone()],
+                    &input[mine.clone()],
+                    &theirs[mine],
+                );
+            } else {
+                reducer.accumulate(&mut partial[mine.clone()], &theirs[mine]);
+            }
+        }
+        Ok(())
     }
 
     /// Sends `data` to the neighbour `dst`.

@@ -812,7 +812,7 @@ impl Ring {
         )
     }
 
-    /// Returns once every rank has entered: a gather of one-byte tokens in both directions.
+    /// Returns once every rank has entered: an all-gather of one-byte tokens ([`gather`]).
     pub(crate) fn barrier(&mut self, call: &Call) -> Result<()> {
         let g = self.geometry;
         let tokens = scratch(&mut self.scratch, g.size);

@@ -745,10 +745,9 @@ impl Ring {
     ) -> Result<()> {
         let g = self.geometry;
         let bytes = output.len();
-        // The bytes of the aligned group of 2^k blocks around rank r's.
         let group = |r: usize, k: usize| {
-            let first = (r >> k) << k;
-            first * bytes..(first + (1 << k)) * bytes
+            let blocks = aligned_blocks(r, k);
+            blocks.start * bytes..blocks.end * bytes
         };
         let order: Vec<usize> = (0..partners.len()).rev().collect();
         let plans: Vec<Plan> = order
@@ -840,10 +839,11 @@ fn gather(
             .map(|k| {
                 // Before step k each rank holds the aligned group of 2^k blocks around its own
                 // (partners differ in bit k; the ring's pairs 0-1 and 2-3 are such groups).
-                let (held, theirs) = ((g.rank >> k) << k, (partners[k] >> k) << k);
-                let group = block << k;
-                let send = Span::output(held * block, group);
-                g.swap_with(&partners, k, send, Span::output(theirs * block, group))
+                let span = |r: usize| {
+                    let blocks = aligned_blocks(r, k);
+                    Span::output(blocks.start * block, blocks.len() * block)
+                };
+                g.swap_with(&partners, k, span(g.rank), span(partners[k]))
             })
             .collect();
         let mut steps = DoublingSteps {
@@ -866,6 +866,13 @@ fn gather(
         output,
     };
     engine::run(channels, liveness, &plan, bufs, None, call)
+}
+
+/// The aligned group of 2^k blocks (block indices) that holds block `r`: what a rank holds
+/// after k steps of a recursive-doubling gather, or reduces before the last k steps of halving.
+fn aligned_blocks(r: usize, k: usize) -> Range<usize> {
+    let first = (r >> k) << k;
+    first..first + (1 << k)
 }
 
 /// The steps of one recursive-doubling collective, one plan each ([`Geometry::swap_with`]).

@@ -360,6 +360,12 @@ impl Group {
     /// type. With the ring topology `dst` must be a neighbour (`rank ± 1`); with the mesh it
     /// may be any other rank. Returns once the data is handed to the transport.
     ///
+    /// Ranks may send before they receive, even in a cycle (every rank sends to the next,
+    /// then receives from the one before; with the mesh, to all others): a rank waiting for its
+    /// receiver to make room reads ahead, into memory, whatever its peers are sending it, and
+    /// its later calls take those bytes first. Only bytes a peer has already sent are read, so
+    /// this buffers at most what the program sends before it receives.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `dst` that is this rank, out of range, or not a
     /// neighbour; otherwise the transport errors of [`Error`], after which the group is

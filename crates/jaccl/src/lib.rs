@@ -44,7 +44,9 @@
 //!   connections (so the failure reaches every rank promptly) and every later call returns the
 //!   same error. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent
 //!   and leave the group usable.
-//! - `send`/`recv` with the ring topology only reach the two neighbours.
+//! - `send`/`recv` with the ring topology only reach the two neighbours. Sends may come
+//!   before receives, even in a cycle of ranks: a rank blocked sending reads ahead what its
+//!   peers send it ([`Group::send`]).
 //!
 //! # Configuration
 //!

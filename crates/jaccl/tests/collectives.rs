@@ -249,6 +249,56 @@ fn send_recv_to_both_neighbours() {
     }
 }
 
+/// Sends in a cycle complete: every rank sends before it receives (to its right neighbour, to
+/// both neighbours, and with the mesh to every other rank), with messages far larger than a
+/// connection or a shared-memory ring holds. A rank blocked sending reads ahead what its peers
+/// send it; without that, every rank waits for a receiver that is itself sending.
+#[test]
+fn sends_in_a_cycle_complete() {
+    fn cycle_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
+        let (rank, size) = (g.rank(), g.size());
+        let mesh = g.topology() == Some(Topology::Mesh);
+        // Shifts by 1 (right), by -1 (left), then by every distance at once with the mesh.
+        let mut rounds: Vec<Vec<usize>> = vec![vec![1], vec![size - 1]];
+        if mesh {
+            rounds.push((1..size).collect());
+        } else if size > 2 {
+            rounds.push(vec![1, size - 1]);
+        }
+        let value = |from: usize, to: usize, i: usize| T::value(from * size + to, i, ReduceOp::Sum);
+        for &len in lengths {
+            for shifts in &rounds {
+                for &s in shifts {
+                    let to = (rank + s) % size;
+                    let mine: Vec<T> = (0..len).map(|i| value(rank, to, i)).collect();
+                    g.send(&mine, to).unwrap();
+                }
+                for &s in shifts {
+                    let from = (rank + size - s) % size;
+                    let mut got = vec![T::default(); len];
+                    g.recv(&mut got, from).unwrap();
+                    let expect: Vec<T> = (0..len).map(|i| value(from, rank, i)).collect();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&expect),
+                        "{} len {len} {from} → {rank}",
+                        T::DTYPE
+                    );
+                }
+            }
+        }
+        Vec::new()
+    }
+    for net in nets() {
+        for size in [2, 3, 4] {
+            with_group(net, size, 1, |g| {
+                cycle_case::<u8>(g, &[1, 300_007]);
+                cycle_case::<f32>(g, &[2 << 20]);
+            });
+        }
+    }
+}
+
 /// With the mesh, every rank sends to and receives from every other one, in one global order
 /// of pairs (so no rank waits on a pair that cannot proceed), whatever their distance.
 #[test]

@@ -25,13 +25,23 @@ use crate::wire::{HEADER_LEN, Header, Kind};
 use crate::{Dtype, ReduceOp};
 
 /// One link to one peer, with the count of operations started on it in each direction (the
-/// `seq` of the operation headers).
+/// `seq` of the operation headers), and the bytes read ahead of the calls that will use them.
 pub(crate) struct Channel {
     link: Box<dyn Link>,
     peer: usize,
     sent_ops: u32,
     received_ops: u32,
+    /// Bytes the peer sent that no call has consumed yet, read ahead while this rank was
+    /// blocked sending ([`Channel::read_ahead`]); from `early_pos` on they come before the
+    /// link's own.
+    early: Vec<u8>,
+    early_pos: usize,
+    /// The link failed while reading ahead: the call that next receives on it reports that.
+    read_ahead_failed: bool,
 }
+
+/// The most a pass reads ahead from one channel, so a fast peer cannot keep a pass going.
+const READ_AHEAD_PER_PASS: usize = 4 << 20;
 
 impl Channel {
     pub(crate) fn new(link: Box<dyn Link>, peer: usize) -> Channel {
@@ -40,6 +50,75 @@ impl Channel {
             peer,
             sent_ops: 0,
             received_ops: 0,
+            early: Vec::new(),
+            early_pos: 0,
+            read_ahead_failed: false,
+        }
+    }
+
+    /// [`Link::try_recv`], offering the bytes read ahead first.
+    pub(super) fn try_recv(
+        &mut self,
+        max: usize,
+        consume: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> std::result::Result<usize, LinkError> {
+        if self.early_pos == self.early.len() {
+            return self.link.try_recv(max, consume);
+        }
+        let mut offered = (self.early.len() - self.early_pos).min(max);
+        let mut used = consume(&self.early[self.early_pos..self.early_pos + offered]);
+        if used == 0 && offered < max {
+            // The consumer needs more bytes in one piece (a whole element): append the link's.
+            self.read_ahead(max - offered)?;
+            offered = (self.early.len() - self.early_pos).min(max);
+            used = consume(&self.early[self.early_pos..self.early_pos + offered]);
+        }
+        self.early_pos += used.min(offered);
+        if self.early_pos == self.early.len() {
+            // Reading ahead is rare: give the memory back rather than keep the largest ever.
+            self.early = Vec::new();
+            self.early_pos = 0;
+        }
+        Ok(used)
+    }
+
+    /// Reads up to `limit` bytes the peer has sent into the read-ahead buffer, without blocking.
+    /// Returns how many arrived.
+    fn read_ahead(&mut self, limit: usize) -> std::result::Result<usize, LinkError> {
+        if self.early_pos > 0 {
+            self.early.drain(..self.early_pos);
+            self.early_pos = 0;
+        }
+        let mut total = 0;
+        while total < limit {
+            let early = &mut self.early;
+            let n = self.link.try_recv(limit - total, &mut |bytes| {
+                early.extend_from_slice(bytes);
+                bytes.len()
+            })?;
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        Ok(total)
+    }
+
+    /// Reads ahead on a channel the current call does not receive on, for a call that is
+    /// blocked sending: the peer may itself be blocked sending to this rank (both called
+    /// `send` before `recv`) or to a rank that waits on this one, and only reading its bytes
+    /// lets the cycle move. A failed link is left for the call that receives on it to report
+    /// (its peer may have finished and left). Returns how many bytes arrived.
+    pub(super) fn read_ahead_idle(&mut self) -> usize {
+        if self.read_ahead_failed {
+            return 0;
+        }
+        match self.read_ahead(READ_AHEAD_PER_PASS) {
+            Ok(n) => n,
+            Err(_) => {
+                self.read_ahead_failed = true;
+                0
+            }
         }
     }
 }
@@ -126,6 +205,8 @@ pub(crate) struct Execution<'a> {
     lanes: Vec<LaneState>,
     /// What each channel waited for in the last pass.
     wants: Vec<Interest>,
+    /// Channels this call receives nothing on (no data, no header): read ahead while blocked.
+    idle: Vec<bool>,
 }
 
 impl<'a> Execution<'a> {
@@ -150,7 +231,9 @@ impl<'a> Execution<'a> {
                 ch.sent_ops = ch.sent_ops.wrapping_add(1);
             }
         }
+        let mut idle = vec![true; channels.len()];
         for rx in receiving.chain(plan.headers_both_ways.iter().copied()) {
+            idle[rx] = false;
             if headers[rx].incoming.is_none() {
                 let ch = &channels[rx];
                 let expect = call.header(ch.received_ops, ch.peer);
@@ -165,6 +248,7 @@ impl<'a> Execution<'a> {
             headers,
             lanes: vec![LaneState::default(); plan.transfers.len()],
             wants: vec![Interest::default(); channels.len()],
+            idle,
         }
     }
 
@@ -205,6 +289,16 @@ impl<'a> Execution<'a> {
             if headers[i].incoming.is_some() {
                 progress |= receive_header(ch, &mut headers[i], call)?;
                 wants[i].read |= headers[i].incoming.is_some();
+            }
+        }
+        // Blocked sending: read ahead what peers send on channels this call does not receive
+        // on, so that sends in a cycle (every rank sends before it receives) go through.
+        if !progress && wants.iter().any(|w| w.write) {
+            for ((ch, want), idle) in channels.iter_mut().zip(wants.iter_mut()).zip(&self.idle) {
+                if *idle {
+                    progress |= ch.read_ahead_idle() > 0;
+                    want.read = !ch.read_ahead_failed;
+                }
             }
         }
         Ok(progress)
@@ -468,9 +562,7 @@ fn recv_on(
         }
     }
     let peer = ch.peer;
-    ch.link
-        .try_recv(max, consume)
-        .map_err(|e| lost(e, peer, call))
+    ch.try_recv(max, consume).map_err(|e| lost(e, peer, call))
 }
 
 /// Reads what is available of the peer's header and checks it once complete. Returns whether
@@ -481,7 +573,6 @@ fn receive_header(ch: &mut Channel, hs: &mut HeaderState, call: &Call) -> Result
     };
     let peer = ch.peer;
     let n = ch
-        .link
         .try_recv(HEADER_LEN - *got, &mut |bytes| {
             buf[*got..*got + bytes.len()].copy_from_slice(bytes);
             bytes.len()

@@ -182,39 +182,44 @@ fn fake_ring(
                 continue;
             }
             let (peer, theirs) = g.far_end(c);
-            let mut pipe = || {
-                // At least two elements: a receiver that may merge only what it has sent itself
-                // (merge after send) needs whole elements in its buffer, as every real one has.
-                let cap = [16, 24, 64, 1000, 1 << 16][rng.random_range(0..5)];
-                Arc::new(Mutex::new(Pipe {
-                    cap,
-                    ..Pipe::default()
-                }))
-            };
-            let (out, back) = (pipe(), pipe());
-            let mut link = |tx: &Shared, rx: &Shared| FakeLink {
-                tx: Arc::clone(tx),
-                rx: Arc::clone(rx),
-                rng: TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(rng.random())),
-                stalled_at: None,
-            };
-            let mine = link(&out, &back);
-            let far = link(&back, &out);
-            slots[r][c] = Some((
-                Channel::new(Box::new(mine), peer),
-                Ends {
-                    tx: Arc::clone(&out),
-                    rx: Arc::clone(&back),
-                },
-            ));
-            slots[peer][theirs] =
-                Some((Channel::new(Box::new(far), r), Ends { tx: back, rx: out }));
+            // At least two elements: a receiver that may merge only what it has sent itself
+            // (merge after send) needs whole elements in its buffer, as every real one has.
+            let mut cap = || [16, 24, 64, 1000, 1 << 16][rng.random_range(0..5)];
+            let caps = [cap(), cap()];
+            let [(mine, my_ends), (far, far_ends)] = fake_connection(caps, &mut rng);
+            slots[r][c] = Some((Channel::new(Box::new(mine), peer), my_ends));
+            slots[peer][theirs] = Some((Channel::new(Box::new(far), r), far_ends));
         }
     }
     slots
         .into_iter()
         .map(|chans| chans.into_iter().flatten().unzip())
         .unzip()
+}
+
+/// The two ends of one fake connection whose pipes hold `caps` bytes (from the first end, from
+/// the second).
+fn fake_connection(caps: [usize; 2], rng: &mut TestRng) -> [(FakeLink, Ends); 2] {
+    let [out, back] = caps.map(|cap| {
+        Arc::new(Mutex::new(Pipe {
+            cap,
+            ..Pipe::default()
+        }))
+    });
+    let mut end = |tx: &Shared, rx: &Shared| {
+        let link = FakeLink {
+            tx: Arc::clone(tx),
+            rx: Arc::clone(rx),
+            rng: TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(rng.random())),
+            stalled_at: None,
+        };
+        let ends = Ends {
+            tx: Arc::clone(tx),
+            rx: Arc::clone(rx),
+        };
+        (link, ends)
+    };
+    [end(&out, &back), end(&back, &out)]
 }
 
 fn seed_bytes(seed: u64) -> [u8; 32] {
@@ -239,25 +244,51 @@ enum Phase {
 
 /// Runs every rank's call to the end over fake links, scheduling ranks at random. Panics on a
 /// deadlock (no rank can run and not all are done) or an error.
-fn run_all(mut ranks: Vec<RankCall>, wires: usize, mesh: bool, seed: u64) -> Vec<Vec<u8>> {
+fn run_all(ranks: Vec<RankCall>, wires: usize, mesh: bool, seed: u64) -> Vec<Vec<u8>> {
+    let sequences = ranks.into_iter().map(|rc| vec![rc]).collect();
+    run_sequences(sequences, wires, mesh, seed)
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Like [`run_all`] with a sequence of calls per rank, each rank starting its next call as
+/// soon as its last one is done. Returns each rank's outputs in call order.
+fn run_sequences(
+    mut ranks: Vec<Vec<RankCall>>,
+    wires: usize,
+    mesh: bool,
+    seed: u64,
+) -> Vec<Vec<Vec<u8>>> {
     let size = ranks.len();
     let (mut channels, ends) = fake_ring(size, wires, mesh, seed);
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(!seed));
     let reducer = Reducer::new(Dtype::Int64, ReduceOp::Sum);
-    let calls: Vec<Call> = ranks.iter().map(|rc| rc.call).collect();
     {
-        let mut execs: Vec<Execution<'_>> = ranks
-            .iter_mut()
-            .zip(channels.iter_mut())
-            .map(|(rc, chans)| {
+        let mut queues: Vec<_> = ranks.iter_mut().map(|calls| calls.iter_mut()).collect();
+        let mut start_next = |r: usize, chans: &mut [Channel]| {
+            queues[r].next().map(|rc| {
                 let bufs = Buffers {
                     input: rc.input.as_deref(),
                     output: &mut rc.output,
                 };
-                Execution::start(chans, &rc.plan, bufs, Some(&reducer), &rc.call)
+                (
+                    Execution::start(chans, &rc.plan, bufs, Some(&reducer), &rc.call),
+                    rc.call,
+                )
+            })
+        };
+        let mut execs: Vec<_> = (0..size).map(|r| start_next(r, &mut channels[r])).collect();
+        let mut phases: Vec<Phase> = execs
+            .iter()
+            .map(|e| {
+                if e.is_some() {
+                    Phase::Runnable
+                } else {
+                    Phase::Done
+                }
             })
             .collect();
-        let mut phases: Vec<Phase> = (0..size).map(|_| Phase::Runnable).collect();
         for _ in 0..20_000_000u64 {
             let runnable: Vec<usize> = (0..size)
                 .filter(|&r| match phases[r] {
@@ -274,7 +305,10 @@ fn run_all(mut ranks: Vec<RankCall>, wires: usize, mesh: bool, seed: u64) -> Vec
                 break;
             }
             let r = runnable[rng.random_range(0..runnable.len())];
-            let (exec, chans) = (&mut execs[r], &mut channels[r]);
+            let chans = &mut channels[r];
+            let Some((exec, call)) = &mut execs[r] else {
+                unreachable!("a rank without a call is done")
+            };
             if let Phase::Sleeping { armed } = phases[r] {
                 engine::disarm(chans, exec.wants(), armed);
                 phases[r] = Phase::Runnable;
@@ -283,10 +317,13 @@ fn run_all(mut ranks: Vec<RankCall>, wires: usize, mesh: bool, seed: u64) -> Vec
                 .pass(chans)
                 .unwrap_or_else(|e| panic!("rank {r}: {e} (seed {seed})"));
             if exec.done() {
-                phases[r] = Phase::Done;
+                execs[r] = start_next(r, chans);
+                if execs[r].is_none() {
+                    phases[r] = Phase::Done;
+                }
             } else if !progress {
                 let wants = exec.wants().to_vec();
-                match engine::arm(chans, &wants, &calls[r]) {
+                match engine::arm(chans, &wants, call) {
                     (armed, Ok(Readiness::Armed)) => phases[r] = Phase::Sleeping { armed },
                     (armed, Ok(Readiness::Ready)) => engine::disarm(chans, &wants, armed),
                     (_, Err(e)) => panic!("rank {r}: {e} (seed {seed})"),
@@ -298,7 +335,10 @@ fn run_all(mut ranks: Vec<RankCall>, wires: usize, mesh: bool, seed: u64) -> Vec
             "did not finish (seed {seed})"
         );
     }
-    ranks.into_iter().map(|rc| rc.output).collect()
+    ranks
+        .into_iter()
+        .map(|calls| calls.into_iter().map(|rc| rc.output).collect())
+        .collect()
 }
 
 fn call(rank: usize, op: Op, count: usize) -> Call {
@@ -327,6 +367,37 @@ fn geometry(rank: usize, size: usize, wires: usize, mesh: bool) -> Geometry {
         size,
         wires,
         mesh,
+    }
+}
+
+/// Bytes read ahead come before the link's, and a consumer of whole elements gets a read-ahead
+/// tail that ends mid-element joined with the link's next bytes.
+#[test]
+fn read_ahead_bytes_come_first_even_mid_element() {
+    let data: Vec<u8> = (0..4000).map(|i| (i * 7 + i / 256) as u8).collect();
+    for seed in 0..100u64 {
+        let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(seed));
+        let [(mut sender, _), (far, _)] = fake_connection([100, 100], &mut rng);
+        let mut receiver = Channel::new(Box::new(far), 1);
+        let (mut sent, mut got) = (0, Vec::new());
+        while got.len() < data.len() {
+            sent += sender
+                .try_send(&[&data[sent..]])
+                .expect("fake links do not fail");
+            if rng.random_range(0..3) == 0 {
+                receiver.read_ahead_idle();
+                continue;
+            }
+            let max = data.len() - got.len();
+            receiver
+                .try_recv(max, &mut |bytes| {
+                    let whole = bytes.len() - bytes.len() % 8;
+                    got.extend_from_slice(&bytes[..whole]);
+                    whole
+                })
+                .expect("fake links do not fail");
+        }
+        assert!(got == data, "seed {seed}");
     }
 }
 
@@ -478,6 +549,45 @@ proptest! {
             .collect();
         let outs = run_all(ranks, wires, true, seed);
         prop_assert!(outs[to] == data);
+    }
+
+    /// Sends in a cycle: every rank sends to the rank `shift` after it (a neighbour, or any
+    /// rank with the mesh) before it receives from the one `shift` before, with more bytes than
+    /// the links hold, then all-reduces. Only reading ahead while blocked sending lets the
+    /// cycle move; the all-reduce may then find its peers' first bytes, in pieces and
+    /// mid-element, in the read-ahead buffers.
+    #[test]
+    fn send_cycles_over_misbehaving_links(
+        size in 2usize..=6, wires in 1usize..=3, mesh in any::<bool>(), len in 0usize..20_000,
+        pick in any::<usize>(), count in 1usize..600, seed in any::<u64>(),
+    ) {
+        let shift = match (mesh, pick % 2) {
+            (true, _) => 1 + pick % (size - 1),
+            (false, 0) => 1,
+            (false, _) => size - 1,
+        };
+        let data = |r: usize| -> Vec<u8> { (0..len).map(|i| (r * 31 + i * 7) as u8).collect() };
+        let ranks = (0..size)
+            .map(|r| {
+                let g = geometry(r, size, wires, mesh);
+                let (to, from) = ((r + shift) % size, (r + size - shift) % size);
+                vec![
+                    RankCall { plan: g.send(len, to), input: Some(data(r)), output: Vec::new(), call: call(r, Op::Send, len) },
+                    RankCall { plan: g.recv(len, from), input: None, output: vec![0; len], call: call(r, Op::Recv, len) },
+                    RankCall {
+                        plan: g.all_reduce(count, 8, false),
+                        input: Some(bytes((0..count).map(|i| value(r, i)))),
+                        output: vec![0; count * 8],
+                        call: call(r, Op::AllReduce, count),
+                    },
+                ]
+            })
+            .collect();
+        let sum = bytes((0..count).map(|i| (0..size).map(|r| value(r, i)).sum()));
+        for (r, outs) in run_sequences(ranks, wires, mesh, seed).into_iter().enumerate() {
+            prop_assert!(outs[1] == data((r + size - shift) % size), "rank {} received", r);
+            prop_assert!(outs[2] == sum, "rank {} all-reduce", r);
+        }
     }
 
     /// One step of the recursive-doubling all-reduce: every rank swaps its vector with that

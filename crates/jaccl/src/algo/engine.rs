@@ -205,8 +205,6 @@ pub(crate) struct Execution<'a> {
     lanes: Vec<LaneState>,
     /// What each channel waited for in the last pass.
     wants: Vec<Interest>,
-    /// Channels this call receives nothing on (no data, no header): read ahead while blocked.
-    idle: Vec<bool>,
 }
 
 impl<'a> Execution<'a> {
@@ -231,9 +229,7 @@ impl<'a> Execution<'a> {
                 ch.sent_ops = ch.sent_ops.wrapping_add(1);
             }
         }
-        let mut idle = vec![true; channels.len()];
         for rx in receiving.chain(plan.headers_both_ways.iter().copied()) {
-            idle[rx] = false;
             if headers[rx].incoming.is_none() {
                 let ch = &channels[rx];
                 let expect = call.header(ch.received_ops, ch.peer);
@@ -248,7 +244,6 @@ impl<'a> Execution<'a> {
             headers,
             lanes: vec![LaneState::default(); plan.transfers.len()],
             wants: vec![Interest::default(); channels.len()],
-            idle,
         }
     }
 
@@ -294,8 +289,8 @@ impl<'a> Execution<'a> {
         // Blocked sending: read ahead what peers send on channels this call does not receive
         // on, so that sends in a cycle (every rank sends before it receives) go through.
         if !progress && wants.iter().any(|w| w.write) {
-            for ((ch, want), idle) in channels.iter_mut().zip(wants.iter_mut()).zip(&self.idle) {
-                if *idle {
+            for (i, (ch, want)) in channels.iter_mut().zip(wants.iter_mut()).enumerate() {
+                if !plan.receives_on(i) {
                     progress |= ch.read_ahead_idle() > 0;
                     want.read = !ch.read_ahead_failed;
                 }

@@ -100,6 +100,12 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
+    /// Whether this plan receives anything on `channel`: data, or the peer's header.
+    pub(crate) fn receives_on(&self, channel: usize) -> bool {
+        self.transfers.iter().any(|t| t.rx == Some(channel))
+            || self.headers_both_ways.contains(&channel)
+    }
+
     /// This call's header alone on every channel this plan sends on or exchanges headers
     /// over, nothing received: for a rank that fails before a step whose peers expect its
     /// header, so they can check it.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::algo::direct::Direct;
-use crate::algo::engine::Call;
+use crate::algo::engine::{Call, Channel};
 use crate::algo::ring::Ring;
 use crate::config::{Config, Topology, Transport};
 use crate::connect::{self, Connected};
@@ -45,7 +45,9 @@ const VERDICT_GRACE: Duration = Duration::from_millis(500);
 /// memory with this one.
 enum Path<'a> {
     Ring(&'a mut Ring),
-    Direct(&'a mut Direct),
+    /// With the ring's connections, which a direct collective watches for a peer that sends
+    /// instead of joining it.
+    Direct(&'a mut Direct, &'a mut [Channel]),
 }
 
 impl Group {
@@ -287,7 +289,7 @@ impl Group {
         );
         self.copy_or_run(call, input, output, |path, i, o, c| match path {
             Path::Ring(ring) => ring.all_gather(i, o, c),
-            Path::Direct(direct) => direct.all_gather(i, o, c),
+            Path::Direct(direct, chans) => direct.all_gather(i, o, c, chans),
         })
     }
 
@@ -352,7 +354,7 @@ impl Group {
         let reducer = Reducer::new(dtype, op);
         self.copy_or_run(call, input, output, |path, i, o, c| match path {
             Path::Ring(ring) => ring.reduce_scatter(i, o, &reducer, c),
-            Path::Direct(direct) => direct.reduce_scatter(i, o, &reducer, c),
+            Path::Direct(direct, chans) => direct.reduce_scatter(i, o, &reducer, c, chans),
         })
     }
 
@@ -431,7 +433,7 @@ impl Group {
         let call = self.call(Op::Barrier, Dtype::UInt8, ReduceOp::Sum, 0);
         self.run(call, |path, call| match path {
             Path::Ring(ring) => ring.barrier(call),
-            Path::Direct(direct) => direct.barrier(call),
+            Path::Direct(direct, chans) => direct.barrier(call, chans),
         })
     }
 
@@ -453,7 +455,7 @@ impl Group {
         let reducer = Reducer::new(dtype, op);
         self.run(call, |path, call| match path {
             Path::Ring(ring) => ring.all_reduce(input, output, &reducer, call),
-            Path::Direct(direct) => direct.all_reduce(input, output, &reducer, call),
+            Path::Direct(direct, chans) => direct.all_reduce(input, output, &reducer, call, chans),
         })
     }
 
@@ -502,7 +504,7 @@ impl Group {
     /// on the ring (nothing to do when alone); poisons the group if it fails.
     fn run(&mut self, call: Call, f: impl FnOnce(Path<'_>, &Call) -> Result<()>) -> Result<()> {
         self.guarded(call, |c, call| match &mut c.direct {
-            Some(direct) => f(Path::Direct(direct), call),
+            Some(direct) => f(Path::Direct(direct, c.ring.channels_mut()), call),
             None => f(Path::Ring(&mut c.ring), call),
         })
     }

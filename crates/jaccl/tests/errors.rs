@@ -398,6 +398,47 @@ fn send_of_another_length_on(net: Net) {
     );
 }
 
+/// A rank that sends or receives while the others run a collective: the ranks that can tell
+/// (the collective's side for a send, the receiver for a receive) fail with `Mismatch` naming
+/// the other, and nobody waits for the timeout, on every net (with shared memory the
+/// collective takes the direct path, which does not use the connections send and recv use).
+#[test]
+fn a_send_or_recv_against_a_collective_is_a_mismatch() {
+    for net in nets() {
+        for size in [2, 3] {
+            for len in [4, 1 << 20] {
+                for sending in [true, false] {
+                    let odd = size - 1;
+                    let r = with_group_timeout(net, size, 1, Duration::from_secs(20), |g| {
+                        let (mine, mut out) = (vec![1f32; len], vec![0f32; len]);
+                        if g.rank() != odd {
+                            g.all_sum(&mine, &mut out)
+                        } else if sending {
+                            // Stays in the group after a send that completes at once.
+                            g.send(&mine, 0).and_then(|()| g.recv(&mut out, 0))
+                        } else {
+                            g.recv(&mut out, 0)
+                        }
+                    });
+                    let case = format!("{net:?} size {size} len {len} sending {sending}");
+                    let (tells, other) = if sending { (0, odd) } else { (odd, 0) };
+                    assert!(
+                        matches!(&r[tells], Err(Error::Mismatch { peer, .. }) if *peer == other),
+                        "{case}: rank {tells}: {:?}",
+                        r[tells]
+                    );
+                    for (rank, result) in r.iter().enumerate() {
+                        assert!(
+                            matches!(result, Err(Error::Mismatch { .. } | Error::PeerLost { .. })),
+                            "{case}: rank {rank}: {result:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
     let cases = nets().into_iter().flat_map(|n| [2, 4, 5].map(|s| (n, s)));

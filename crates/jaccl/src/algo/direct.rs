@@ -29,16 +29,16 @@ use std::time::{Duration, Instant};
 
 use rustix::event::PollFd;
 
-use super::engine::Call;
+use super::engine::{self, Call, Channel};
 use super::ring::lane_slice;
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::reduce::{Reducer, copy};
 use crate::transport::shm::segment::INLINE;
 use crate::transport::shm::{Local, Mailbox, Mapping, Peer, Shm};
-use crate::transport::{Interest, poll, poll_fd};
+use crate::transport::{Interest, Readiness, poll, poll_fd};
 use crate::wait::{Backoff, Idle};
-use crate::wire::Header;
+use crate::wire::{HEADER_LEN, Header};
 
 /// All-reduces of at most this many bytes take one round and reduce every vector on every rank:
 /// the crossover with the two-synchronisation algorithm, measured at 2, 4 and 8 ranks (see
@@ -72,6 +72,22 @@ pub(crate) struct Direct {
     liveness: Arc<Liveness>,
 }
 
+/// Whether a peer has entered a direct collective this rank has not: its synchronisation
+/// stamp is ahead of this rank's. A connection to the peer asks while a send or receive waits on
+/// it: in a program whose ranks call the same operations, a peer gets ahead only after its side
+/// of the send or receive is done, so the wait cannot be for anything else.
+pub(crate) struct PeerProgress {
+    local: Arc<Local>,
+    peer: Arc<Peer>,
+}
+
+impl PeerProgress {
+    pub(crate) fn peer_ahead(&self) -> bool {
+        self.peer.mailbox().stamp().load(Ordering::Acquire)
+            > self.local.mailbox().stamp().load(Ordering::Relaxed)
+    }
+}
+
 impl Direct {
     /// The direct collectives over `shm`, which must hold every other rank of the group.
     pub(crate) fn new(
@@ -98,6 +114,15 @@ impl Direct {
         })
     }
 
+    /// What a connection to `peer` needs to tell whether it got ahead ([`PeerProgress`]).
+    pub(crate) fn progress_of(&self, peer: usize) -> Option<PeerProgress> {
+        let peer = self.peers.get(peer)?.as_ref()?;
+        Some(PeerProgress {
+            local: Arc::clone(&self.local),
+            peer: Arc::clone(peer),
+        })
+    }
+
     /// All-reduce of `output.len()` bytes from `input` (or in place).
     pub(crate) fn all_reduce(
         &mut self,
@@ -105,11 +130,12 @@ impl Direct {
         output: &mut [u8],
         reducer: &Reducer,
         call: &Call,
+        channels: &mut [Channel],
     ) -> Result<()> {
         let bytes = output.len();
         let (seq, timing) = self.begin(call, bytes);
         if bytes <= small_all_reduce(self.size).min(self.area_bytes()) {
-            self.all_reduce_small(input, output, reducer, call, seq)?;
+            self.all_reduce_small(input, output, reducer, call, seq, channels)?;
             self.end(timing);
             return Ok(());
         }
@@ -124,7 +150,7 @@ impl Direct {
                 self.write_area(area, &own[at..at + mine.start]);
                 self.write_area(area + mine.end, &own[at + mine.end..at + len]);
             }
-            self.sync(call, (k == 0).then_some(seq))?;
+            self.sync(call, (k == 0).then_some(seq), channels)?;
             // Reduce this rank's slice, block by block, in rank order.
             // Taken out for the loop (`fold` borrows `self`); nothing in it returns early.
             let mut scratch = std::mem::take(&mut self.scratch);
@@ -142,7 +168,7 @@ impl Direct {
                 self.write_area(area + b, tmp);
             }
             self.scratch = scratch;
-            self.sync(call, None)?;
+            self.sync(call, None, channels)?;
             for (q, peer) in self.others() {
                 let theirs = self.slice(len / elem, q, elem);
                 peer.main.read(
@@ -164,6 +190,7 @@ impl Direct {
         reducer: &Reducer,
         call: &Call,
         seq: u64,
+        channels: &mut [Channel],
     ) -> Result<()> {
         let n = output.len();
         let area = if n <= INLINE {
@@ -172,7 +199,7 @@ impl Direct {
             self.next_area()
         };
         self.write_area(area, input.unwrap_or(output));
-        self.sync(call, Some(seq))?;
+        self.sync(call, Some(seq), channels)?;
         // This rank's own vector from its area: `output` may be the input.
         self.local
             .main
@@ -186,6 +213,7 @@ impl Direct {
         input: &[u8],
         output: &mut [u8],
         call: &Call,
+        channels: &mut [Channel],
     ) -> Result<()> {
         let block = input.len();
         let (seq, timing) = self.begin(call, block);
@@ -197,7 +225,7 @@ impl Direct {
             let len = chunk.min(block - at);
             let area = self.next_area();
             self.write_area(area, &input[at..at + len]);
-            self.sync(call, (k == 0).then_some(seq))?;
+            self.sync(call, (k == 0).then_some(seq), channels)?;
             for (q, peer) in self.others() {
                 peer.main
                     .read(area, &mut output[q * block + at..q * block + at + len]);
@@ -215,6 +243,7 @@ impl Direct {
         output: &mut [u8],
         reducer: &Reducer,
         call: &Call,
+        channels: &mut [Channel],
     ) -> Result<()> {
         let (seq, timing) = self.begin(call, input.len());
         let elem = reducer.elem_size();
@@ -230,7 +259,7 @@ impl Direct {
                 let src = &input[q * block + at..q * block + at + len];
                 self.write_area(area + q * part, src);
             }
-            self.sync(call, (k == 0).then_some(seq))?;
+            self.sync(call, (k == 0).then_some(seq), channels)?;
             let own = &input[self.rank * block + at..self.rank * block + at + len];
             self.fold(
                 &mut output[at..at + len],
@@ -244,9 +273,9 @@ impl Direct {
     }
 
     /// Returns once every rank has entered.
-    pub(crate) fn barrier(&mut self, call: &Call) -> Result<()> {
+    pub(crate) fn barrier(&mut self, call: &Call, channels: &mut [Channel]) -> Result<()> {
         let (seq, _) = self.begin(call, 0);
-        self.sync(call, Some(seq))
+        self.sync(call, Some(seq), channels)
     }
 
     /// Publishes the description of the next call, which moves `bytes` (the size rank 0
@@ -357,7 +386,7 @@ impl Direct {
     /// Publishes that this rank reached the next synchronisation point, and waits until every
     /// peer has. With `check`, the first synchronisation of call `check`, each peer's call
     /// description must match this rank's.
-    fn sync(&mut self, call: &Call, check: Option<u64>) -> Result<()> {
+    fn sync(&mut self, call: &Call, check: Option<u64>, channels: &mut [Channel]) -> Result<()> {
         self.stamp += 1;
         let target = self.stamp;
         self.local
@@ -370,7 +399,7 @@ impl Direct {
         let mut pending = std::mem::take(&mut self.pending);
         pending.clear();
         pending.extend(0..self.others.len());
-        let result = self.wait(call, check, target, &mut pending);
+        let result = self.wait(call, check, target, &mut pending, channels);
         self.pending = pending;
         result
     }
@@ -381,6 +410,7 @@ impl Direct {
         check: Option<u64>,
         target: u64,
         pending: &mut Vec<usize>,
+        channels: &mut [Channel],
     ) -> Result<()> {
         let mut backoff: Option<Backoff> = None;
         loop {
@@ -412,19 +442,68 @@ impl Direct {
             match backoff.idle(true) {
                 Idle::Retry => {}
                 Idle::TimedOut => return Err(call.timed_out()),
-                Idle::Sleep(limit) => self.sleep(call, target, pending, limit)?,
+                Idle::Sleep(limit) => self.sleep(call, target, pending, limit, channels)?,
             }
         }
     }
 
-    /// Sleeps on the doorbell until a pending peer may have arrived, left or died.
-    fn sleep(&self, call: &Call, target: u64, pending: &[usize], limit: Duration) -> Result<()> {
+    /// Sleeps on the doorbell until a pending peer may have arrived, left, died, or sent on a
+    /// connection to this rank (which it does only in a send instead of this call).
+    fn sleep(
+        &self,
+        call: &Call,
+        target: u64,
+        pending: &[usize],
+        limit: Duration,
+        channels: &mut [Channel],
+    ) -> Result<()> {
+        if let Some(e) = self.sender_instead(call, target, pending, channels) {
+            return Err(e);
+        }
+        let read = Interest {
+            read: true,
+            write: false,
+        };
+        let wants: Vec<Interest> = channels
+            .iter()
+            .map(|ch| {
+                let waited = pending.iter().any(|&q| self.others[q].rank == ch.peer());
+                if waited { read } else { Interest::default() }
+            })
+            .collect();
+        let (armed, ready) = if wants.iter().any(|w| w.any()) {
+            engine::arm(channels, &wants, call)
+        } else {
+            (0, Ok(Readiness::Armed))
+        };
+        let outcome = match ready {
+            Ok(Readiness::Armed) => {
+                self.sleep_armed(call, target, pending, limit, channels, &wants)
+            }
+            other => other.map(drop),
+        };
+        engine::disarm(channels, &wants, armed);
+        outcome?;
+        self.liveness.check_interrupt(call.op)
+    }
+
+    /// The doorbell part of [`Direct::sleep`], with the connections armed as `wants` says.
+    fn sleep_armed(
+        &self,
+        call: &Call,
+        target: u64,
+        pending: &[usize],
+        limit: Duration,
+        channels: &[Channel],
+        wants: &[Interest],
+    ) -> Result<()> {
         let sleep_error = |e| Error::io(call.rank, format!("{}: before sleeping", call.op), e);
         self.local.arm().map_err(sleep_error)?;
         let arrived = pending.iter().any(|&q| {
             let peer = &self.others[q];
             peer.mailbox().stamp().load(Ordering::Acquire) >= target || peer.departed().is_some()
         });
+        let mut result = Ok(());
         if !arrived {
             let mut waited = pending.iter().map(|&q| &self.others[q]);
             if let Some(e) = waited.find_map(|p| p.lost().map(|why| lost(call, p.rank, why))) {
@@ -440,13 +519,55 @@ impl Direct {
                 poll_fd(self.liveness.wake_fd(), read),
             ];
             fds.extend(pending.iter().map(|&q| self.others[q].poll_liveness()));
+            for (ch, w) in channels.iter().zip(wants) {
+                if w.any() {
+                    ch.wait_fds(*w, &mut fds);
+                }
+            }
             if let Err(e) = poll(&mut fds, self.liveness.sleep_limit(limit)) {
-                self.local.disarm();
-                return Err(Error::io(call.rank, format!("{}: poll", call.op), e));
+                result = Err(Error::io(call.rank, format!("{}: poll", call.op), e));
             }
         }
         self.local.disarm();
-        self.liveness.check_interrupt(call.op)
+        result
+    }
+
+    /// A pending peer that sent this rank something on a connection is in a send, not in this
+    /// call (in a program whose ranks call the same operations, every byte a peer sent before
+    /// this call was received before it, and one it sends after has passed this point):
+    /// `Mismatch`, described from the header it sent.
+    fn sender_instead(
+        &self,
+        call: &Call,
+        target: u64,
+        pending: &[usize],
+        channels: &mut [Channel],
+    ) -> Option<Error> {
+        for &q in pending {
+            let peer = &self.others[q];
+            for ch in channels.iter_mut().filter(|ch| ch.peer() == peer.rank) {
+                ch.read_ahead_idle();
+                let sent = ch.read_ahead_bytes();
+                if sent.is_empty() || peer.mailbox().stamp().load(Ordering::Acquire) >= target {
+                    continue;
+                }
+                let ours = call.header(0, call.rank);
+                let detail = match sent.first_chunk::<HEADER_LEN>().map(Header::decode) {
+                    Some(Ok(theirs)) => ours.mismatch(&theirs),
+                    _ => None,
+                }
+                .unwrap_or_else(|| {
+                    format!("rank {} started a send; this rank called {ours}", peer.rank)
+                });
+                return Some(Error::Mismatch {
+                    rank: call.rank,
+                    peer: peer.rank,
+                    op: call.op,
+                    detail,
+                });
+            }
+        }
+        None
     }
 
     /// When a peer gave up, the rank it lost may be one this rank waits for too: the rank whose

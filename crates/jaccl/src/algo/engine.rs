@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
+use super::direct::PeerProgress;
 use super::{Buf, Merge, Plan, Span, Transfer};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
@@ -38,6 +39,8 @@ pub(crate) struct Channel {
     early_pos: usize,
     /// The link failed while reading ahead: the call that next receives on it reports that.
     read_ahead_failed: bool,
+    /// With the direct collectives: whether the peer has entered one this rank has not.
+    direct: Option<PeerProgress>,
 }
 
 /// The most a pass reads ahead from one channel, so a fast peer cannot keep a pass going.
@@ -53,7 +56,27 @@ impl Channel {
             early: Vec::new(),
             early_pos: 0,
             read_ahead_failed: false,
+            direct: None,
         }
+    }
+
+    pub(crate) fn peer(&self) -> usize {
+        self.peer
+    }
+
+    /// Watches the peer's progress in the direct collectives (see [`drive`]).
+    pub(crate) fn watch(&mut self, progress: Option<PeerProgress>) {
+        self.direct = progress;
+    }
+
+    /// The descriptors to sleep on for `interest` (see [`Link::wait_fds`]).
+    pub(crate) fn wait_fds<'a>(&'a self, interest: Interest, fds: &mut Vec<PollFd<'a>>) {
+        self.link.wait_fds(interest, fds);
+    }
+
+    /// The bytes read ahead and not consumed yet.
+    pub(crate) fn read_ahead_bytes(&self) -> &[u8] {
+        &self.early[self.early_pos..]
     }
 
     /// [`Link::try_recv`], offering the bytes read ahead first.
@@ -109,7 +132,7 @@ impl Channel {
     /// `send` before `recv`) or to a rank that waits on this one, and only reading its bytes
     /// lets the cycle move. A failed link is left for the call that receives on it to report
     /// (its peer may have finished and left). Returns how many bytes arrived.
-    pub(super) fn read_ahead_idle(&mut self) -> usize {
+    pub(crate) fn read_ahead_idle(&mut self) -> usize {
         if self.read_ahead_failed {
             return 0;
         }
@@ -343,6 +366,8 @@ pub(crate) fn run(
 fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness) -> Result<()> {
     let call = exec.call;
     let mut backoff = Backoff::new(call.wait, call.timeout);
+    // Since when a peer this call waits on has been in a direct collective this rank is not in.
+    let mut peer_ahead_since: Option<Instant> = None;
     loop {
         let progress = exec.pass(channels)?;
         if exec.done() {
@@ -350,9 +375,27 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
         }
         if progress {
             backoff.progressed();
+            peer_ahead_since = None;
             continue;
         }
         liveness.check(call.op)?;
+        if let Some(peer) = peer_in_a_collective(channels, exec) {
+            // Bytes its side sent before it moved on may still be on their way (TCP): wait a
+            // moment for them before calling it a mismatch.
+            let since = *peer_ahead_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= PEER_AHEAD_GRACE {
+                return Err(Error::Mismatch {
+                    rank: call.rank,
+                    peer,
+                    op: call.op,
+                    detail: format!(
+                        "rank {peer} is in a collective this rank did not call; this rank \
+                         called {}",
+                        call.header(0, call.rank)
+                    ),
+                });
+            }
+        }
         let in_memory = channels
             .iter()
             .zip(exec.wants())
@@ -360,9 +403,34 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
         match backoff.idle(in_memory) {
             Idle::Retry => {}
             Idle::TimedOut => return Err(call.timed_out()),
-            Idle::Sleep(limit) => sleep(channels, liveness, exec.wants(), limit, call)?,
+            Idle::Sleep(limit) => {
+                let limit = match peer_ahead_since {
+                    Some(_) => limit.min(PEER_AHEAD_GRACE),
+                    None => limit,
+                };
+                sleep(channels, liveness, exec.wants(), limit, call)?;
+            }
         }
     }
+}
+
+/// How long a send or receive waits, without progress, on a peer that has entered a direct
+/// collective before it fails with `Mismatch`.
+const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
+
+/// A peer that this call sends to or receives from, that it waits on, and that has entered a
+/// direct collective this rank has not.
+fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Option<usize> {
+    let plan = exec.plan;
+    let used = |i: usize| plan.receives_on(i) || plan.transfers.iter().any(|t| t.tx == Some(i));
+    channels
+        .iter()
+        .zip(exec.wants())
+        .enumerate()
+        .find(|(i, (ch, want))| {
+            want.any() && used(*i) && ch.direct.as_ref().is_some_and(PeerProgress::peer_ahead)
+        })
+        .map(|(_, (ch, _))| ch.peer)
 }
 
 /// When a peer closed a connection, the reason may be in another channel: a header that does

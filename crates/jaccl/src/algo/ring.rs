@@ -545,6 +545,19 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
+    /// The connections, for the direct collectives to watch (see [`crate::algo::direct`]).
+    pub(crate) fn channels_mut(&mut self) -> &mut [Channel] {
+        &mut self.channels
+    }
+
+    /// Lets every connection tell when its peer has entered a direct collective this rank has
+    /// not (so a send or receive waiting on it fails with `Mismatch`).
+    pub(crate) fn watch_direct(&mut self, direct: &super::direct::Direct) {
+        for ch in &mut self.channels {
+            ch.watch(direct.progress_of(ch.peer()));
+        }
+    }
+
     /// `mesh` holds the channels to [`Geometry::non_neighbours`] (empty without the mesh);
     /// `rdma` says whether any pair of ring neighbours in the group uses RDMA (which moves the
     /// algorithms' crossovers). Every rank must pass the same, so that all choose alike.

@@ -262,7 +262,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         (wires, 0),
         wires,
     )?;
-    let ring = Ring::new(
+    let mut ring = Ring::new(
         geometry,
         left_channels,
         right_channels,
@@ -275,6 +275,9 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         (Some(shm), true) => Direct::new(rank, size, shm, Arc::clone(&liveness)),
         _ => None,
     };
+    if let Some(direct) = &direct {
+        ring.watch_direct(direct);
+    }
     let mut peers = vec![(left, to_left)];
     if right != left {
         peers.push((right, to_right));

@@ -120,12 +120,12 @@ fn transports_are_chosen_per_neighbour() {
                 if right != left {
                     expect.push((right, net.between(rank, right, size)));
                 }
-                if net == Net::Mesh {
+                if net.mesh() {
                     let others = (0..size).filter(|&p| p != rank && p != left && p != right);
                     expect.extend(others.map(|p| (p, Transport::Tcp)));
                 }
                 assert_eq!(transports, expect, "{net:?} size {size} rank {rank}");
-                assert_eq!(direct, net == Net::Shm, "{net:?} size {size} rank {rank}");
+                assert_eq!(direct, net.direct(), "{net:?} size {size} rank {rank}");
             }
         }
     }
@@ -329,9 +329,12 @@ fn send_recv_between_every_pair_of_the_mesh() {
         }
         Vec::new()
     }
-    for size in [2, 4, 5, 6] {
+    for (net, size) in [Net::Mesh, Net::MeshLocal]
+        .into_iter()
+        .flat_map(|net| [2, 4, 5, 6].map(|size| (net, size)))
+    {
         for wires in [1, 2] {
-            with_group(Net::Mesh, size, wires, |g| {
+            with_group(net, size, wires, |g| {
                 pairs_case::<u8>(g, &[0, 1, 4097, 300_007]);
                 pairs_case::<f64>(g, &[3, 70_001]);
                 pairs_case::<Complex32>(g, &[5]);

@@ -315,7 +315,7 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
 fn different_lengths_ops_types_or_reductions_give_mismatch() {
     // 8 ranks with the mesh: the 200 kB all-reduce below takes recursive doubling there.
     let sizes = |net| match net {
-        Net::Mesh => vec![2, 3, 4, 8],
+        Net::Mesh | Net::MeshLocal => vec![2, 3, 4, 8],
         _ => vec![2, 3, 4],
     };
     for (net, size) in nets()
@@ -377,7 +377,7 @@ fn a_send_of_another_length_is_a_mismatch_at_the_receiver() {
 
 /// Between neighbours, and with the mesh between ranks that are not (0 and 2 of 4).
 fn send_of_another_length_on(net: Net) {
-    let (size, to) = if net == Net::Mesh { (4, 2) } else { (2, 1) };
+    let (size, to) = if net.mesh() { (4, 2) } else { (2, 1) };
     let r = with_group_timeout(net, size, 1, Duration::from_secs(30), |g| match g.rank() {
         0 => g.send(&[1u32; 8], to),
         r if r == to => g.recv(&mut [0u32; 9], 0),

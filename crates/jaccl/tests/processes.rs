@@ -196,7 +196,7 @@ fn transports() -> Vec<&'static str> {
         Net::Shm => Some("shm"),
         Net::Rdma => Some("rdma"),
         Net::Mesh => Some("mesh"),
-        Net::Mixed => None,
+        Net::Mixed | Net::MeshLocal => None,
     });
     names.collect()
 }

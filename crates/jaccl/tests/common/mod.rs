@@ -54,13 +54,17 @@ pub enum Net {
     Rdma,
     /// The mesh topology (a link between every pair of ranks) over TCP.
     Mesh,
+    /// The mesh topology with the default transport on one host: shared memory between ring
+    /// neighbours, TCP between the others, and the direct collectives.
+    MeshLocal,
 }
 
 /// The nets the suites run on: `JACCL_TEST_NETS` (comma-separated `tcp`, `shm`, `mixed`,
-/// `mesh`, `rdma`), by default every one but `rdma`. scripts/test.sh runs the suites again inside the
+/// `mesh`, `meshlocal`, `rdma`), by default every one but `rdma`. scripts/test.sh runs the suites again inside the
 /// RDMA VM with `rdma,mixed`.
 pub fn nets() -> Vec<Net> {
-    let list = std::env::var("JACCL_TEST_NETS").unwrap_or_else(|_| "tcp,shm,mixed,mesh".into());
+    let list =
+        std::env::var("JACCL_TEST_NETS").unwrap_or_else(|_| "tcp,shm,mixed,mesh,meshlocal".into());
     list.split(',')
         .map(|name| match name.trim() {
             "tcp" => Net::Tcp,
@@ -68,6 +72,7 @@ pub fn nets() -> Vec<Net> {
             "mixed" => Net::Mixed,
             "rdma" => Net::Rdma,
             "mesh" => Net::Mesh,
+            "meshlocal" => Net::MeshLocal,
             other => panic!("JACCL_TEST_NETS: unknown net {other:?}"),
         })
         .collect()
@@ -125,15 +130,26 @@ impl Net {
             Net::Shm => cfg.transport(Transport::Shm),
             Net::Rdma => cfg.transport(Transport::Rdma),
             Net::Mesh => cfg.transport(Transport::Tcp).topology(Topology::Mesh),
+            Net::MeshLocal => cfg.topology(Topology::Mesh),
             Net::Mixed => cfg.host_id(self.host(rank, size).unwrap_or_default()),
         }
     }
 
-    /// The transport this net must give between ranks `a` and `b`.
+    /// Whether this net has the mesh topology.
+    pub fn mesh(self) -> bool {
+        matches!(self, Net::Mesh | Net::MeshLocal)
+    }
+
+    /// Whether collectives take the direct path (every rank shares memory).
+    pub fn direct(self) -> bool {
+        matches!(self, Net::Shm | Net::MeshLocal)
+    }
+
+    /// The transport this net must give between ring neighbours `a` and `b`.
     pub fn between(self, a: usize, b: usize, size: usize) -> Transport {
         match self {
             Net::Tcp | Net::Mesh => Transport::Tcp,
-            Net::Shm => Transport::Shm,
+            Net::Shm | Net::MeshLocal => Transport::Shm,
             Net::Rdma => Transport::Rdma,
             Net::Mixed if self.host(a, size) == self.host(b, size) => Transport::Shm,
             Net::Mixed if rdma_here() => Transport::Rdma,

@@ -189,14 +189,16 @@ fn signal_mid_all_reduce(
 }
 
 /// The nets of `nets()` (see common) that a process can be told to use alone: `tcp`, `shm`,
-/// `rdma`, or `mesh` (the mesh topology over TCP).
+/// `rdma`, `mesh` (the mesh topology over TCP), or `meshlocal` (the mesh with the default
+/// transport).
 fn transports() -> Vec<&'static str> {
     let names = nets().into_iter().filter_map(|net| match net {
         Net::Tcp => Some("tcp"),
         Net::Shm => Some("shm"),
         Net::Rdma => Some("rdma"),
         Net::Mesh => Some("mesh"),
-        Net::Mixed | Net::MeshLocal => None,
+        Net::MeshLocal => Some("meshlocal"),
+        Net::Mixed => None,
     });
     names.collect()
 }
@@ -208,6 +210,7 @@ fn net_env(name: &str) -> &'static [(&'static str, &'static str)] {
         "shm" => &[("JACCL_TRANSPORT", "shm")],
         "rdma" => &[("JACCL_TRANSPORT", "rdma")],
         "mesh" => &[("JACCL_TRANSPORT", "tcp"), ("JACCL_TOPOLOGY", "mesh")],
+        "meshlocal" => &[("JACCL_TOPOLOGY", "mesh")],
         other => panic!("unknown net {other}"),
     }
 }

@@ -127,11 +127,13 @@ impl Channel {
         Ok(total)
     }
 
-    /// Reads ahead on a channel the current call does not receive on, for a call that is
-    /// blocked sending: the peer may itself be blocked sending to this rank (both called
-    /// `send` before `recv`) or to a rank that waits on this one, and only reading its bytes
-    /// lets the cycle move. A failed link is left for the call that receives on it to report
-    /// (its peer may have finished and left). Returns how many bytes arrived.
+    /// Reads ahead on a channel the current call does not receive on: for a call that is
+    /// blocked sending (the peer may itself be blocked sending to this rank, both having called
+    /// `send` before `recv`, or to a rank that waits on this one, and only reading its bytes
+    /// lets the cycle move), and for a direct collective about to sleep (bytes from a peer it
+    /// waits for mean that peer called `send` instead). A failed link is left for the call that
+    /// receives on it to report (its peer may have finished and left). Returns how many bytes
+    /// arrived.
     pub(crate) fn read_ahead_idle(&mut self) -> usize {
         if self.read_ahead_failed {
             return 0;

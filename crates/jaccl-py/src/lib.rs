@@ -235,6 +235,7 @@ fn to_python(py: Python<'_>, e: &jaccl::Error) -> PyErr {
         E::Mismatch {
             rank, peer, op: o, ..
         } => ("Mismatch", Some(*rank), Some(*peer), op(o)),
+        E::Deadlock { rank, op: o, .. } => ("Deadlock", Some(*rank), None, op(o)),
         E::Interrupted { rank, op: o } => ("Interrupted", Some(*rank), None, op(o)),
         E::Protocol {
             rank, peer, op: o, ..

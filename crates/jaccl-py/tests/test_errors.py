@@ -59,6 +59,24 @@ except jaccl.Mismatch as e:
     assert results == [[[0, 1, "all_reduce"]], [[1, 0, "all_reduce"]]]
 
 
+def test_ranks_that_both_receive_first_are_a_deadlock(run):
+    # The default liveness window (10 s, a beat a second); a timeout far beyond the test's.
+    results = run(
+        2,
+        """
+import time
+g = jaccl.init(timeout="10m")
+start = time.monotonic()
+try:
+    g.recv(np.zeros(4, np.float32), 1 - g.rank)
+    report("received")
+except jaccl.Deadlock as e:
+    report([e.rank, e.op, "waits for data from rank" in str(e), time.monotonic() - start < 30])
+""",
+    )
+    assert results == [[[0, "recv", True, True]], [[1, "recv", True, True]]]
+
+
 def test_a_silent_peer_is_a_timeout(run):
     results = run(
         2,

@@ -19,7 +19,7 @@ use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Heartbeat, Liveness};
 use crate::transport::tcp::connect_with_retry;
-use crate::wire::to_u32;
+use crate::wire::{Reader, to_u32};
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
 /// The coordinator's replies hold one such message per rank.
@@ -50,37 +50,6 @@ pub(crate) fn decode_list(b: &[u8], count: usize) -> std::result::Result<Vec<Vec
     }
     r.end()?;
     Ok(items)
-}
-
-/// Bounds-checked little-endian reads.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err(format!(
-                "message too short ({} bytes missing)",
-                n - self.0.len()
-            ));
-        }
-        let (head, tail) = self.0.split_at(n);
-        self.0 = tail;
-        Ok(head)
-    }
-
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        let mut x = [0u8; 4];
-        x.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(x))
-    }
-
-    fn end(&self) -> std::result::Result<(), String> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{} unexpected trailing bytes", self.0.len()))
-        }
-    }
 }
 
 /// This rank's end of the side channel.

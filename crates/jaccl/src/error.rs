@@ -50,7 +50,7 @@ impl fmt::Display for Op {
 /// reports it, so a log line from any rank is self-explanatory.
 ///
 /// After an error that happened while data was moving (`PeerLost`, `Timeout`, `Mismatch`,
-/// `Protocol`, `Interrupted`, `Io`) the group is *poisoned*: it has closed its connections (so its peers fail
+/// `Deadlock`, `Protocol`, `Interrupted`, `Io`) the group is *poisoned*: it has closed its connections (so its peers fail
 /// promptly too) and every later call returns the same error at once. Create a new group to go on.
 /// Argument errors are found before any data moves and leave the group usable.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -93,6 +93,20 @@ pub enum Error {
         /// The operation this rank called.
         op: Op,
         /// Both calls, side by side.
+        detail: String,
+    },
+    /// Every rank waits for another and no data is on its way to any of them, so no call can
+    /// ever finish: the program's calls do not match up (for example, two ranks that both
+    /// call `recv` from each other before they `send`). Found by the coordinator from what
+    /// each rank's waiting call reports through the heartbeat ([`crate::Config::liveness`]),
+    /// within about two beats, instead of waiting for the operation timeout.
+    #[error("rank {rank}: {op}: deadlock: {detail}")]
+    Deadlock {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The operation this rank was in.
+        op: Op,
+        /// What each rank waits for.
         detail: String,
     },
     /// The connection with a peer broke its protocol: bytes that are not jaccl's (corruption,

@@ -537,13 +537,8 @@ impl Group {
             (
                 Err(lost @ (Error::PeerLost { .. } | Error::Protocol { .. } | Error::Io { .. })),
                 State::Connected(c),
-            ) if c.heartbeat.is_some() => match c.liveness.verdict_within(VERDICT_GRACE) {
-                Some((peer, cause)) => Err(Error::PeerLost {
-                    rank: self.rank,
-                    peer,
-                    op: call.op,
-                    cause,
-                }),
+            ) if c.heartbeat.is_some() => match c.liveness.verdict_within(VERDICT_GRACE, call.op) {
+                Some(verdict) => Err(verdict),
                 None => Err(lost),
             },
             (other, _) => other,

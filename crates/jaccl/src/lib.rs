@@ -35,7 +35,9 @@
 //!   rank fail with [`Error::PeerLost`] naming a rank that died (within milliseconds) or fell
 //!   silent (stopped, hung, its host or network gone: within the liveness window,
 //!   [`Config::liveness`](Config#structfield.liveness), 10 s). A rank that is only busy in its
-//!   own code keeps beating. Waits nothing explains end with [`Error::Timeout`] after the
+//!   own code keeps beating. Calls that wait for one another with no data on its way (both
+//!   ranks of a pair call `recv` first) fail with [`Error::Deadlock`] within about two beats
+//!   of that heartbeat. Waits nothing explains end with [`Error::Timeout`] after the
 //!   operation timeout ([`Config::timeout`](Config#structfield.timeout), 30 min); start-up has
 //!   its own.
 //! - **Only the job's ranks take part.** Every connection is mutually authenticated against the

@@ -1,5 +1,5 @@
 //! Liveness: a heartbeat between the ranks through the side channel, from a thread that beats
-//! while the application computes.
+//! while the application computes; and the search for deadlocks that rides on it.
 //!
 //! Every member sends a beat to the coordinator (rank 0) every [`interval`]; the coordinator
 //! answers each interval with a status that carries its verdict, if it has one. A member that
@@ -9,14 +9,23 @@
 //! lost by every member. So every rank names the same rank, within the window plus an
 //! interval, whatever the transport. A rank that is only busy in its own code keeps beating.
 //!
+//! A call that sleeps waiting for its peers reports what it waits for and how many bytes
+//! it has exchanged with each peer ([`Blocked`]); its beats carry that report. When every rank
+//! is blocked and no byte is on its way to a rank that waits for it, nothing can ever move
+//! again (for example, two ranks that both call `recv` from each other first): the coordinator
+//! declares a deadlock, and every rank fails with [`Error::Deadlock`] instead of waiting for
+//! the operation timeout. The reports reach the coordinator at different moments, so before it
+//! declares anything it checks that they held at one instant (see [`DeadlockWatch`]).
+//!
 //! Operations look at the verdict whenever they would wait, and sleeps wake when it arrives
 //! ([`Liveness::wake_fd`]). The same object carries the caller's interrupt check
 //! ([`crate::Group::interrupt_when`]), which sleeping operations consult.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,18 +33,50 @@ use std::time::{Duration, Instant};
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 
 use crate::error::{Error, Op};
-use crate::wire::{to_u32, u32_at};
+use crate::wire::{Reader, to_u32, u32_at};
 
 /// What this rank knows about the others, shared by the heartbeat thread and the operations.
 pub(crate) struct Liveness {
     rank: usize,
     /// Set once a verdict is in (checked on every wait: one load).
     lost: AtomicBool,
-    verdict: Mutex<Option<(usize, String)>>,
+    verdict: Mutex<Option<Verdict>>,
     /// Readable once a verdict is in, so that sleeping operations wake.
     wake: OwnedFd,
     /// Asked after each sleep (sleeps then last at most [`INTERRUPT_EVERY`]).
     interrupt: Mutex<Option<InterruptCheck>>,
+    /// What the call in progress waits for, while it sleeps.
+    blocked: Mutex<Option<Blocked>>,
+    /// Numbers the stretches of waiting ([`Blocked::episode`]).
+    episodes: AtomicU64,
+}
+
+/// Why the group cannot go on, as the heartbeat found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// `peer` stopped answering or its process ended.
+    Lost { peer: usize, why: String },
+    /// Every rank waits for another and no data is on its way ([`deadlocked`]).
+    Deadlock { detail: String },
+}
+
+impl Verdict {
+    /// The error that a call `op` on `rank` fails with.
+    pub(crate) fn error(&self, rank: usize, op: Op) -> Error {
+        match self {
+            Verdict::Lost { peer, why } => Error::PeerLost {
+                rank,
+                peer: *peer,
+                op,
+                cause: why.clone(),
+            },
+            Verdict::Deadlock { detail } => Error::Deadlock {
+                rank,
+                op,
+                detail: detail.clone(),
+            },
+        }
+    }
 }
 
 /// A check that says whether the caller wants the current operation to stop (for example, the
@@ -44,6 +85,32 @@ pub(crate) type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// How often a sleeping operation asks the interrupt check, when there is one.
 pub(crate) const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
+
+/// A call that sleeps until its peers move, as it reports itself to the deadlock search.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    /// Which stretch of waiting this is: a new number each time a call starts to sleep after
+    /// progress, so equal numbers in two reports mean nothing moved in between.
+    episode: u64,
+    /// The call's name, for the error message.
+    op: String,
+    /// One entry for each peer this rank has connections to.
+    flows: Vec<Flow>,
+}
+
+/// The traffic between this rank and one peer, over all the connections to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Flow {
+    pub(crate) peer: usize,
+    /// Bytes handed to the connections to `peer` since the group started.
+    pub(crate) sent: u64,
+    /// Bytes taken from the connections from `peer` since the group started.
+    pub(crate) received: u64,
+    /// The call waits for bytes from `peer`.
+    pub(crate) reading: bool,
+    /// The call waits until `peer` takes bytes (the connection is full).
+    pub(crate) writing: bool,
+}
 
 impl Liveness {
     /// No verdict yet; a heartbeat ([`coordinate`], [`attend`]) may deliver one.
@@ -54,6 +121,8 @@ impl Liveness {
             verdict: Mutex::new(None),
             wake: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             interrupt: Mutex::new(None),
+            blocked: Mutex::new(None),
+            episodes: AtomicU64::new(0),
         }))
     }
 
@@ -87,50 +156,195 @@ impl Liveness {
         }
     }
 
-    /// Records that `peer` is lost (the first verdict stays) and wakes sleeping operations.
-    fn declare(&self, peer: usize, why: String) {
+    /// Records the verdict (the first stays) and wakes sleeping operations.
+    fn declare(&self, found: Verdict) {
         let Ok(mut verdict) = self.verdict.lock() else {
             return;
         };
         if verdict.is_none() {
-            tracing::warn!(rank = self.rank, peer, %why, "rank declared lost");
-            *verdict = Some((peer, why));
+            match &found {
+                Verdict::Lost { peer, why } => {
+                    tracing::warn!(rank = self.rank, peer, %why, "rank declared lost");
+                }
+                Verdict::Deadlock { detail } => {
+                    tracing::warn!(rank = self.rank, %detail, "deadlock declared");
+                }
+            }
+            *verdict = Some(found);
             self.lost.store(true, Ordering::Release);
             let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
         }
     }
 
-    /// The rank declared lost and why, if any.
-    pub(crate) fn verdict(&self) -> Option<(usize, String)> {
+    /// The verdict, if any.
+    fn verdict(&self) -> Option<Verdict> {
         if !self.lost.load(Ordering::Acquire) {
             return None;
         }
         self.verdict.lock().ok().and_then(|v| v.clone())
     }
 
-    /// The error for operation `op` if a rank is declared lost.
+    /// The error for operation `op` if there is a verdict.
     pub(crate) fn check(&self, op: Op) -> Result<(), Error> {
         match self.verdict() {
             None => Ok(()),
-            Some((peer, cause)) => Err(Error::PeerLost {
-                rank: self.rank,
-                peer,
-                op,
-                cause,
-            }),
+            Some(v) => Err(v.error(self.rank, op)),
         }
     }
 
-    /// The verdict, waiting up to `limit` for one to arrive.
-    pub(crate) fn verdict_within(&self, limit: Duration) -> Option<(usize, String)> {
+    /// The error for operation `op` from the verdict, waiting up to `limit` for one to arrive.
+    pub(crate) fn verdict_within(&self, limit: Duration, op: Op) -> Option<Error> {
         let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
         let _ = crate::transport::poll(&mut fds, limit);
-        self.verdict()
+        self.verdict().map(|v| v.error(self.rank, op))
     }
 
     /// Readable once a verdict is in: add it to every sleep.
     pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
         self.wake.as_fd()
+    }
+
+    /// The call `op` sleeps until its peers move, with `flows` as its traffic so far.
+    pub(crate) fn report_blocked(&self, op: Op, flows: Vec<Flow>) {
+        let episode = self.episodes.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut slot) = self.blocked.lock() {
+            *slot = Some(Blocked {
+                episode,
+                op: op.name().to_owned(),
+                flows,
+            });
+        }
+    }
+
+    /// The call that reported itself blocked moved or ended.
+    pub(crate) fn report_moving(&self) {
+        if let Ok(mut slot) = self.blocked.lock() {
+            *slot = None;
+        }
+    }
+
+    fn blocked(&self) -> Option<Blocked> {
+        self.blocked.lock().ok().and_then(|b| b.clone())
+    }
+}
+
+/// Whether ranks blocked as `reports` say (every rank of the group, by rank, at one instant) can never
+/// move again. A blocked rank moves only when bytes reach it from a peer it reads from, or
+/// when such a peer takes the bytes it waits to send; so if no rank reads from a peer that has
+/// bytes on their way to it or waits to send to it, nothing moves again.
+fn deadlocked(reports: &[&Blocked]) -> bool {
+    let flows: HashMap<(usize, usize), &Flow> = reports
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, b)| b.flows.iter().map(move |f| ((rank, f.peer), f)))
+        .collect();
+    reports.iter().enumerate().all(|(rank, b)| {
+        b.flows.iter().filter(|f| f.reading).all(|f| {
+            flows
+                .get(&(f.peer, rank))
+                .is_some_and(|back| back.sent <= f.received && !back.writing)
+        })
+    })
+}
+
+/// The deadlock as the error message gives it: what each rank waits for.
+fn describe(reports: &[&Blocked]) -> String {
+    const SHOWN: usize = 8;
+    let mut parts: Vec<String> = reports
+        .iter()
+        .enumerate()
+        .take(SHOWN)
+        .map(|(rank, b)| {
+            // A rank that waits to send also reads whatever comes (so that sends in a cycle
+            // go through): name only what it waits to send then.
+            let sending = b.flows.iter().any(|f| f.writing);
+            let waits_for: Vec<String> = b
+                .flows
+                .iter()
+                .filter(|f| if sending { f.writing } else { f.reading })
+                .map(|f| match sending {
+                    true => format!("rank {} to take its data", f.peer),
+                    false => format!("data from rank {}", f.peer),
+                })
+                .collect();
+            format!(
+                "rank {rank} in {} waits for {}",
+                b.op,
+                waits_for.join(" and ")
+            )
+        })
+        .collect();
+    if reports.len() > SHOWN {
+        parts.push(format!("and {} more ranks", reports.len() - SHOWN));
+    }
+    format!(
+        "every rank waits for another and no data is on its way ({}): the calls do not match \
+         up (for example, both ranks of a pair called recv before send)",
+        parts.join("; ")
+    )
+}
+
+/// The coordinator's deadlock search. Each member's report was true when the member sent
+/// it, but they were sent at different moments. So a deadlock seen in one set of reports is
+/// only suspected, and a new round is announced; it is declared once every member has sent a
+/// report after seeing that round, each from the same stretch of waiting as before (and rank
+/// 0 is still in its own). Then every rank was blocked, as reported, at the moment the
+/// suspicion arose: nothing moved for any of them in between.
+#[derive(Default)]
+struct DeadlockWatch {
+    round: u32,
+    suspect: Option<Suspect>,
+}
+
+struct Suspect {
+    round: u32,
+    episodes: Vec<u64>,
+    detail: String,
+}
+
+impl DeadlockWatch {
+    /// Looks at rank 0's own report and the members' latest (`None` if a member has left
+    /// or sent none); looks for a new suspicion only if `search` (the full check is linear in
+    /// the connections of the whole group: once a beat interval). Returns the description of a
+    /// confirmed deadlock.
+    fn update<'a>(
+        &mut self,
+        own: Option<&'a Blocked>,
+        members: impl Iterator<Item = Option<&'a (u32, Blocked)>>,
+        search: bool,
+    ) -> Option<String> {
+        let members: Option<Vec<&(u32, Blocked)>> = members.collect();
+        let (Some(own), Some(members)) = (own, members) else {
+            // A rank is not blocked: nothing is, or will be, declared from these reports.
+            self.suspect = None;
+            return None;
+        };
+        let reports: Vec<&Blocked> = std::iter::once(own)
+            .chain(members.iter().map(|(_, b)| b))
+            .collect();
+        let episodes: Vec<u64> = reports.iter().map(|b| b.episode).collect();
+        if let Some(s) = &self.suspect
+            && s.episodes == episodes
+        {
+            // (Rank 0's own report is read now: it has no round.)
+            let after_the_round = members.iter().all(|(round, _)| *round >= s.round);
+            return after_the_round.then(|| s.detail.clone());
+        }
+        self.suspect = None;
+        if search && deadlocked(&reports) {
+            self.round = self.round.wrapping_add(1);
+            self.suspect = Some(Suspect {
+                round: self.round,
+                episodes,
+                detail: describe(&reports),
+            });
+        }
+        None
+    }
+
+    /// Whether a suspicion waits for its confirmation.
+    fn suspects(&self) -> bool {
+        self.suspect.is_some()
     }
 }
 
@@ -157,8 +371,156 @@ impl Drop for Heartbeat {
 /// Message kinds on the side channel after start-up.
 const BEAT: u8 = 1;
 const BYE: u8 = 2;
-/// Rank 0's status: `STATUS`, then if it has a verdict the rank (u32) and the reason.
 const STATUS: u8 = 3;
+/// The verdicts a status may carry.
+const LOST: u8 = 1;
+const DEADLOCK: u8 = 2;
+
+/// A message on the side channel after start-up.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Message {
+    /// A member's beat: `BEAT`, then, if one of its calls is blocked, the latest round of the
+    /// deadlock search it has seen (u32) and its report.
+    Beat(Option<(u32, Blocked)>),
+    /// `BYE`: the group was dropped.
+    Bye,
+    /// The coordinator's status: `STATUS`, the round of its deadlock search (u32), then its
+    /// verdict if it has one: `LOST`, the rank (u32) and the reason, or `DEADLOCK` and the
+    /// description.
+    Status {
+        round: u32,
+        verdict: Option<Verdict>,
+    },
+}
+
+/// The longest text a verdict carries.
+const MAX_TEXT: usize = 4096;
+
+fn text(s: &str) -> &[u8] {
+    let mut end = s.len().min(MAX_TEXT);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s.as_bytes()[..end]
+}
+
+impl Message {
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            Message::Beat(None) => vec![BEAT],
+            Message::Beat(Some((round, b))) => {
+                let mut m = vec![BEAT];
+                m.extend(round.to_le_bytes());
+                m.extend(b.episode.to_le_bytes());
+                let op = &b.op.as_bytes()[..b.op.len().min(64)];
+                m.push(op.len() as u8);
+                m.extend(op);
+                m.extend(to_u32(b.flows.len()).to_le_bytes());
+                for f in &b.flows {
+                    m.extend(to_u32(f.peer).to_le_bytes());
+                    m.extend(f.sent.to_le_bytes());
+                    m.extend(f.received.to_le_bytes());
+                    m.push(u8::from(f.reading) | u8::from(f.writing) << 1);
+                }
+                m
+            }
+            Message::Bye => vec![BYE],
+            Message::Status { round, verdict } => {
+                let mut m = vec![STATUS];
+                m.extend(round.to_le_bytes());
+                match verdict {
+                    None => {}
+                    Some(Verdict::Lost { peer, why }) => {
+                        m.push(LOST);
+                        m.extend(to_u32(*peer).to_le_bytes());
+                        m.extend(text(why));
+                    }
+                    Some(Verdict::Deadlock { detail }) => {
+                        m.push(DEADLOCK);
+                        m.extend(text(detail));
+                    }
+                }
+                m
+            }
+        }
+    }
+
+    fn decode(payload: &[u8]) -> Result<Message, String> {
+        let mut r = Reader(payload);
+        let message = match r.u8()? {
+            BEAT if r.0.is_empty() => Message::Beat(None),
+            BEAT => {
+                let round = r.u32()?;
+                let episode = r.u64()?;
+                let op_len = usize::from(r.u8()?);
+                let op = String::from_utf8_lossy(r.take(op_len)?).into_owned();
+                let n = r.u32()? as usize;
+                let mut flows = Vec::with_capacity(n.min(r.0.len() / FLOW_BYTES));
+                for _ in 0..n {
+                    let peer = r.u32()? as usize;
+                    let (sent, received, flags) = (r.u64()?, r.u64()?, r.u8()?);
+                    flows.push(Flow {
+                        peer,
+                        sent,
+                        received,
+                        reading: flags & 1 != 0,
+                        writing: flags & 2 != 0,
+                    });
+                }
+                let blocked = Blocked { episode, op, flows };
+                Message::Beat(Some((round, blocked)))
+            }
+            BYE => Message::Bye,
+            STATUS => {
+                let round = r.u32()?;
+                let verdict = match r.0.first() {
+                    None => None,
+                    Some(&LOST) => {
+                        r.u8()?;
+                        let peer = r.u32()? as usize;
+                        let why = String::from_utf8_lossy(r.rest()).into_owned();
+                        Some(Verdict::Lost { peer, why })
+                    }
+                    Some(&DEADLOCK) => {
+                        r.u8()?;
+                        let detail = String::from_utf8_lossy(r.rest()).into_owned();
+                        Some(Verdict::Deadlock { detail })
+                    }
+                    Some(other) => return Err(format!("unknown verdict {other}")),
+                };
+                Message::Status { round, verdict }
+            }
+            other => return Err(format!("unknown message kind {other}")),
+        };
+        r.end()?;
+        Ok(message)
+    }
+}
+
+/// The bytes of one [`Flow`] in a beat.
+const FLOW_BYTES: usize = 21;
+
+/// Takes the complete messages out of `buf`. Fails on bytes that are not ours.
+pub(crate) fn decode(buf: &mut Vec<u8>) -> Result<Vec<Message>, String> {
+    let mut messages = Vec::new();
+    let mut at = 0;
+    while buf.len() - at >= 4 {
+        let len = u32_at(buf, at) as usize;
+        if len == 0 || len > MAX_MESSAGE {
+            return Err(format!("a message of {len} bytes"));
+        }
+        if buf.len() - at < 4 + len {
+            break;
+        }
+        messages.push(Message::decode(&buf[at + 4..at + 4 + len])?);
+        at += 4 + len;
+    }
+    buf.drain(..at);
+    Ok(messages)
+}
+
+/// The largest message: a beat with a flow for every other rank of the largest group.
+const MAX_MESSAGE: usize = 128 + crate::Config::MAX_SIZE * FLOW_BYTES;
 
 /// Starts the heartbeat of a coordinator over its `members` (rank i + 1 at index i).
 pub(crate) fn coordinate(
@@ -174,17 +536,25 @@ pub(crate) fn coordinate(
     start(liveness, move |live, stop| {
         let tick = interval(window);
         let mut next = Instant::now();
+        let mut watch = DeadlockWatch::default();
         loop {
             let now = Instant::now();
-            if now >= next {
+            let ticked = now >= next;
+            if ticked {
                 next = now + tick;
                 for p in peers.iter_mut().filter(|p| p.watched) {
                     if now.duration_since(p.heard) > window {
-                        live.declare(p.rank, silent(p.rank, window));
+                        live.declare(Verdict::Lost {
+                            peer: p.rank,
+                            why: silent(p.rank, window),
+                        });
                         p.watched = false;
                     }
                 }
-                let status = status_frame(live.verdict());
+                let status = Message::Status {
+                    round: watch.round,
+                    verdict: live.verdict(),
+                };
                 for p in peers.iter_mut().filter(|p| p.watched) {
                     p.send(&status);
                 }
@@ -197,22 +567,38 @@ pub(crate) fn coordinate(
             };
             if stopped {
                 for p in peers.iter_mut().filter(|p| p.watched) {
-                    p.send(&[BYE]);
+                    p.say_goodbye();
                 }
                 return;
             }
-            let known = live.verdict().is_some();
+            let (known, round) = (live.verdict().is_some(), watch.round);
             for p in peers.iter_mut().filter(|p| p.watched) {
-                match p.receive() {
-                    Heard::Nothing | Heard::Beat(_) => {}
-                    Heard::Bye => p.watched = false,
-                    Heard::Gone => {
-                        live.declare(p.rank, gone(p.rank));
-                        p.watched = false;
+                let heard = p.receive();
+                for message in heard.messages {
+                    match message {
+                        Message::Beat(report) => p.report = report,
+                        Message::Bye => p.watched = false,
+                        Message::Status { .. } => {}
                     }
                 }
+                if heard.gone && p.watched {
+                    live.declare(Verdict::Lost {
+                        peer: p.rank,
+                        why: gone(p.rank),
+                    });
+                    p.watched = false;
+                }
             }
-            if !known && live.verdict().is_some() {
+            if !known && (ticked || watch.suspects()) {
+                let own = live.blocked();
+                let reports = peers
+                    .iter()
+                    .map(|p| p.report.as_ref().filter(|_| p.watched));
+                if let Some(detail) = watch.update(own.as_ref(), reports, ticked) {
+                    live.declare(Verdict::Deadlock { detail });
+                }
+            }
+            if (!known && live.verdict().is_some()) || watch.round != round {
                 next = Instant::now(); // tell everyone now
             }
         }
@@ -229,14 +615,20 @@ pub(crate) fn attend(
     start(liveness, move |live, stop| {
         let tick = interval(window);
         let mut next = Instant::now();
+        // The latest round of the coordinator's deadlock search.
+        let mut round = 0;
         loop {
             let now = Instant::now();
             if now >= next {
                 next = now + tick;
-                coordinator.send(&[BEAT]);
+                let report = live.blocked().map(|b| (round, b));
+                coordinator.send(&Message::Beat(report));
             }
             if now.duration_since(coordinator.heard) > window {
-                live.declare(0, silent(0, window));
+                live.declare(Verdict::Lost {
+                    peer: 0,
+                    why: silent(0, window),
+                });
                 return;
             }
             let stopped = {
@@ -245,19 +637,36 @@ pub(crate) fn attend(
                 fds[0].revents().contains(PollFlags::IN)
             };
             if stopped {
-                coordinator.send(&[BYE]);
+                coordinator.say_goodbye();
                 return;
             }
-            match coordinator.receive() {
-                Heard::Nothing => {}
-                Heard::Beat(Some((peer, why))) => live.declare(peer, why),
-                Heard::Beat(None) => {}
-                // Rank 0 left the group: nothing more to watch.
-                Heard::Bye => return,
-                Heard::Gone => {
-                    live.declare(0, gone(0));
-                    return;
+            let heard = coordinator.receive();
+            for message in heard.messages {
+                match message {
+                    Message::Status {
+                        round: latest,
+                        verdict,
+                    } => {
+                        if latest != round {
+                            // A deadlock is suspected: report again, from now.
+                            round = latest;
+                            next = Instant::now();
+                        }
+                        if let Some(v) = verdict {
+                            live.declare(v);
+                        }
+                    }
+                    // Rank 0 left the group: nothing more to watch.
+                    Message::Bye => return,
+                    Message::Beat(_) => {}
                 }
+            }
+            if heard.gone {
+                live.declare(Verdict::Lost {
+                    peer: 0,
+                    why: gone(0),
+                });
+                return;
             }
         }
     })
@@ -292,24 +701,11 @@ fn gone(rank: usize) -> String {
     format!("rank {rank}'s process ended or its connection to rank 0 was lost")
 }
 
-fn status_frame(verdict: Option<(usize, String)>) -> Vec<u8> {
-    let mut b = vec![STATUS];
-    if let Some((peer, why)) = verdict {
-        b.extend_from_slice(&to_u32(peer).to_le_bytes());
-        b.extend_from_slice(&why.as_bytes()[..why.len().min(1024)]);
-    }
-    b
-}
-
 /// What a peer said since last time.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Heard {
-    Nothing,
-    /// A beat or a status (with the coordinator's verdict, if any).
-    Beat(Option<(usize, String)>),
-    Bye,
-    /// End of stream, an error, or bytes that are not ours: the peer is gone.
-    Gone,
+struct Heard {
+    messages: Vec<Message>,
+    /// The stream ended, failed, or carried bytes that are not ours.
+    gone: bool,
 }
 
 /// One side-channel connection as the heartbeat sees it: framed messages, non-blocking.
@@ -317,39 +713,16 @@ struct Peer {
     stream: TcpStream,
     rank: usize,
     buf: Vec<u8>,
+    /// The part of a message the socket did not take yet.
+    outbox: Vec<u8>,
     heard: Instant,
     watched: bool,
+    /// The report of the member's latest beat (at the coordinator).
+    report: Option<(u32, Blocked)>,
 }
 
-/// Takes the complete messages out of `buf` and returns the most telling: a goodbye or a
-/// verdict at once, a beat if there were only beats, `Gone` for bytes that are not ours.
-pub(crate) fn decode(buf: &mut Vec<u8>) -> Heard {
-    let mut heard = Heard::Nothing;
-    while buf.len() >= 4 {
-        let len = u32_at(buf, 0) as usize;
-        if len == 0 || len > MAX_MESSAGE {
-            return Heard::Gone;
-        }
-        if buf.len() < 4 + len {
-            break;
-        }
-        let message: Vec<u8> = buf.drain(..4 + len).skip(4).collect();
-        heard = match (message[0], message.len()) {
-            (BYE, _) => return Heard::Bye,
-            (BEAT, _) | (STATUS, 1) => Heard::Beat(None),
-            (STATUS, n) if n >= 5 => {
-                let peer = u32_at(&message, 1) as usize;
-                let why = String::from_utf8_lossy(&message[5..]).into_owned();
-                return Heard::Beat(Some((peer, why)));
-            }
-            _ => return Heard::Gone,
-        };
-    }
-    heard
-}
-
-/// The largest heartbeat message: a status with a verdict.
-const MAX_MESSAGE: usize = 2048;
+/// How long a goodbye may wait for the socket to take it.
+const GOODBYE_WITHIN: Duration = Duration::from_millis(100);
 
 impl Peer {
     fn new(stream: TcpStream, rank: usize) -> io::Result<Peer> {
@@ -358,8 +731,10 @@ impl Peer {
             stream,
             rank,
             buf: Vec::new(),
+            outbox: Vec::new(),
             heard: Instant::now(),
             watched: true,
+            report: None,
         })
     }
 
@@ -367,46 +742,85 @@ impl Peer {
         PollFd::new(&self.stream, PollFlags::IN)
     }
 
-    /// Sends one framed message if the socket takes it now (a peer too slow to read a beat a
-    /// second is found by its own silence).
-    fn send(&mut self, payload: &[u8]) {
-        let mut frame = to_u32(payload.len()).to_le_bytes().to_vec();
-        frame.extend_from_slice(payload);
-        let _ = self.stream.write(&frame);
+    /// Sends `message` as far as the socket takes it now. A message is queued only once the
+    /// earlier ones are out, so a peer too slow to read misses whole messages (it is found by
+    /// its own silence), never parts of one.
+    fn send(&mut self, message: &Message) {
+        self.flush();
+        if self.outbox.is_empty() {
+            let payload = message.encode();
+            self.outbox.extend(to_u32(payload.len()).to_le_bytes());
+            self.outbox.extend(payload);
+            self.flush();
+        }
     }
 
-    /// Reads what arrived and returns the most telling message: a goodbye before an end of
-    /// stream counts as a goodbye.
+    fn flush(&mut self) {
+        while !self.outbox.is_empty() {
+            match self.stream.write(&self.outbox) {
+                Ok(0) => return,
+                Ok(n) => drop(self.outbox.drain(..n)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Sends a goodbye, waiting up to [`GOODBYE_WITHIN`] for the socket to take it (without
+    /// it the peer would take this rank's leaving for a death).
+    fn say_goodbye(&mut self) {
+        let deadline = Instant::now() + GOODBYE_WITHIN;
+        let mut said = false;
+        loop {
+            self.flush();
+            if self.outbox.is_empty() {
+                if said {
+                    return;
+                }
+                self.send(&Message::Bye);
+                said = true;
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut fds = [PollFd::new(&self.stream, PollFlags::OUT)];
+            let _ = crate::transport::poll(&mut fds, left);
+        }
+    }
+
+    /// Reads what arrived: the complete messages, and whether the stream is gone (messages
+    /// before its end still count: a goodbye, or a verdict).
     fn receive(&mut self) -> Heard {
         let mut chunk = [0u8; 4096];
-        let mut ended = false;
+        let mut gone = false;
         loop {
             match self.stream.read(&mut chunk) {
                 Ok(0) => {
-                    ended = true;
+                    gone = true;
                     break;
                 }
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
-                    ended = true;
+                    gone = true;
                     break;
                 }
             }
         }
-        let heard = decode(&mut self.buf);
-        if !matches!(heard, Heard::Nothing) {
+        let messages = match decode(&mut self.buf) {
+            Ok(messages) => messages,
+            Err(_) => {
+                gone = true;
+                Vec::new()
+            }
+        };
+        if !messages.is_empty() {
             self.heard = Instant::now();
         }
-        if matches!(heard, Heard::Bye | Heard::Gone) {
-            return heard;
-        }
-        // A verdict that arrived before the end still stands (the end comes next time).
-        match heard {
-            Heard::Nothing | Heard::Beat(None) if ended => Heard::Gone,
-            other => other,
-        }
+        Heard { messages, gone }
     }
 }
 
@@ -416,24 +830,128 @@ mod tests {
 
     use super::*;
 
-    fn framed(payload: &[u8]) -> Vec<u8> {
+    fn framed(message: &Message) -> Vec<u8> {
+        let payload = message.encode();
         let mut b = to_u32(payload.len()).to_le_bytes().to_vec();
-        b.extend_from_slice(payload);
+        b.extend_from_slice(&payload);
         b
     }
 
+    fn blocked(episode: u64, flows: &[(usize, u64, u64, bool, bool)]) -> Blocked {
+        Blocked {
+            episode,
+            op: "recv".into(),
+            flows: flows
+                .iter()
+                .map(|&(peer, sent, received, reading, writing)| Flow {
+                    peer,
+                    sent,
+                    received,
+                    reading,
+                    writing,
+                })
+                .collect(),
+        }
+    }
+
     #[test]
-    fn messages_decode_in_pieces_and_goodbyes_win() {
-        let mut stream = framed(&[BEAT]);
-        stream.extend(framed(&status_frame(Some((3, "silent".into())))));
+    fn messages_round_trip_in_pieces() {
+        let messages = [
+            Message::Beat(None),
+            Message::Beat(Some((7, blocked(3, &[(1, 10, 20, true, false)])))),
+            Message::Status {
+                round: 2,
+                verdict: Some(Verdict::Lost {
+                    peer: 3,
+                    why: "silent".into(),
+                }),
+            },
+            Message::Status {
+                round: 4,
+                verdict: Some(Verdict::Deadlock {
+                    detail: "ranks 0 and 1".into(),
+                }),
+            },
+            Message::Status {
+                round: 5,
+                verdict: None,
+            },
+            Message::Bye,
+        ];
+        let stream: Vec<u8> = messages.iter().flat_map(framed).collect();
         let mut buf = stream[..3].to_vec();
-        assert_eq!(decode(&mut buf), Heard::Nothing);
+        assert_eq!(decode(&mut buf), Ok(vec![]));
         buf.extend_from_slice(&stream[3..]);
-        assert_eq!(decode(&mut buf), Heard::Beat(Some((3, "silent".into()))));
-        let mut buf = [framed(&[BEAT]), framed(&[BYE])].concat();
-        assert_eq!(decode(&mut buf), Heard::Bye);
-        assert_eq!(decode(&mut framed(&[9])), Heard::Gone);
-        assert_eq!(decode(&mut vec![0, 0, 0, 0]), Heard::Gone);
+        assert_eq!(decode(&mut buf).as_deref(), Ok(&messages[..]));
+        assert!(buf.is_empty());
+        assert!(decode(&mut vec![1, 0, 0, 0, 9]).is_err());
+        assert!(decode(&mut vec![0, 0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn a_receive_cycle_with_nothing_on_its_way_is_a_deadlock() {
+        // Ranks 0 and 1 each wait for the other, and each has taken all the other sent.
+        let cycle = |received_by_0| {
+            [
+                blocked(1, &[(1, 40, received_by_0, true, false)]),
+                blocked(1, &[(0, 40, 40, true, false)]),
+            ]
+        };
+        assert!(deadlocked(&cycle(40).each_ref()));
+        // Bytes on their way to rank 0, which reads: it will move.
+        assert!(!deadlocked(&cycle(30).each_ref()));
+        // Rank 1 waits to send to rank 0, which reads from it: it will move.
+        let sending = [
+            blocked(1, &[(1, 40, 40, true, false)]),
+            blocked(1, &[(0, 40, 40, false, true)]),
+        ];
+        assert!(!deadlocked(&sending.each_ref()));
+        // Rank 1 sends to rank 0, which reads only from rank 2, which waits for rank 0.
+        let stuck = [
+            blocked(1, &[(1, 0, 0, false, false), (2, 0, 0, true, false)]),
+            blocked(1, &[(0, 64, 0, false, true), (2, 0, 0, false, false)]),
+            blocked(1, &[(0, 0, 0, true, false), (1, 0, 0, false, false)]),
+        ];
+        assert!(deadlocked(&stuck.each_ref()));
+        let detail = describe(&stuck.each_ref());
+        assert!(
+            detail.contains("rank 1 in recv waits for rank 0 to take its data"),
+            "{detail}"
+        );
+    }
+
+    #[test]
+    fn a_deadlock_is_declared_only_after_a_round_that_every_member_saw() {
+        let own = blocked(5, &[(1, 8, 8, true, false)]);
+        let member = |round, episode| (round, blocked(episode, &[(0, 8, 8, true, false)]));
+        let mut watch = DeadlockWatch::default();
+        let mut update = |member: (u32, Blocked), search| {
+            watch.update(Some(&own), [Some(&member)].into_iter(), search)
+        };
+        // Only a search finds a new suspicion.
+        assert_eq!(update(member(0, 9), false), None);
+        assert_eq!(update(member(0, 9), true), None);
+        // The same report again, sent before the member saw round 1: not yet.
+        assert_eq!(update(member(0, 9), false), None);
+        assert!(update(member(1, 9), false).is_some());
+        // The member moved in between (a new stretch of waiting): suspected again, not declared.
+        let mut watch = DeadlockWatch::default();
+        assert_eq!(
+            watch.update(Some(&own), [Some(&member(0, 9))].into_iter(), true),
+            None
+        );
+        assert_eq!(
+            watch.update(Some(&own), [Some(&member(1, 10))].into_iter(), true),
+            None
+        );
+        assert_eq!(watch.round, 2);
+        // A rank that is not blocked, or a member without a report: nothing.
+        assert_eq!(
+            watch.update(None, [Some(&member(2, 10))].into_iter(), true),
+            None
+        );
+        assert!(!watch.suspects());
+        assert_eq!(watch.update(Some(&own), [None].into_iter(), true), None);
     }
 
     proptest! {
@@ -442,9 +960,31 @@ mod tests {
         fn heartbeat_messages_never_panic(kind in 0u8..5, body in proptest::collection::vec(any::<u8>(), 0..64), cut in 0usize..80) {
             let mut payload = vec![kind];
             payload.extend(body);
-            let mut buf = framed(&payload);
+            let mut buf = to_u32(payload.len()).to_le_bytes().to_vec();
+            buf.extend(payload);
             buf.truncate(cut.max(1));
             let _ = decode(&mut buf);
+        }
+
+        /// Beats with reports: whole, they round-trip; cut short or with a byte changed, they
+        /// decode to something or fail, never panic.
+        #[test]
+        fn beats_with_reports_round_trip_and_survive_damage(
+            round in any::<u32>(),
+            episode in any::<u64>(),
+            flows in proptest::collection::vec((0usize..100, any::<u64>(), any::<u64>(), any::<bool>(), any::<bool>()), 0..20),
+            cut in 0usize..600,
+            at in 0usize..600,
+            byte in any::<u8>(),
+        ) {
+            let beat = Message::Beat(Some((round, blocked(episode, &flows))));
+            let whole = framed(&beat);
+            prop_assert_eq!(decode(&mut whole.clone()), Ok(vec![beat]));
+            let mut damaged = whole.clone();
+            let at = at % damaged.len();
+            damaged[at] = byte;
+            let _ = decode(&mut damaged);
+            let _ = decode(&mut whole[..cut.min(whole.len())].to_vec());
         }
     }
 }

@@ -584,3 +584,91 @@ fn an_interrupt_check_stops_a_waiting_operation_and_poisons_the_group() {
         );
     }
 }
+
+/// What one rank of a test group runs.
+type RankProgram<'a> = dyn Fn(&mut jaccl::Group) -> jaccl::Result<()> + Sync + 'a;
+
+#[test]
+fn calls_that_wait_for_each_other_are_a_deadlock_not_a_timeout() {
+    // With a timeout far beyond what the test waits, a `Timeout` cannot come first.
+    let timeout = Duration::from_secs(600);
+    for net in nets() {
+        for size in [2, 3, 4] {
+            let right = |r: usize| (r + 1) % size;
+            let left = |r: usize| (r + size - 1) % size;
+            let cases: [(&str, &RankProgram<'_>); 3] = [
+                // Every rank receives from its right before it sends.
+                ("receive cycle", &|g| {
+                    let mut inbox = vec![0u32; 4];
+                    g.recv(&mut inbox, right(g.rank()))?;
+                    g.send(&inbox, left(g.rank()))
+                }),
+                // Every rank sends to its right (the bytes arrive and wait there), then
+                // receives from its right: the bytes on their way go to ranks that do not
+                // read them.
+                ("receive from the wrong side", &|g| {
+                    g.send(&[7u8; 16], right(g.rank()))?;
+                    g.recv(&mut [0u8; 16], right(g.rank()))
+                }),
+                // Rank 0 sends more than the connection holds to rank 1, which receives
+                // from rank 2 (rank 0 if there are two), which receives from rank 0.
+                ("a blocked send", &|g| {
+                    let big = vec![1f32; 4 << 20];
+                    let mut inbox = vec![0f32; 4];
+                    match g.rank() {
+                        0 => g.send(&big, 1),
+                        1 => g.recv(&mut inbox, 2 % size),
+                        2 => g.recv(&mut inbox, 0),
+                        _ => g.barrier(),
+                    }
+                }),
+            ];
+            for (what, f) in cases {
+                // With two ranks the right is also the left: a valid exchange.
+                let fits = match what {
+                    "a blocked send" => size == 3,
+                    "receive from the wrong side" => size > 2,
+                    _ => true,
+                };
+                if !fits {
+                    continue;
+                }
+                let case = format!("{net:?} size {size}: {what}");
+                let results = with_group_timeout(net, size, 1, timeout, f);
+                for (rank, r) in results.iter().enumerate() {
+                    match r {
+                        Err(Error::Deadlock {
+                            rank: who, detail, ..
+                        }) => {
+                            assert_eq!(*who, rank, "{case}");
+                            assert!(detail.contains("waits for"), "{case}: {detail}");
+                        }
+                        other => panic!("{case}: rank {rank}: expected Deadlock, got {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_receive_waiting_for_a_rank_busy_in_its_own_code_is_not_a_deadlock() {
+    for net in nets() {
+        let results = with_group(net, 2, 1, |g| {
+            let mut inbox = [0u64; 2];
+            if g.rank() == 0 {
+                // Several liveness windows: the heartbeat reports rank 0 blocked meanwhile.
+                g.recv(&mut inbox, 1)?;
+                g.send(&inbox, 1)
+            } else {
+                std::thread::sleep(liveness_window() * 4);
+                g.send(&[1u64, 2], 0)?;
+                g.recv(&mut inbox, 0)
+            }
+            .map(|()| inbox)
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            assert_eq!(r.ok(), Some([1, 2]), "{net:?} rank {rank}");
+        }
+    }
+}

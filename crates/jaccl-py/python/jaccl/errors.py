@@ -2,8 +2,9 @@
 
 Every exception carries ``rank`` (the rank that failed), ``peer`` (the other rank involved)
 and ``op`` (``"all_reduce"``, ``"send"``, ``"init"``, ...) where they are known, else ``None``.
-After a failure while data moved (``PeerLost``, ``Timeout``, ``Mismatch``, ``ProtocolError``,
-``IoError``, an interrupt) the group is closed: every later call raises the same error.
+After a failure while data moved (``PeerLost``, ``Timeout``, ``Mismatch``, ``Deadlock``,
+``ProtocolError``, ``IoError``, an interrupt) the group is closed: every later call raises the
+same error.
 
 Ctrl-C while a call waits for other ranks raises ``KeyboardInterrupt`` within 100 ms (Python's
 signal handlers run while jaccl waits); the call stopped half-way, so the group is closed and
@@ -31,6 +32,11 @@ class Timeout(Error):
 
 class Mismatch(Error):
     """Ranks called different operations, lengths, element types or reductions."""
+
+
+class Deadlock(Error):
+    """Every rank waits for another and no data is on its way (e.g. two ranks that both call
+    ``recv`` from each other first): found through the heartbeat instead of the timeout."""
 
 
 class Interrupted(Error):
@@ -67,6 +73,7 @@ __all__ = [
     "PeerLost",
     "Timeout",
     "Mismatch",
+    "Deadlock",
     "Interrupted",
     "ProtocolError",
     "BootstrapError",

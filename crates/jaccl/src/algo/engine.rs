@@ -18,7 +18,7 @@ use rustix::event::{PollFd, PollFlags};
 use super::direct::PeerProgress;
 use super::{Buf, Merge, Plan, Span, Transfer};
 use crate::error::{Error, Op, Result};
-use crate::liveness::Liveness;
+use crate::liveness::{Flow, Liveness};
 use crate::reduce::{Reducer, copy};
 use crate::transport::{Interest, Link, LinkError, Readiness, poll};
 use crate::wait::{Backoff, Idle, WaitPolicy};
@@ -41,6 +41,10 @@ pub(crate) struct Channel {
     read_ahead_failed: bool,
     /// With the direct collectives: whether the peer has entered one this rank has not.
     direct: Option<PeerProgress>,
+    /// Bytes handed to the link and taken from it since the group started, for the deadlock
+    /// search ([`crate::liveness::Flow`]).
+    bytes_sent: u64,
+    bytes_received: u64,
 }
 
 /// The most a pass reads ahead from one channel, so a fast peer cannot keep a pass going.
@@ -57,6 +61,8 @@ impl Channel {
             early_pos: 0,
             read_ahead_failed: false,
             direct: None,
+            bytes_sent: 0,
+            bytes_received: 0,
         }
     }
 
@@ -86,7 +92,9 @@ impl Channel {
         consume: &mut dyn FnMut(&[u8]) -> usize,
     ) -> std::result::Result<usize, LinkError> {
         if self.early_pos == self.early.len() {
-            return self.link.try_recv(max, consume);
+            let n = self.link.try_recv(max, consume)?;
+            self.bytes_received += n as u64;
+            return Ok(n);
         }
         let mut offered = (self.early.len() - self.early_pos).min(max);
         let mut used = consume(&self.early[self.early_pos..self.early_pos + offered]);
@@ -119,6 +127,7 @@ impl Channel {
                 early.extend_from_slice(bytes);
                 bytes.len()
             })?;
+            self.bytes_received += n as u64;
             if n == 0 {
                 break;
             }
@@ -370,6 +379,10 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
     let mut backoff = Backoff::new(call.wait, call.timeout);
     // Since when a peer this call waits on has been in a direct collective this rank is not in.
     let mut peer_ahead_since: Option<Instant> = None;
+    let mut blocked = BlockedReport {
+        liveness,
+        reported: false,
+    };
     loop {
         let progress = exec.pass(channels)?;
         if exec.done() {
@@ -378,6 +391,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
         if progress {
             backoff.progressed();
             peer_ahead_since = None;
+            blocked.withdraw();
             continue;
         }
         liveness.check(call.op)?;
@@ -410,9 +424,62 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
                     Some(_) => limit.min(PEER_AHEAD_GRACE),
                     None => limit,
                 };
+                blocked.report(call.op, channels, exec.wants());
                 sleep(channels, liveness, exec.wants(), limit, call)?;
             }
         }
+    }
+}
+
+/// The report of a call that sleeps (for the deadlock search, `crate::liveness`): made once
+/// per stretch of waiting, withdrawn when the call moves or ends.
+struct BlockedReport<'a> {
+    liveness: &'a Liveness,
+    reported: bool,
+}
+
+impl BlockedReport<'_> {
+    /// Reports the call as blocked, with each peer's traffic and what it waits for (`wants`).
+    fn report(&mut self, op: Op, channels: &[Channel], wants: &[Interest]) {
+        if self.reported {
+            return;
+        }
+        let mut flows: Vec<Flow> = Vec::new();
+        for (ch, want) in channels.iter().zip(wants) {
+            let i = match flows.iter().position(|f| f.peer == ch.peer) {
+                Some(i) => i,
+                None => {
+                    flows.push(Flow {
+                        peer: ch.peer,
+                        sent: 0,
+                        received: 0,
+                        reading: false,
+                        writing: false,
+                    });
+                    flows.len() - 1
+                }
+            };
+            let flow = &mut flows[i];
+            flow.sent += ch.bytes_sent;
+            flow.received += ch.bytes_received;
+            flow.reading |= want.read;
+            flow.writing |= want.write;
+        }
+        self.liveness.report_blocked(op, flows);
+        self.reported = true;
+    }
+
+    fn withdraw(&mut self) {
+        if self.reported {
+            self.liveness.report_moving();
+            self.reported = false;
+        }
+    }
+}
+
+impl Drop for BlockedReport<'_> {
+    fn drop(&mut self) {
+        self.withdraw();
     }
 }
 
@@ -598,12 +665,15 @@ fn advance_recv(
 fn send_on(ch: &mut Channel, hs: &mut HeaderState, data: &[u8], call: &Call) -> Result<usize> {
     let peer = ch.peer;
     let Some((header, sent)) = &mut hs.outgoing else {
-        return ch.link.try_send(&[data]).map_err(|e| lost(e, peer, call));
+        let n = ch.link.try_send(&[data]).map_err(|e| lost(e, peer, call))?;
+        ch.bytes_sent += n as u64;
+        return Ok(n);
     };
     let n = ch
         .link
         .try_send(&[&header[*sent..], data])
         .map_err(|e| lost(e, peer, call))?;
+    ch.bytes_sent += n as u64;
     let of_header = n.min(HEADER_LEN - *sent);
     *sent += of_header;
     if *sent == HEADER_LEN {

@@ -174,7 +174,9 @@ pub struct Config {
     pub startup_timeout: Duration,
     /// How long a rank may be silent (its heartbeat thread, which beats while the application
     /// computes, stopped: the process is stopped or hung, or its host or link is gone) before
-    /// every other rank fails with [`Error::PeerLost`] naming it. `Duration::MAX`: off.
+    /// every other rank fails with [`Error::PeerLost`] naming it. The same heartbeat finds
+    /// deadlocks ([`Error::Deadlock`]) within about two beats (a fifth of the window, at most
+    /// a second, each). `Duration::MAX`: off, and deadlocks wait for the timeout.
     pub liveness: Duration,
     /// The job's secret: every connection proves knowledge of it (see [`JobToken`]). `None`:
     /// derived from the launcher's job identity (torchrun's run id and restart count, Slurm's

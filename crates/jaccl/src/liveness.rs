@@ -49,6 +49,8 @@ pub(crate) struct Liveness {
     blocked: Mutex<Option<Blocked>>,
     /// Numbers the stretches of waiting ([`Blocked::episode`]).
     episodes: AtomicU64,
+    /// The stamp this rank last published for the direct collectives ([`Blocked::stamp`]).
+    stamp: AtomicU64,
 }
 
 /// Why the group cannot go on, as the heartbeat found it.
@@ -94,7 +96,13 @@ pub(crate) struct Blocked {
     episode: u64,
     /// The call's name, for the error message.
     op: String,
-    /// One entry for each peer this rank has connections to.
+    /// How many synchronisation points of the direct collectives this rank has published
+    /// (shared memory, every rank on one host; 0 without them).
+    stamp: u64,
+    /// In a direct collective: the stamp it waits for from the peers it reads from (who may
+    /// have no connection to this rank).
+    awaits: Option<u64>,
+    /// One entry for each peer this rank has connections to, and for each it waits for.
     flows: Vec<Flow>,
 }
 
@@ -123,6 +131,7 @@ impl Liveness {
             interrupt: Mutex::new(None),
             blocked: Mutex::new(None),
             episodes: AtomicU64::new(0),
+            stamp: AtomicU64::new(0),
         }))
     }
 
@@ -204,16 +213,24 @@ impl Liveness {
         self.wake.as_fd()
     }
 
-    /// The call `op` sleeps until its peers move, with `flows` as its traffic so far.
-    pub(crate) fn report_blocked(&self, op: Op, flows: Vec<Flow>) {
+    /// The call `op` sleeps until its peers move, with `flows` as its traffic so far; a direct
+    /// collective `awaits` a stamp from the peers it reads from.
+    pub(crate) fn report_blocked(&self, op: Op, flows: Vec<Flow>, awaits: Option<u64>) {
         let episode = self.episodes.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut slot) = self.blocked.lock() {
             *slot = Some(Blocked {
                 episode,
                 op: op.name().to_owned(),
+                stamp: self.stamp.load(Ordering::Relaxed),
+                awaits,
                 flows,
             });
         }
+    }
+
+    /// This rank published `stamp` for the direct collectives (before it waits on it).
+    pub(crate) fn published(&self, stamp: u64) {
+        self.stamp.store(stamp, Ordering::Relaxed);
     }
 
     /// The call that reported itself blocked moved or ended.
@@ -228,21 +245,30 @@ impl Liveness {
     }
 }
 
-/// Whether ranks blocked as `reports` say (every rank of the group, by rank, at one instant) can never
-/// move again. A blocked rank moves only when bytes reach it from a peer it reads from, or
-/// when such a peer takes the bytes it waits to send; so if no rank reads from a peer that has
-/// bytes on their way to it or waits to send to it, nothing moves again.
+/// Whether ranks blocked as `reports` say (every rank of the group, by rank, at one instant)
+/// can never move again. A blocked rank moves only when bytes reach it from a peer it reads
+/// from, or when such a peer takes the bytes it waits to send, or (in a direct collective) when
+/// a peer it waits for has published the stamp it waits for; a send or receive that waits on a
+/// peer already in a direct collective fails soon (`Mismatch`), so it counts as moving. If no
+/// rank can move, nothing ever will: every rank is in a call, and publishes or sends more only
+/// after that call moved.
 fn deadlocked(reports: &[&Blocked]) -> bool {
     let flows: HashMap<(usize, usize), &Flow> = reports
         .iter()
         .enumerate()
         .flat_map(|(rank, b)| b.flows.iter().map(move |f| ((rank, f.peer), f)))
         .collect();
+    let stamp = |rank: usize| reports.get(rank).map_or(0, |b| b.stamp);
     reports.iter().enumerate().all(|(rank, b)| {
         b.flows.iter().filter(|f| f.reading).all(|f| {
-            flows
+            let coming = flows
                 .get(&(f.peer, rank))
-                .is_some_and(|back| back.sent <= f.received && !back.writing)
+                .is_some_and(|back| back.sent > f.received || back.writing);
+            let arrived = match b.awaits {
+                Some(target) => stamp(f.peer) >= target,
+                None => stamp(f.peer) > b.stamp,
+            };
+            !coming && !arrived
         })
     })
 }
@@ -262,9 +288,10 @@ fn describe(reports: &[&Blocked]) -> String {
                 .flows
                 .iter()
                 .filter(|f| if sending { f.writing } else { f.reading })
-                .map(|f| match sending {
-                    true => format!("rank {} to take its data", f.peer),
-                    false => format!("data from rank {}", f.peer),
+                .map(|f| match (sending, b.awaits) {
+                    (true, _) => format!("rank {} to take its data", f.peer),
+                    (false, Some(_)) => format!("rank {} to join", f.peer),
+                    (false, None) => format!("data from rank {}", f.peer),
                 })
                 .collect();
             format!(
@@ -412,6 +439,14 @@ impl Message {
                 let mut m = vec![BEAT];
                 m.extend(round.to_le_bytes());
                 m.extend(b.episode.to_le_bytes());
+                m.extend(b.stamp.to_le_bytes());
+                match b.awaits {
+                    None => m.push(0),
+                    Some(target) => {
+                        m.push(1);
+                        m.extend(target.to_le_bytes());
+                    }
+                }
                 let op = &b.op.as_bytes()[..b.op.len().min(64)];
                 m.push(op.len() as u8);
                 m.extend(op);
@@ -452,6 +487,12 @@ impl Message {
             BEAT => {
                 let round = r.u32()?;
                 let episode = r.u64()?;
+                let stamp = r.u64()?;
+                let awaits = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.u64()?),
+                    other => return Err(format!("bad stamp flag {other}")),
+                };
                 let op_len = usize::from(r.u8()?);
                 let op = String::from_utf8_lossy(r.take(op_len)?).into_owned();
                 let n = r.u32()? as usize;
@@ -467,7 +508,13 @@ impl Message {
                         writing: flags & 2 != 0,
                     });
                 }
-                let blocked = Blocked { episode, op, flows };
+                let blocked = Blocked {
+                    episode,
+                    op,
+                    stamp,
+                    awaits,
+                    flows,
+                };
                 Message::Beat(Some((round, blocked)))
             }
             BYE => Message::Bye,
@@ -840,6 +887,8 @@ mod tests {
     fn blocked(episode: u64, flows: &[(usize, u64, u64, bool, bool)]) -> Blocked {
         Blocked {
             episode,
+            stamp: 0,
+            awaits: None,
             op: "recv".into(),
             flows: flows
                 .iter()
@@ -921,6 +970,33 @@ mod tests {
     }
 
     #[test]
+    fn a_direct_collective_waits_for_stamps() {
+        let at = |stamp, awaits, b: Blocked| Blocked { stamp, awaits, ..b };
+        // Ranks 0 and 1 receive from each other; rank 2 (no connection to rank 0) waits in a
+        // direct collective for both to publish stamp 5.
+        let group = |stamp_of_1| {
+            [
+                at(4, None, blocked(1, &[(1, 0, 0, true, false)])),
+                at(stamp_of_1, None, blocked(1, &[(0, 0, 0, true, false)])),
+                at(
+                    5,
+                    Some(5),
+                    blocked(1, &[(1, 0, 0, true, false), (0, 0, 0, true, false)]),
+                ),
+            ]
+        };
+        assert!(deadlocked(&group(4).each_ref()));
+        let detail = describe(&group(4).each_ref());
+        assert!(
+            detail.contains("rank 2 in recv waits for rank 1 to join and rank 0 to join"),
+            "{detail}"
+        );
+        // Rank 1 has published 5: rank 2 will see it. (And rank 0, which waits on rank 1, is
+        // waiting on a rank in a collective it did not call: it fails with a mismatch.)
+        assert!(!deadlocked(&group(5).each_ref()));
+    }
+
+    #[test]
     fn a_deadlock_is_declared_only_after_a_round_that_every_member_saw() {
         let own = blocked(5, &[(1, 8, 8, true, false)]);
         let member = |round, episode| (round, blocked(episode, &[(0, 8, 8, true, false)]));
@@ -972,12 +1048,15 @@ mod tests {
         fn beats_with_reports_round_trip_and_survive_damage(
             round in any::<u32>(),
             episode in any::<u64>(),
+            stamp in any::<u64>(),
+            awaits in any::<Option<u64>>(),
             flows in proptest::collection::vec((0usize..100, any::<u64>(), any::<u64>(), any::<bool>(), any::<bool>()), 0..20),
             cut in 0usize..600,
             at in 0usize..600,
             byte in any::<u8>(),
         ) {
-            let beat = Message::Beat(Some((round, blocked(episode, &flows))));
+            let report = Blocked { stamp, awaits, ..blocked(episode, &flows) };
+            let beat = Message::Beat(Some((round, report)));
             let whole = framed(&beat);
             prop_assert_eq!(decode(&mut whole.clone()), Ok(vec![beat]));
             let mut damaged = whole.clone();

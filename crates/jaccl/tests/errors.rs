@@ -596,7 +596,7 @@ fn calls_that_wait_for_each_other_are_a_deadlock_not_a_timeout() {
         for size in [2, 3, 4] {
             let right = |r: usize| (r + 1) % size;
             let left = |r: usize| (r + size - 1) % size;
-            let cases: [(&str, &RankProgram<'_>); 3] = [
+            let cases: [(&str, &RankProgram<'_>); 4] = [
                 // Every rank receives from its right before it sends.
                 ("receive cycle", &|g| {
                     let mut inbox = vec![0u32; 4];
@@ -622,12 +622,22 @@ fn calls_that_wait_for_each_other_are_a_deadlock_not_a_timeout() {
                         _ => g.barrier(),
                     }
                 }),
+                // Ranks 0 and 1 receive from each other first; the others all-reduce (on one
+                // host, a direct collective: waiting for stamps, not bytes).
+                ("a pair receives while the others all-reduce", &|g| {
+                    let mut inbox = [0f32; 4];
+                    match g.rank() {
+                        0 | 1 => g.recv(&mut inbox, 1 - g.rank()),
+                        _ => g.all_sum(&[1f32; 4], &mut inbox),
+                    }
+                }),
             ];
             for (what, f) in cases {
                 // With two ranks the right is also the left: a valid exchange.
                 let fits = match what {
                     "a blocked send" => size == 3,
-                    "receive from the wrong side" => size > 2,
+                    "receive from the wrong side"
+                    | "a pair receives while the others all-reduce" => size > 2,
                     _ => true,
                 };
                 if !fits {

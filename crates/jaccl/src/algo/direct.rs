@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use rustix::event::PollFd;
 
-use super::engine::{self, Call, Channel};
+use super::engine::{self, BlockedReport, Call, Channel};
 use super::ring::lane_slice;
 use crate::error::{Error, Result};
-use crate::liveness::Liveness;
+use crate::liveness::{Flow, Liveness};
 use crate::reduce::{Reducer, copy};
 use crate::transport::shm::segment::INLINE;
 use crate::transport::shm::{Local, Mailbox, Mapping, Peer, Shm};
@@ -393,6 +393,7 @@ impl Direct {
             .mailbox()
             .stamp()
             .store(target, Ordering::Release);
+        self.liveness.published(target);
         for (_, peer) in self.others() {
             peer.wake();
         }
@@ -413,6 +414,7 @@ impl Direct {
         channels: &mut [Channel],
     ) -> Result<()> {
         let mut backoff: Option<Backoff> = None;
+        let mut blocked = BlockedReport::new(&self.liveness);
         loop {
             let before = pending.len();
             let mut i = 0;
@@ -438,13 +440,48 @@ impl Direct {
             let backoff = backoff.get_or_insert_with(|| Backoff::new(call.wait, call.timeout));
             if pending.len() < before {
                 backoff.progressed();
+                blocked.withdraw();
             }
             match backoff.idle(true) {
                 Idle::Retry => {}
                 Idle::TimedOut => return Err(call.timed_out()),
-                Idle::Sleep(limit) => self.sleep(call, target, pending, limit, channels)?,
+                Idle::Sleep(limit) => {
+                    let waits = || self.waits(pending, channels);
+                    blocked.report(call.op, waits, Some(target));
+                    self.sleep(call, target, pending, limit, channels)?;
+                }
             }
         }
+    }
+
+    /// What a wait for the `pending` peers reports to the deadlock search: it reads from them
+    /// (their stamps, and on its connections to them, bytes of a send instead of this call).
+    fn waits(&self, pending: &[usize], channels: &[Channel]) -> Vec<Flow> {
+        let mut flows = engine::flows(channels, &self.watched(pending, channels));
+        for &q in pending {
+            let rank = self.others[q].rank;
+            if !flows.iter().any(|f| f.peer == rank) {
+                flows.push(Flow {
+                    peer: rank,
+                    sent: 0,
+                    received: 0,
+                    reading: true,
+                    writing: false,
+                });
+            }
+        }
+        flows
+    }
+
+    /// A read interest on each connection to a `pending` peer: a wait watches those.
+    fn watched(&self, pending: &[usize], channels: &[Channel]) -> Vec<Interest> {
+        channels
+            .iter()
+            .map(|ch| Interest {
+                read: pending.iter().any(|&q| self.others[q].rank == ch.peer()),
+                write: false,
+            })
+            .collect()
     }
 
     /// Sleeps on the doorbell until a pending peer may have arrived, left, died, or sent on a
@@ -460,17 +497,7 @@ impl Direct {
         if let Some(e) = self.sender_instead(call, target, pending, channels) {
             return Err(e);
         }
-        let read = Interest {
-            read: true,
-            write: false,
-        };
-        let wants: Vec<Interest> = channels
-            .iter()
-            .map(|ch| {
-                let waited = pending.iter().any(|&q| self.others[q].rank == ch.peer());
-                if waited { read } else { Interest::default() }
-            })
-            .collect();
+        let wants = self.watched(pending, channels);
         let (armed, ready) = if wants.iter().any(|w| w.any()) {
             engine::arm(channels, &wants, call)
         } else {

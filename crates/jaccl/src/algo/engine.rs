@@ -379,10 +379,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
     let mut backoff = Backoff::new(call.wait, call.timeout);
     // Since when a peer this call waits on has been in a direct collective this rank is not in.
     let mut peer_ahead_since: Option<Instant> = None;
-    let mut blocked = BlockedReport {
-        liveness,
-        reported: false,
-    };
+    let mut blocked = BlockedReport::new(liveness);
     loop {
         let progress = exec.pass(channels)?;
         if exec.done() {
@@ -424,7 +421,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
                     Some(_) => limit.min(PEER_AHEAD_GRACE),
                     None => limit,
                 };
-                blocked.report(call.op, channels, exec.wants());
+                blocked.report(call.op, || flows(channels, exec.wants()), None);
                 sleep(channels, liveness, exec.wants(), limit, call)?;
             }
         }
@@ -433,48 +430,66 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
 
 /// The report of a call that sleeps (for the deadlock search, `crate::liveness`): made once
 /// per stretch of waiting, withdrawn when the call moves or ends.
-struct BlockedReport<'a> {
+pub(crate) struct BlockedReport<'a> {
     liveness: &'a Liveness,
     reported: bool,
 }
 
-impl BlockedReport<'_> {
-    /// Reports the call as blocked, with each peer's traffic and what it waits for (`wants`).
-    fn report(&mut self, op: Op, channels: &[Channel], wants: &[Interest]) {
-        if self.reported {
-            return;
+impl<'a> BlockedReport<'a> {
+    pub(crate) fn new(liveness: &'a Liveness) -> BlockedReport<'a> {
+        BlockedReport {
+            liveness,
+            reported: false,
         }
-        let mut flows: Vec<Flow> = Vec::new();
-        for (ch, want) in channels.iter().zip(wants) {
-            let i = match flows.iter().position(|f| f.peer == ch.peer) {
-                Some(i) => i,
-                None => {
-                    flows.push(Flow {
-                        peer: ch.peer,
-                        sent: 0,
-                        received: 0,
-                        reading: false,
-                        writing: false,
-                    });
-                    flows.len() - 1
-                }
-            };
-            let flow = &mut flows[i];
-            flow.sent += ch.bytes_sent;
-            flow.received += ch.bytes_received;
-            flow.reading |= want.read;
-            flow.writing |= want.write;
-        }
-        self.liveness.report_blocked(op, flows);
-        self.reported = true;
     }
 
-    fn withdraw(&mut self) {
+    /// Reports the call as blocked (once per stretch of waiting), with the `flows` that
+    /// [`flows`] gives and, in a direct collective, the stamp it `awaits`.
+    pub(crate) fn report(
+        &mut self,
+        op: Op,
+        flows: impl FnOnce() -> Vec<Flow>,
+        awaits: Option<u64>,
+    ) {
+        if !self.reported {
+            self.liveness.report_blocked(op, flows(), awaits);
+            self.reported = true;
+        }
+    }
+
+    /// The call moved.
+    pub(crate) fn withdraw(&mut self) {
         if self.reported {
             self.liveness.report_moving();
             self.reported = false;
         }
     }
+}
+
+/// Each peer's traffic over `channels` and what the call waits for from it (`wants`).
+pub(crate) fn flows(channels: &[Channel], wants: &[Interest]) -> Vec<Flow> {
+    let mut flows: Vec<Flow> = Vec::new();
+    for (ch, want) in channels.iter().zip(wants) {
+        let i = match flows.iter().position(|f| f.peer == ch.peer) {
+            Some(i) => i,
+            None => {
+                flows.push(Flow {
+                    peer: ch.peer,
+                    sent: 0,
+                    received: 0,
+                    reading: false,
+                    writing: false,
+                });
+                flows.len() - 1
+            }
+        };
+        let flow = &mut flows[i];
+        flow.sent += ch.bytes_sent;
+        flow.received += ch.bytes_received;
+        flow.reading |= want.read;
+        flow.writing |= want.write;
+    }
+    flows
 }
 
 impl Drop for BlockedReport<'_> {

@@ -245,28 +245,36 @@ impl Liveness {
     }
 }
 
-/// Whether ranks blocked as `reports` say (every rank of the group, by rank, at one instant)
-/// can never move again. A blocked rank moves only when bytes reach it from a peer it reads
-/// from, or when such a peer takes the bytes it waits to send, or (in a direct collective) when
-/// a peer it waits for has published the stamp it waits for; a send or receive that waits on a
-/// peer already in a direct collective fails soon (`Mismatch`), so it counts as moving. If no
-/// rank can move, nothing ever will: every rank is in a call, and publishes or sends more only
-/// after that call moved.
-fn deadlocked(reports: &[&Blocked]) -> bool {
+/// Whether ranks blocked as `reports` say (every rank of the group, by rank, at one instant;
+/// `None` for a rank that has left the group) can never move again. A blocked rank moves only
+/// when bytes reach it from a peer it reads from, or when such a peer takes the bytes it waits
+/// to send, or (in a direct collective) when a peer it waits for has published the stamp it
+/// waits for. A rank that waits on a peer that has left fails soon (`PeerLost`), as does a send
+/// or receive that waits on a peer already in a direct collective (`Mismatch`): both count as
+/// moving. If no rank can move, nothing ever will: every rank is in a call, and publishes or
+/// sends more only after that call moved.
+fn deadlocked(reports: &[Option<&Blocked>]) -> bool {
     let flows: HashMap<(usize, usize), &Flow> = reports
         .iter()
         .enumerate()
+        .filter_map(|(rank, b)| Some((rank, (*b)?)))
         .flat_map(|(rank, b)| b.flows.iter().map(move |f| ((rank, f.peer), f)))
         .collect();
-    let stamp = |rank: usize| reports.get(rank).map_or(0, |b| b.stamp);
-    reports.iter().enumerate().all(|(rank, b)| {
+    let blocked = reports
+        .iter()
+        .enumerate()
+        .filter_map(|(r, b)| Some((r, (*b)?)));
+    blocked.into_iter().all(|(rank, b)| {
         b.flows.iter().filter(|f| f.reading).all(|f| {
+            let Some(Some(peer)) = reports.get(f.peer) else {
+                return false; // it has left (or is unknown): this rank fails
+            };
             let coming = flows
                 .get(&(f.peer, rank))
                 .is_some_and(|back| back.sent > f.received || back.writing);
             let arrived = match b.awaits {
-                Some(target) => stamp(f.peer) >= target,
-                None => stamp(f.peer) > b.stamp,
+                Some(target) => peer.stamp >= target,
+                None => peer.stamp > b.stamp,
             };
             !coming && !arrived
         })
@@ -274,13 +282,16 @@ fn deadlocked(reports: &[&Blocked]) -> bool {
 }
 
 /// The deadlock as the error message gives it: what each rank waits for.
-fn describe(reports: &[&Blocked]) -> String {
+fn describe(reports: &[Option<&Blocked>]) -> String {
     const SHOWN: usize = 8;
     let mut parts: Vec<String> = reports
         .iter()
         .enumerate()
         .take(SHOWN)
         .map(|(rank, b)| {
+            let Some(b) = b else {
+                return format!("rank {rank} has left");
+            };
             // A rank that waits to send also reads whatever comes (so that sends in a cycle
             // go through): name only what it waits to send then.
             let sending = b.flows.iter().any(|f| f.writing);
@@ -316,7 +327,8 @@ fn describe(reports: &[&Blocked]) -> String {
 /// only suspected, and a new round is announced; it is declared once every member has sent a
 /// report after seeing that round, each from the same stretch of waiting as before (and rank
 /// 0 is still in its own). Then every rank was blocked, as reported, at the moment the
-/// suspicion arose: nothing moved for any of them in between.
+/// suspicion arose: nothing moved for any of them in between. (Members that have left the
+/// group stay gone: they report nothing more.)
 #[derive(Default)]
 struct DeadlockWatch {
     round: u32,
@@ -325,36 +337,54 @@ struct DeadlockWatch {
 
 struct Suspect {
     round: u32,
-    episodes: Vec<u64>,
+    /// Each rank's stretch of waiting; `None` for a rank that has left.
+    episodes: Vec<Option<u64>>,
     detail: String,
 }
 
+/// A member as the deadlock search sees it.
+#[derive(Clone, Copy)]
+enum Member<'a> {
+    /// Not in a blocked call (or not known to be).
+    Moving,
+    /// Blocked, as its latest beat says, sent after it saw this round.
+    Blocked(u32, &'a Blocked),
+    /// It left the group (said goodbye): it will never send again.
+    Left,
+}
+
 impl DeadlockWatch {
-    /// Looks at rank 0's own report and the members' latest (`None` if a member has left
-    /// or sent none); looks for a new suspicion only if `search` (the full check is linear in
-    /// the connections of the whole group: once a beat interval). Returns the description of a
-    /// confirmed deadlock.
+    /// Looks at rank 0's own report and the members'; looks for a new suspicion only if
+    /// `search` (the full check is linear in the connections of the whole group: once a beat
+    /// interval). Returns the description of a confirmed deadlock.
     fn update<'a>(
         &mut self,
         own: Option<&'a Blocked>,
-        members: impl Iterator<Item = Option<&'a (u32, Blocked)>>,
+        members: impl Iterator<Item = Member<'a>>,
         search: bool,
     ) -> Option<String> {
-        let members: Option<Vec<&(u32, Blocked)>> = members.collect();
-        let (Some(own), Some(members)) = (own, members) else {
+        let (mut reports, mut rounds, mut all_blocked) = (vec![own], Vec::new(), own.is_some());
+        for member in members {
+            let (report, round) = match member {
+                Member::Moving => (None, 0),
+                Member::Blocked(round, b) => (Some(b), round),
+                Member::Left => (None, u32::MAX),
+            };
+            all_blocked &= !matches!(member, Member::Moving);
+            reports.push(report);
+            rounds.push(round);
+        }
+        if !all_blocked {
             // A rank is not blocked: nothing is, or will be, declared from these reports.
             self.suspect = None;
             return None;
-        };
-        let reports: Vec<&Blocked> = std::iter::once(own)
-            .chain(members.iter().map(|(_, b)| b))
-            .collect();
-        let episodes: Vec<u64> = reports.iter().map(|b| b.episode).collect();
+        }
+        let episodes: Vec<Option<u64>> = reports.iter().map(|b| b.map(|b| b.episode)).collect();
         if let Some(s) = &self.suspect
             && s.episodes == episodes
         {
             // (Rank 0's own report is read now: it has no round.)
-            let after_the_round = members.iter().all(|(round, _)| *round >= s.round);
+            let after_the_round = rounds.iter().all(|&round| round >= s.round);
             return after_the_round.then(|| s.detail.clone());
         }
         self.suspect = None;
@@ -624,7 +654,10 @@ pub(crate) fn coordinate(
                 for message in heard.messages {
                     match message {
                         Message::Beat(report) => p.report = report,
-                        Message::Bye => p.watched = false,
+                        Message::Bye => {
+                            p.watched = false;
+                            p.left = true;
+                        }
                         Message::Status { .. } => {}
                     }
                 }
@@ -638,9 +671,7 @@ pub(crate) fn coordinate(
             }
             if !known && (ticked || watch.suspects()) {
                 let own = live.blocked();
-                let reports = peers
-                    .iter()
-                    .map(|p| p.report.as_ref().filter(|_| p.watched));
+                let reports = peers.iter().map(Peer::as_member);
                 if let Some(detail) = watch.update(own.as_ref(), reports, ticked) {
                     live.declare(Verdict::Deadlock { detail });
                 }
@@ -766,6 +797,8 @@ struct Peer {
     watched: bool,
     /// The report of the member's latest beat (at the coordinator).
     report: Option<(u32, Blocked)>,
+    /// It said goodbye (at the coordinator).
+    left: bool,
 }
 
 /// How long a goodbye may wait for the socket to take it.
@@ -782,7 +815,17 @@ impl Peer {
             heard: Instant::now(),
             watched: true,
             report: None,
+            left: false,
         })
+    }
+
+    /// The member as the deadlock search sees it.
+    fn as_member(&self) -> Member<'_> {
+        match &self.report {
+            _ if self.left => Member::Left,
+            Some((round, b)) if self.watched => Member::Blocked(*round, b),
+            _ => Member::Moving,
+        }
     }
 
     fn poll(&self) -> PollFd<'_> {
@@ -884,6 +927,11 @@ mod tests {
         b
     }
 
+    /// Every rank's report, none left.
+    fn all(reports: &[Blocked]) -> Vec<Option<&Blocked>> {
+        reports.iter().map(Some).collect()
+    }
+
     fn blocked(episode: u64, flows: &[(usize, u64, u64, bool, bool)]) -> Blocked {
         Blocked {
             episode,
@@ -946,23 +994,23 @@ mod tests {
                 blocked(1, &[(0, 40, 40, true, false)]),
             ]
         };
-        assert!(deadlocked(&cycle(40).each_ref()));
+        assert!(deadlocked(&all(&cycle(40))));
         // Bytes on their way to rank 0, which reads: it will move.
-        assert!(!deadlocked(&cycle(30).each_ref()));
+        assert!(!deadlocked(&all(&cycle(30))));
         // Rank 1 waits to send to rank 0, which reads from it: it will move.
         let sending = [
             blocked(1, &[(1, 40, 40, true, false)]),
             blocked(1, &[(0, 40, 40, false, true)]),
         ];
-        assert!(!deadlocked(&sending.each_ref()));
+        assert!(!deadlocked(&all(&sending)));
         // Rank 1 sends to rank 0, which reads only from rank 2, which waits for rank 0.
         let stuck = [
             blocked(1, &[(1, 0, 0, false, false), (2, 0, 0, true, false)]),
             blocked(1, &[(0, 64, 0, false, true), (2, 0, 0, false, false)]),
             blocked(1, &[(0, 0, 0, true, false), (1, 0, 0, false, false)]),
         ];
-        assert!(deadlocked(&stuck.each_ref()));
-        let detail = describe(&stuck.each_ref());
+        assert!(deadlocked(&all(&stuck)));
+        let detail = describe(&all(&stuck));
         assert!(
             detail.contains("rank 1 in recv waits for rank 0 to take its data"),
             "{detail}"
@@ -985,49 +1033,70 @@ mod tests {
                 ),
             ]
         };
-        assert!(deadlocked(&group(4).each_ref()));
-        let detail = describe(&group(4).each_ref());
+        assert!(deadlocked(&all(&group(4))));
+        let detail = describe(&all(&group(4)));
         assert!(
             detail.contains("rank 2 in recv waits for rank 1 to join and rank 0 to join"),
             "{detail}"
         );
         // Rank 1 has published 5: rank 2 will see it. (And rank 0, which waits on rank 1, is
         // waiting on a rank in a collective it did not call: it fails with a mismatch.)
-        assert!(!deadlocked(&group(5).each_ref()));
+        assert!(!deadlocked(&all(&group(5))));
+        // Ranks 0 and 1 receive from each other after rank 2 left: still a deadlock, unless one
+        // of them waits on rank 2 (which then fails with `PeerLost`).
+        let left = |reading_2| {
+            let waits_on_2 = blocked(1, &[(1, 0, 0, true, false), (2, 0, 0, reading_2, false)]);
+            vec![
+                Some(waits_on_2),
+                Some(blocked(1, &[(0, 0, 0, true, false)])),
+                None,
+            ]
+        };
+        let with_left = |r: &[Option<Blocked>]| -> bool {
+            deadlocked(&r.iter().map(Option::as_ref).collect::<Vec<_>>())
+        };
+        assert!(with_left(&left(false)));
+        assert!(!with_left(&left(true)));
     }
 
     #[test]
     fn a_deadlock_is_declared_only_after_a_round_that_every_member_saw() {
         let own = blocked(5, &[(1, 8, 8, true, false)]);
-        let member = |round, episode| (round, blocked(episode, &[(0, 8, 8, true, false)]));
+        let member = |episode| blocked(episode, &[(0, 8, 8, true, false)]);
+        let (nine, ten) = (member(9), member(10));
         let mut watch = DeadlockWatch::default();
-        let mut update = |member: (u32, Blocked), search| {
-            watch.update(Some(&own), [Some(&member)].into_iter(), search)
-        };
+        let mut update = |m: Member<'_>, search| watch.update(Some(&own), [m].into_iter(), search);
         // Only a search finds a new suspicion.
-        assert_eq!(update(member(0, 9), false), None);
-        assert_eq!(update(member(0, 9), true), None);
+        assert_eq!(update(Member::Blocked(0, &nine), false), None);
+        assert_eq!(update(Member::Blocked(0, &nine), true), None);
         // The same report again, sent before the member saw round 1: not yet.
-        assert_eq!(update(member(0, 9), false), None);
-        assert!(update(member(1, 9), false).is_some());
+        assert_eq!(update(Member::Blocked(0, &nine), false), None);
+        assert!(update(Member::Blocked(1, &nine), false).is_some());
         // The member moved in between (a new stretch of waiting): suspected again, not declared.
         let mut watch = DeadlockWatch::default();
-        assert_eq!(
-            watch.update(Some(&own), [Some(&member(0, 9))].into_iter(), true),
-            None
-        );
-        assert_eq!(
-            watch.update(Some(&own), [Some(&member(1, 10))].into_iter(), true),
-            None
-        );
+        let mut update = |m: Member<'_>| watch.update(Some(&own), [m].into_iter(), true);
+        assert_eq!(update(Member::Blocked(0, &nine)), None);
+        assert_eq!(update(Member::Blocked(1, &ten)), None);
+        // A member that is not blocked: nothing.
+        assert_eq!(update(Member::Moving), None);
         assert_eq!(watch.round, 2);
-        // A rank that is not blocked, or a member without a report: nothing.
+        assert!(!watch.suspects());
+        // Rank 0 not blocked: nothing.
         assert_eq!(
-            watch.update(None, [Some(&member(2, 10))].into_iter(), true),
+            watch.update(None, [Member::Blocked(2, &ten)].into_iter(), true),
             None
         );
         assert!(!watch.suspects());
-        assert_eq!(watch.update(Some(&own), [None].into_iter(), true), None);
+        // Rank 1 has left; ranks 0 and 2 wait for each other: a deadlock, and the rank that
+        // left needs no round.
+        let own = blocked(5, &[(2, 0, 0, true, false)]);
+        let two = blocked(3, &[(0, 0, 0, true, false)]);
+        let members = || [Member::Left, Member::Blocked(0, &two)].into_iter();
+        let members_later = || [Member::Left, Member::Blocked(1, &two)].into_iter();
+        let mut watch = DeadlockWatch::default();
+        assert_eq!(watch.update(Some(&own), members(), true), None);
+        let detail = watch.update(Some(&own), members_later(), false);
+        assert!(detail.is_some_and(|d| d.contains("rank 1 has left")));
     }
 
     proptest! {

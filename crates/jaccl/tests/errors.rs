@@ -662,6 +662,28 @@ fn calls_that_wait_for_each_other_are_a_deadlock_not_a_timeout() {
 }
 
 #[test]
+fn a_deadlock_between_the_ranks_that_stay_is_found() {
+    for net in nets() {
+        let results = with_group_timeout(net, 4, 1, Duration::from_secs(600), |g| {
+            match g.rank() {
+                // Ranks 2 and 3 are done: they leave the group.
+                2 | 3 => Ok(()),
+                r => g.recv(&mut [0u8; 8], 1 - r),
+            }
+        });
+        for (rank, r) in results.iter().enumerate() {
+            match (rank, r) {
+                (2 | 3, Ok(())) => {}
+                (0 | 1, Err(Error::Deadlock { detail, .. })) => {
+                    assert!(detail.contains("rank 2 has left"), "{net:?}: {detail}");
+                }
+                _ => panic!("{net:?} rank {rank}: {r:?}"),
+            }
+        }
+    }
+}
+
+#[test]
 fn a_receive_waiting_for_a_rank_busy_in_its_own_code_is_not_a_deadlock() {
     for net in nets() {
         let results = with_group(net, 2, 1, |g| {

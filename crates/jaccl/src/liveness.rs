@@ -120,6 +120,19 @@ pub(crate) struct Flow {
     pub(crate) writing: bool,
 }
 
+impl Flow {
+    /// No traffic with `peer` yet, and nothing waited for.
+    pub(crate) fn new(peer: usize) -> Flow {
+        Flow {
+            peer,
+            sent: 0,
+            received: 0,
+            reading: false,
+            writing: false,
+        }
+    }
+}
+
 impl Liveness {
     /// No verdict yet; a heartbeat ([`coordinate`], [`attend`]) may deliver one.
     pub(crate) fn new(rank: usize) -> io::Result<Arc<Liveness>> {

@@ -462,11 +462,8 @@ impl Direct {
             let rank = self.others[q].rank;
             if !flows.iter().any(|f| f.peer == rank) {
                 flows.push(Flow {
-                    peer: rank,
-                    sent: 0,
-                    received: 0,
                     reading: true,
-                    writing: false,
+                    ..Flow::new(rank)
                 });
             }
         }

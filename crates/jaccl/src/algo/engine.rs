@@ -473,13 +473,7 @@ pub(crate) fn flows(channels: &[Channel], wants: &[Interest]) -> Vec<Flow> {
         let i = match flows.iter().position(|f| f.peer == ch.peer) {
             Some(i) => i,
             None => {
-                flows.push(Flow {
-                    peer: ch.peer,
-                    sent: 0,
-                    received: 0,
-                    reading: false,
-                    writing: false,
-                });
+                flows.push(Flow::new(ch.peer));
                 flows.len() - 1
             }
         };

@@ -531,16 +531,23 @@ impl Group {
         };
         let result = match (result, &self.state) {
             // A closed connection may be the ring passing on a loss that the heartbeat is
-            // about to announce: then name the rank that was really lost. A transport failure
+            // about to announce: then name the rank that was really lost; or its peer may have
+            // dropped its group, which the heartbeat passes on too: then say so. A transport failure
             // may be a death seen from the transport's side (an RDMA write into a killed
             // process's memory completes with "remote access error"): the same holds.
             (
                 Err(lost @ (Error::PeerLost { .. } | Error::Protocol { .. } | Error::Io { .. })),
                 State::Connected(c),
-            ) if c.heartbeat.is_some() => match c.liveness.verdict_within(VERDICT_GRACE, call.op) {
-                Some(verdict) => Err(verdict),
-                None => Err(lost),
-            },
+            ) if c.heartbeat.is_some() => {
+                let peer = match &lost {
+                    Error::PeerLost { peer, .. } => Some(*peer),
+                    _ => None,
+                };
+                match c.liveness.explain(peer, VERDICT_GRACE, call.op) {
+                    Some(cause) => Err(cause),
+                    None => Err(lost),
+                }
+            }
             (other, _) => other,
         };
         if let Err(e) = &result

@@ -17,6 +17,10 @@
 //! the operation timeout. The reports reach the coordinator at different moments, so before it
 //! declares anything it checks that they held at one instant (see [`DeadlockWatch`]).
 //!
+//! A rank that drops its group says goodbye; the coordinator passes that on, so a rank whose
+//! connection to it closes learns at once that it left, rather than dead or unexplained
+//! ([`Liveness::explain`]).
+//!
 //! Operations look at the verdict whenever they would wait, and sleeps wake when it arrives
 //! ([`Liveness::wake_fd`]). The same object carries the caller's interrupt check
 //! ([`crate::Group::interrupt_when`]), which sleeping operations consult.
@@ -51,6 +55,10 @@ pub(crate) struct Liveness {
     episodes: AtomicU64,
     /// The stamp this rank last published for the direct collectives ([`Blocked::stamp`]).
     stamp: AtomicU64,
+    /// The ranks known to have left the group (dropped it).
+    departed: Mutex<Vec<usize>>,
+    /// Readable after a departure, for [`Liveness::explain`].
+    departures: OwnedFd,
 }
 
 /// Why the group cannot go on, as the heartbeat found it.
@@ -140,12 +148,26 @@ impl Liveness {
             rank,
             lost: AtomicBool::new(false),
             verdict: Mutex::new(None),
-            wake: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            wake: signal()?,
             interrupt: Mutex::new(None),
             blocked: Mutex::new(None),
             episodes: AtomicU64::new(0),
             stamp: AtomicU64::new(0),
+            departed: Mutex::new(Vec::new()),
+            departures: signal()?,
         }))
+    }
+
+    /// `peer` left the group: it dropped it and will never send again.
+    fn depart(&self, peer: usize) {
+        if let Ok(mut departed) = self.departed.lock() {
+            departed.push(peer);
+        }
+        let _ = rustix::io::write(&self.departures, &1u64.to_ne_bytes());
+    }
+
+    fn has_departed(&self, peer: usize) -> bool {
+        self.departed.lock().is_ok_and(|d| d.contains(&peer))
     }
 
     /// Installs (or with `None` removes) the interrupt check.
@@ -214,11 +236,37 @@ impl Liveness {
         }
     }
 
-    /// The error for operation `op` from the verdict, waiting up to `limit` for one to arrive.
-    pub(crate) fn verdict_within(&self, limit: Duration, op: Op) -> Option<Error> {
-        let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
-        let _ = crate::transport::poll(&mut fds, limit);
-        self.verdict().map(|v| v.error(self.rank, op))
+    /// Why a connection of operation `op` to `peer` (if it is known) failed: the verdict, or
+    /// that `peer` left the group, whichever comes first within `limit`. A connection closing
+    /// is the first sign of either: the heartbeat brings the cause a moment later.
+    pub(crate) fn explain(&self, peer: Option<usize>, limit: Duration, op: Op) -> Option<Error> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(v) = self.verdict() {
+                return Some(v.error(self.rank, op));
+            }
+            if let Some(peer) = peer.filter(|&p| self.has_departed(p)) {
+                return Some(Error::PeerLost {
+                    rank: self.rank,
+                    peer,
+                    op,
+                    cause: left(peer),
+                });
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return None;
+            }
+            let mut fds = [
+                PollFd::new(&self.wake, PollFlags::IN),
+                PollFd::new(&self.departures, PollFlags::IN),
+            ];
+            let _ = crate::transport::poll(&mut fds, remaining);
+            if fds[1].revents().contains(PollFlags::IN) {
+                let mut count = [0u8; 8];
+                let _ = rustix::io::read(&self.departures, &mut count);
+            }
+        }
     }
 
     /// Readable once a verdict is in: add it to every sleep.
@@ -442,6 +490,7 @@ impl Drop for Heartbeat {
 const BEAT: u8 = 1;
 const BYE: u8 = 2;
 const STATUS: u8 = 3;
+const LEFT: u8 = 4;
 /// The verdicts a status may carry.
 const LOST: u8 = 1;
 const DEADLOCK: u8 = 2;
@@ -461,6 +510,8 @@ pub(crate) enum Message {
         round: u32,
         verdict: Option<Verdict>,
     },
+    /// The coordinator passes on a member's goodbye: `LEFT`, the rank (u32).
+    Left(usize),
 }
 
 /// The longest text a verdict carries.
@@ -503,6 +554,11 @@ impl Message {
                 m
             }
             Message::Bye => vec![BYE],
+            Message::Left(rank) => {
+                let mut m = vec![LEFT];
+                m.extend(to_u32(*rank).to_le_bytes());
+                m
+            }
             Message::Status { round, verdict } => {
                 let mut m = vec![STATUS];
                 m.extend(round.to_le_bytes());
@@ -561,6 +617,7 @@ impl Message {
                 Message::Beat(Some((round, blocked)))
             }
             BYE => Message::Bye,
+            LEFT => Message::Left(r.u32()? as usize),
             STATUS => {
                 let round = r.u32()?;
                 let verdict = match r.0.first() {
@@ -646,7 +703,8 @@ pub(crate) fn coordinate(
                     verdict: live.verdict(),
                 };
                 for p in peers.iter_mut().filter(|p| p.watched) {
-                    p.send(&status);
+                    // A failed socket shows as the member's end of stream in `receive`.
+                    let _ = p.send(&status);
                 }
             }
             let stopped = {
@@ -662,6 +720,7 @@ pub(crate) fn coordinate(
                 return;
             }
             let (known, round) = (live.verdict().is_some(), watch.round);
+            let mut left = Vec::new();
             for p in peers.iter_mut().filter(|p| p.watched) {
                 let heard = p.receive();
                 for message in heard.messages {
@@ -670,8 +729,9 @@ pub(crate) fn coordinate(
                         Message::Bye => {
                             p.watched = false;
                             p.left = true;
+                            left.push(p.rank);
                         }
-                        Message::Status { .. } => {}
+                        Message::Status { .. } | Message::Left(_) => {}
                     }
                 }
                 if heard.gone && p.watched {
@@ -680,6 +740,13 @@ pub(crate) fn coordinate(
                         why: gone(p.rank),
                     });
                     p.watched = false;
+                }
+            }
+            for rank in left {
+                live.depart(rank);
+                for p in peers.iter_mut().filter(|p| p.watched) {
+                    // A failed socket shows as the member's end of stream in `receive`.
+                    let _ = p.send(&Message::Left(rank));
                 }
             }
             if !known && (ticked || watch.suspects()) {
@@ -713,7 +780,8 @@ pub(crate) fn attend(
             if now >= next {
                 next = now + tick;
                 let report = live.blocked().map(|b| (round, b));
-                coordinator.send(&Message::Beat(report));
+                // A failed socket shows as rank 0's end of stream in `receive`.
+                let _ = coordinator.send(&Message::Beat(report));
             }
             if now.duration_since(coordinator.heard) > window {
                 live.declare(Verdict::Lost {
@@ -747,8 +815,12 @@ pub(crate) fn attend(
                             live.declare(v);
                         }
                     }
+                    Message::Left(rank) => live.depart(rank),
                     // Rank 0 left the group: nothing more to watch.
-                    Message::Bye => return,
+                    Message::Bye => {
+                        live.depart(0);
+                        return;
+                    }
                     Message::Beat(_) => {}
                 }
             }
@@ -788,6 +860,19 @@ fn silent(rank: usize, window: Duration) -> String {
     )
 }
 
+/// Why a rank that dropped its group is missing (shared memory says the same).
+pub(crate) fn left(rank: usize) -> String {
+    format!("rank {rank} left the group (it dropped it)")
+}
+
+/// A new event counter for waking sleeps (non-blocking, closed on exec).
+fn signal() -> io::Result<OwnedFd> {
+    Ok(rustix::event::eventfd(
+        0,
+        EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+    )?)
+}
+
 fn gone(rank: usize) -> String {
     format!("rank {rank}'s process ended or its connection to rank 0 was lost")
 }
@@ -820,6 +905,10 @@ const GOODBYE_WITHIN: Duration = Duration::from_millis(100);
 impl Peer {
     fn new(stream: TcpStream, rank: usize) -> io::Result<Peer> {
         stream.set_nonblocking(true)?;
+        // Each message goes out at once: Nagle's algorithm would hold one back until the last
+        // is acknowledged (up to the peer's delayed-ACK time), and a goodbye held back is lost
+        // when the socket closes.
+        stream.set_nodelay(true)?;
         Ok(Peer {
             stream,
             rank,
@@ -848,39 +937,58 @@ impl Peer {
     /// Sends `message` as far as the socket takes it now. A message is queued only once the
     /// earlier ones are out, so a peer too slow to read misses whole messages (it is found by
     /// its own silence), never parts of one.
-    fn send(&mut self, message: &Message) {
-        self.flush();
+    ///
+    /// # Errors
+    /// The socket failed (the peer is gone).
+    fn send(&mut self, message: &Message) -> io::Result<()> {
+        self.flush()?;
         if self.outbox.is_empty() {
             let payload = message.encode();
             self.outbox.extend(to_u32(payload.len()).to_le_bytes());
             self.outbox.extend(payload);
-            self.flush();
+            self.flush()?;
         }
+        Ok(())
     }
 
-    fn flush(&mut self) {
+    /// Writes as much of the outbox as the socket takes now.
+    ///
+    /// # Errors
+    /// The socket failed (the peer is gone); a full socket is not an error.
+    fn flush(&mut self) -> io::Result<()> {
         while !self.outbox.is_empty() {
             match self.stream.write(&self.outbox) {
-                Ok(0) => return,
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => drop(self.outbox.drain(..n)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
             }
         }
+        Ok(())
     }
 
     /// Sends a goodbye, waiting up to [`GOODBYE_WITHIN`] for the socket to take it (without
-    /// it the peer would take this rank's leaving for a death).
+    /// it the peer would take this rank's leaving for a death). A peer already gone needs
+    /// none: polling its failed socket would return at once, over and over, until the
+    /// deadline.
     fn say_goodbye(&mut self) {
         let deadline = Instant::now() + GOODBYE_WITHIN;
         let mut said = false;
         loop {
-            self.flush();
+            if self.flush().is_err() {
+                return;
+            }
             if self.outbox.is_empty() {
                 if said {
+                    // Closing a socket with unread bytes resets the connection, and a reset
+                    // may discard what the peer has not yet taken in: read them first.
+                    let _ = self.receive();
                     return;
                 }
-                self.send(&Message::Bye);
+                if self.send(&Message::Bye).is_err() {
+                    return;
+                }
                 said = true;
                 continue;
             }
@@ -987,6 +1095,7 @@ mod tests {
                 verdict: None,
             },
             Message::Bye,
+            Message::Left(2),
         ];
         let stream: Vec<u8> = messages.iter().flat_map(framed).collect();
         let mut buf = stream[..3].to_vec();
@@ -1115,7 +1224,7 @@ mod tests {
     proptest! {
         /// Frames with plausible lengths and kinds, random contents.
         #[test]
-        fn heartbeat_messages_never_panic(kind in 0u8..5, body in proptest::collection::vec(any::<u8>(), 0..64), cut in 0usize..80) {
+        fn heartbeat_messages_never_panic(kind in 0u8..6, body in proptest::collection::vec(any::<u8>(), 0..64), cut in 0usize..80) {
             let mut payload = vec![kind];
             payload.extend(body);
             let mut buf = to_u32(payload.len()).to_le_bytes().to_vec();

@@ -443,8 +443,9 @@ fn a_send_or_recv_against_a_collective_is_a_mismatch() {
 fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
     let cases = nets().into_iter().flat_map(|n| [2, 4, 5].map(|s| (n, s)));
     // Large all-reduces go around the ring; small ones gather (with the mesh, in one step).
-    for ((net, size), len) in cases.flat_map(|c| [(c, 1 << 20), (c, 8)]) {
-        let gone = 1;
+    // Rank 0 leaving also ends the heartbeat: its goodbye must still arrive.
+    let cases = cases.flat_map(|c| [(c, 1 << 20), (c, 8)]);
+    for (((net, size), len), gone) in cases.flat_map(|c| [(c, 0), (c, 1)]) {
         let results = with_group_timeout(net, size, 2, Duration::from_secs(120), |g| {
             if g.rank() == gone {
                 return None; // drops the group: its connections close
@@ -452,19 +453,31 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
             let mut out = vec![0f32; len];
             Some(g.all_sum(&vec![1f32; len], &mut out))
         });
+        let mut named = 0;
         for (rank, r) in results.into_iter().enumerate() {
             match r {
                 None => assert_eq!(rank, gone),
                 Some(Err(Error::PeerLost {
                     rank: who,
+                    peer,
                     op: Op::AllReduce,
-                    ..
-                })) => assert_eq!(who, rank),
+                    cause,
+                })) => {
+                    assert_eq!(who, rank);
+                    // Ranks further away fail when their neighbours give up (a closed
+                    // connection); whoever names the rank that left says that it left.
+                    if peer == gone {
+                        assert!(cause.contains("left the group"), "{net:?}: {cause}");
+                        named += 1;
+                    }
+                }
                 Some(other) => {
                     panic!("{net:?} size {size} rank {rank}: expected PeerLost, got {other:?}")
                 }
             }
         }
+        // The first rank to fail can only have seen the rank that left.
+        assert!(named > 0, "{net:?} size {size}: nobody named rank {gone}");
     }
 }
 

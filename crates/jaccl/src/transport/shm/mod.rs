@@ -230,7 +230,7 @@ impl Peer {
     pub(crate) fn departed(&self) -> Option<String> {
         match self.mailbox().state_word().load(Ordering::Acquire) {
             s if s == State::Running as u32 => None,
-            s if s == State::Closed as u32 => Some(format!("rank {} left the group", self.rank)),
+            s if s == State::Closed as u32 => Some(crate::liveness::left(self.rank)),
             _ => Some(format!(
                 "rank {}'s group failed (its own error says why)",
                 self.rank

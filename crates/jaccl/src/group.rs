@@ -10,6 +10,7 @@ use crate::config::{Config, Topology, Transport};
 use crate::connect::{self, Connected};
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Error, Op, Result};
+use crate::liveness::Heartbeat;
 use crate::reduce::Reducer;
 use crate::wait::WaitPolicy;
 
@@ -34,8 +35,13 @@ enum State {
     /// A group of one: every collective is a local copy.
     Alone,
     Connected(Box<Connected>),
-    /// An operation failed while data was moving; the connections are closed.
-    Failed(Error),
+    /// An operation failed while data was moving; the connections are closed. The heartbeat
+    /// lives on until the group is dropped: it told the others why this rank failed, and at
+    /// rank 0 it goes on passing news between them.
+    Failed {
+        error: Error,
+        _heartbeat: Option<Heartbeat>,
+    },
 }
 
 /// How long a failed call waits for the heartbeat's verdict that may explain it.
@@ -526,7 +532,7 @@ impl Group {
     ) -> Result<()> {
         let result = match &mut self.state {
             State::Alone => return Ok(()),
-            State::Failed(e) => return Err(e.clone()),
+            State::Failed { error, .. } => return Err(error.clone()),
             State::Connected(c) => f(c, &call),
         };
         let result = match (result, &self.state) {
@@ -554,20 +560,26 @@ impl Group {
             && !e.is_local_argument_error()
         {
             tracing::debug!(rank = self.rank, error = %e, "jaccl group poisoned");
-            if let State::Connected(c) = &self.state
-                && let Some(shm) = &c.shm
-            {
-                shm.fail();
+            let mut heartbeat = None;
+            if let State::Connected(c) = &mut self.state {
+                c.liveness.fail(e);
+                if let Some(shm) = &c.shm {
+                    shm.fail();
+                }
+                heartbeat = c.heartbeat.take();
             }
             // Dropping the connections closes them, so the peers fail promptly too.
-            self.state = State::Failed(e.clone());
+            self.state = State::Failed {
+                error: e.clone(),
+                _heartbeat: heartbeat,
+            };
         }
         result
     }
 
     fn check_usable(&self) -> Result<()> {
         match &self.state {
-            State::Failed(e) => Err(e.clone()),
+            State::Failed { error, .. } => Err(error.clone()),
             _ => Ok(()),
         }
     }
@@ -638,7 +650,7 @@ impl std::fmt::Debug for Group {
         let state = match &self.state {
             State::Alone => "alone",
             State::Connected(_) => "connected",
-            State::Failed(_) => "failed",
+            State::Failed { .. } => "failed",
         };
         f.debug_struct("Group")
             .field("rank", &self.rank)

@@ -44,7 +44,8 @@
 //!   job's secret ([`JobToken`]), which never crosses the network.
 //! - **Failure poisons the group.** After an error while data was moving, the group closes its
 //!   connections (so the failure reaches every rank promptly) and every later call returns the
-//!   same error. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent
+//!   same error. The others hear why through the heartbeat: a rank that fails because its peer
+//!   did names the first cause, not just a closed connection. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent
 //!   and leave the group usable.
 //! - `send`/`recv` with the ring topology only reach the two neighbours. Sends may come
 //!   before receives, even in a cycle of ranks: a rank blocked sending reads ahead what its

@@ -17,9 +17,11 @@
 //! the operation timeout. The reports reach the coordinator at different moments, so before it
 //! declares anything it checks that they held at one instant (see [`DeadlockWatch`]).
 //!
-//! A rank that drops its group says goodbye; the coordinator passes that on, so a rank whose
-//! connection to it closes learns at once that it left, rather than dead or unexplained
-//! ([`Liveness::explain`]).
+//! A rank that drops its group says goodbye, and one whose group fails says goodbye with the
+//! cause ([`Liveness::fail`]); the coordinator passes both on, so a rank whose connection to it
+//! closes learns at once why, rather than taking it for a death or reporting only the closed
+//! connection ([`Liveness::explain`]). A failed coordinator goes on passing news until its group
+//! is dropped.
 //!
 //! Operations look at the verdict whenever they would wait, and sleeps wake when it arrives
 //! ([`Liveness::wake_fd`]). The same object carries the caller's interrupt check
@@ -55,10 +57,40 @@ pub(crate) struct Liveness {
     episodes: AtomicU64,
     /// The stamp this rank last published for the direct collectives ([`Blocked::stamp`]).
     stamp: AtomicU64,
-    /// The ranks known to have left the group (dropped it).
-    departed: Mutex<Vec<usize>>,
+    /// The ranks known to have left the group (dropped it, or it failed).
+    departed: Mutex<Vec<Departure>>,
     /// Readable after a departure, for [`Liveness::explain`].
     departures: OwnedFd,
+    /// Why this rank's group failed, as its goodbye tells the others ([`Liveness::fail`]).
+    farewell: Mutex<Option<String>>,
+    /// The cause behind this rank's failure when that was another rank's departure.
+    root: Mutex<Option<String>>,
+    /// Readable once this rank's group failed, so that the heartbeat says so.
+    failed: OwnedFd,
+}
+
+/// A rank that left the group, as its goodbye said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Departure {
+    rank: usize,
+    /// `None`: it dropped its group; else its group failed, for this reason (the first cause
+    /// of a chain of failures).
+    farewell: Option<String>,
+}
+
+impl Departure {
+    /// Why waiting for this rank fails.
+    fn cause(&self) -> String {
+        match &self.farewell {
+            None => left(self.rank),
+            Some(why) => format!("rank {}'s group failed: {why}", self.rank),
+        }
+    }
+
+    /// The first cause, for a rank that fails because of this one to pass on.
+    fn root(&self) -> String {
+        self.farewell.clone().unwrap_or_else(|| left(self.rank))
+    }
 }
 
 /// Why the group cannot go on, as the heartbeat found it.
@@ -155,19 +187,42 @@ impl Liveness {
             stamp: AtomicU64::new(0),
             departed: Mutex::new(Vec::new()),
             departures: signal()?,
+            farewell: Mutex::new(None),
+            root: Mutex::new(None),
+            failed: signal()?,
         }))
     }
 
-    /// `peer` left the group: it dropped it and will never send again.
-    fn depart(&self, peer: usize) {
-        if let Ok(mut departed) = self.departed.lock() {
-            departed.push(peer);
+    /// `rank` left the group and will never send again: it dropped its group (`farewell`
+    /// `None`) or its group failed. The first word about a rank stays.
+    fn depart(&self, rank: usize, farewell: Option<String>) {
+        if let Ok(mut departed) = self.departed.lock()
+            && !departed.iter().any(|d| d.rank == rank)
+        {
+            departed.push(Departure { rank, farewell });
         }
         let _ = rustix::io::write(&self.departures, &1u64.to_ne_bytes());
     }
 
-    fn has_departed(&self, peer: usize) -> bool {
-        self.departed.lock().is_ok_and(|d| d.contains(&peer))
+    fn departure(&self, rank: usize) -> Option<Departure> {
+        let departed = self.departed.lock().ok()?;
+        departed.iter().find(|d| d.rank == rank).cloned()
+    }
+
+    /// This rank's group failed with `error`: the heartbeat tells the others (a member in its
+    /// goodbye, the coordinator to every member), naming the first cause.
+    pub(crate) fn fail(&self, error: &Error) {
+        let root = self.root.lock().ok().and_then(|mut r| r.take());
+        if let Ok(mut farewell) = self.farewell.lock()
+            && farewell.is_none()
+        {
+            *farewell = Some(root.unwrap_or_else(|| error.to_string()));
+        }
+        let _ = rustix::io::write(&self.failed, &1u64.to_ne_bytes());
+    }
+
+    fn farewell(&self) -> Option<String> {
+        self.farewell.lock().ok().and_then(|f| f.clone())
     }
 
     /// Installs (or with `None` removes) the interrupt check.
@@ -237,7 +292,7 @@ impl Liveness {
     }
 
     /// Why a connection of operation `op` to `peer` (if it is known) failed: the verdict, or
-    /// that `peer` left the group, whichever comes first within `limit`. A connection closing
+    /// that `peer` left the group or failed, whichever comes first within `limit`. A connection closing
     /// is the first sign of either: the heartbeat brings the cause a moment later.
     pub(crate) fn explain(&self, peer: Option<usize>, limit: Duration, op: Op) -> Option<Error> {
         let deadline = Instant::now() + limit;
@@ -245,12 +300,15 @@ impl Liveness {
             if let Some(v) = self.verdict() {
                 return Some(v.error(self.rank, op));
             }
-            if let Some(peer) = peer.filter(|&p| self.has_departed(p)) {
+            if let Some(d) = peer.and_then(|p| self.departure(p)) {
+                if let Ok(mut root) = self.root.lock() {
+                    *root = Some(d.root());
+                }
                 return Some(Error::PeerLost {
                     rank: self.rank,
-                    peer,
+                    peer: d.rank,
                     op,
-                    cause: left(peer),
+                    cause: d.cause(),
                 });
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -490,7 +548,7 @@ impl Drop for Heartbeat {
 const BEAT: u8 = 1;
 const BYE: u8 = 2;
 const STATUS: u8 = 3;
-const LEFT: u8 = 4;
+const GONE: u8 = 4;
 /// The verdicts a status may carry.
 const LOST: u8 = 1;
 const DEADLOCK: u8 = 2;
@@ -501,8 +559,8 @@ pub(crate) enum Message {
     /// A member's beat: `BEAT`, then, if one of its calls is blocked, the latest round of the
     /// deadlock search it has seen (u32) and its report.
     Beat(Option<(u32, Blocked)>),
-    /// `BYE`: the group was dropped.
-    Bye,
+    /// `BYE`: the group was dropped; or, followed by the reason, it failed.
+    Bye(Option<String>),
     /// The coordinator's status: `STATUS`, the round of its deadlock search (u32), then its
     /// verdict if it has one: `LOST`, the rank (u32) and the reason, or `DEADLOCK` and the
     /// description.
@@ -510,12 +568,21 @@ pub(crate) enum Message {
         round: u32,
         verdict: Option<Verdict>,
     },
-    /// The coordinator passes on a member's goodbye: `LEFT`, the rank (u32).
-    Left(usize),
+    /// The coordinator passes on a goodbye (its own, if its group failed): `GONE`, the rank
+    /// (u32), the reason if any.
+    Gone {
+        rank: usize,
+        farewell: Option<String>,
+    },
 }
 
 /// The longest text a verdict carries.
 const MAX_TEXT: usize = 4096;
+
+/// A goodbye's reason: none if empty (a failure always has one).
+fn reason(bytes: &[u8]) -> Option<String> {
+    (!bytes.is_empty()).then(|| String::from_utf8_lossy(bytes).into_owned())
+}
 
 fn text(s: &str) -> &[u8] {
     let mut end = s.len().min(MAX_TEXT);
@@ -553,10 +620,15 @@ impl Message {
                 }
                 m
             }
-            Message::Bye => vec![BYE],
-            Message::Left(rank) => {
-                let mut m = vec![LEFT];
+            Message::Bye(farewell) => {
+                let mut m = vec![BYE];
+                m.extend(text(farewell.as_deref().unwrap_or_default()));
+                m
+            }
+            Message::Gone { rank, farewell } => {
+                let mut m = vec![GONE];
                 m.extend(to_u32(*rank).to_le_bytes());
+                m.extend(text(farewell.as_deref().unwrap_or_default()));
                 m
             }
             Message::Status { round, verdict } => {
@@ -616,8 +688,11 @@ impl Message {
                 };
                 Message::Beat(Some((round, blocked)))
             }
-            BYE => Message::Bye,
-            LEFT => Message::Left(r.u32()? as usize),
+            BYE => Message::Bye(reason(r.rest())),
+            GONE => Message::Gone {
+                rank: r.u32()? as usize,
+                farewell: reason(r.rest()),
+            },
             STATUS => {
                 let round = r.u32()?;
                 let verdict = match r.0.first() {
@@ -684,6 +759,10 @@ pub(crate) fn coordinate(
         let tick = interval(window);
         let mut next = Instant::now();
         let mut watch = DeadlockWatch::default();
+        // Whether the members have heard that this rank's group failed.
+        let mut announced = false;
+        // Dropped after a failure: until when to go on passing news (see LINGER).
+        let mut linger: Option<Instant> = None;
         loop {
             let now = Instant::now();
             let ticked = now >= next;
@@ -708,30 +787,49 @@ pub(crate) fn coordinate(
                 }
             }
             let stopped = {
-                let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(stop, PollFlags::IN)];
+                let unless = |done: bool| {
+                    if done {
+                        PollFlags::empty()
+                    } else {
+                        PollFlags::IN
+                    }
+                };
+                let mut fds: Vec<PollFd<'_>> = vec![
+                    PollFd::new(stop, unless(linger.is_some())),
+                    PollFd::new(&live.failed, unless(announced)),
+                ];
                 fds.extend(peers.iter().filter(|p| p.watched).map(|p| p.poll()));
-                let _ = crate::transport::poll(&mut fds, next.saturating_duration_since(now));
+                let until = linger.map_or(next, |l| l.min(next));
+                let _ = crate::transport::poll(&mut fds, until.saturating_duration_since(now));
                 fds[0].revents().contains(PollFlags::IN)
             };
             if stopped {
-                for p in peers.iter_mut().filter(|p| p.watched) {
-                    p.say_goodbye();
+                if live.farewell().is_none() {
+                    for p in peers.iter_mut().filter(|p| p.watched) {
+                        p.say_goodbye(None);
+                    }
+                    return;
                 }
-                return;
+                linger = Some(Instant::now() + LINGER);
+            }
+            // Departures to pass on: this rank's failure, and the members' goodbyes.
+            let mut left = Vec::new();
+            if !announced && let Some(why) = live.farewell() {
+                announced = true;
+                left.push((0, Some(why)));
             }
             let (known, round) = (live.verdict().is_some(), watch.round);
-            let mut left = Vec::new();
             for p in peers.iter_mut().filter(|p| p.watched) {
                 let heard = p.receive();
                 for message in heard.messages {
                     match message {
                         Message::Beat(report) => p.report = report,
-                        Message::Bye => {
+                        Message::Bye(farewell) => {
                             p.watched = false;
                             p.left = true;
-                            left.push(p.rank);
+                            left.push((p.rank, farewell));
                         }
-                        Message::Status { .. } | Message::Left(_) => {}
+                        Message::Status { .. } | Message::Gone { .. } => {}
                     }
                 }
                 if heard.gone && p.watched {
@@ -742,11 +840,14 @@ pub(crate) fn coordinate(
                     p.watched = false;
                 }
             }
-            for rank in left {
-                live.depart(rank);
+            for (rank, farewell) in left {
+                if rank != 0 {
+                    live.depart(rank, farewell.clone());
+                }
+                let gone = Message::Gone { rank, farewell };
                 for p in peers.iter_mut().filter(|p| p.watched) {
                     // A failed socket shows as the member's end of stream in `receive`.
-                    let _ = p.send(&Message::Left(rank));
+                    let _ = p.send(&gone);
                 }
             }
             if !known && (ticked || watch.suspects()) {
@@ -759,9 +860,23 @@ pub(crate) fn coordinate(
             if (!known && live.verdict().is_some()) || watch.round != round {
                 next = Instant::now(); // tell everyone now
             }
+            if let Some(until) = linger
+                && (Instant::now() >= until || peers.iter().all(|p| !p.watched))
+            {
+                let farewell = live.farewell();
+                for p in peers.iter_mut().filter(|p| p.watched) {
+                    p.say_goodbye(farewell.clone());
+                }
+                return;
+            }
         }
     })
 }
+
+/// How long a coordinator whose group failed goes on, once dropped, passing on why the members
+/// fail (each fails when its neighbour does) before it leaves: until every member has left, at
+/// most this long.
+const LINGER: Duration = Duration::from_millis(500);
 
 /// Starts the heartbeat of a member over its side-channel `stream` to rank 0.
 pub(crate) fn attend(
@@ -791,12 +906,18 @@ pub(crate) fn attend(
                 return;
             }
             let stopped = {
-                let mut fds = [PollFd::new(stop, PollFlags::IN), coordinator.poll()];
+                let mut fds = [
+                    PollFd::new(stop, PollFlags::IN),
+                    PollFd::new(&live.failed, PollFlags::IN),
+                    coordinator.poll(),
+                ];
                 let _ = crate::transport::poll(&mut fds, next.saturating_duration_since(now));
                 fds[0].revents().contains(PollFlags::IN)
             };
-            if stopped {
-                coordinator.say_goodbye();
+            // A member whose group failed says why and leaves.
+            let farewell = live.farewell();
+            if stopped || farewell.is_some() {
+                coordinator.say_goodbye(farewell);
                 return;
             }
             let heard = coordinator.receive();
@@ -815,10 +936,10 @@ pub(crate) fn attend(
                             live.declare(v);
                         }
                     }
-                    Message::Left(rank) => live.depart(rank),
+                    Message::Gone { rank, farewell } => live.depart(rank, farewell),
                     // Rank 0 left the group: nothing more to watch.
-                    Message::Bye => {
-                        live.depart(0);
+                    Message::Bye(farewell) => {
+                        live.depart(0, farewell);
                         return;
                     }
                     Message::Beat(_) => {}
@@ -972,7 +1093,7 @@ impl Peer {
     /// it the peer would take this rank's leaving for a death). A peer already gone needs
     /// none: polling its failed socket would return at once, over and over, until the
     /// deadline.
-    fn say_goodbye(&mut self) {
+    fn say_goodbye(&mut self, farewell: Option<String>) {
         let deadline = Instant::now() + GOODBYE_WITHIN;
         let mut said = false;
         loop {
@@ -986,7 +1107,7 @@ impl Peer {
                     let _ = self.receive();
                     return;
                 }
-                if self.send(&Message::Bye).is_err() {
+                if self.send(&Message::Bye(farewell.clone())).is_err() {
                     return;
                 }
                 said = true;
@@ -1094,8 +1215,16 @@ mod tests {
                 round: 5,
                 verdict: None,
             },
-            Message::Bye,
-            Message::Left(2),
+            Message::Bye(None),
+            Message::Bye(Some("rank 3: all_reduce: timed out".into())),
+            Message::Gone {
+                rank: 2,
+                farewell: None,
+            },
+            Message::Gone {
+                rank: 0,
+                farewell: Some("rank 1 left the group".into()),
+            },
         ];
         let stream: Vec<u8> = messages.iter().flat_map(framed).collect();
         let mut buf = stream[..3].to_vec();

@@ -244,7 +244,8 @@ fn init_all(cfgs: Vec<Config>) -> Vec<jaccl::Result<()>> {
     })
 }
 
-/// Every rank must fail, never with a timeout; ranks next to the odd one report `Mismatch`.
+/// Every rank must fail, never with a timeout; ranks next to the odd one report `Mismatch`, the
+/// others that or the mismatch behind their neighbour's failure.
 fn expect_mismatch(size: usize, odd: usize, results: Vec<jaccl::Result<()>>) {
     for (rank, r) in results.into_iter().enumerate() {
         let neighbour_of_odd = rank == (odd + 1) % size || rank == (odd + size - 1) % size;
@@ -259,7 +260,10 @@ fn expect_mismatch(size: usize, odd: usize, results: Vec<jaccl::Result<()>>) {
                 assert!(detail.contains("called"), "{detail}");
                 assert!(rank == odd || peer == odd, "rank {rank} blames {peer}");
             }
-            Err(Error::PeerLost { .. }) if !neighbour_of_odd && rank != odd => {}
+            // Failing when a neighbour gives up, it hears why through the heartbeat.
+            Err(Error::PeerLost { cause, .. }) if !neighbour_of_odd && rank != odd => {
+                assert!(cause.contains("disagrees"), "rank {rank}: {cause}");
+            }
             other => panic!("size {size} rank {rank}: expected Mismatch, got {other:?}"),
         }
     }
@@ -464,12 +468,13 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
                     cause,
                 })) => {
                     assert_eq!(who, rank);
-                    // Ranks further away fail when their neighbours give up (a closed
-                    // connection); whoever names the rank that left says that it left.
-                    if peer == gone {
-                        assert!(cause.contains("left the group"), "{net:?}: {cause}");
-                        named += 1;
+                    // Ranks further away fail when their neighbours give up, and hear through
+                    // rank 0 why ("rank 2's group failed: rank 1 left the group"); after rank 0
+                    // itself left there is no one to pass that on.
+                    if peer == gone || gone != 0 {
+                        assert!(cause.contains("left the group"), "{net:?} {rank}: {cause}");
                     }
+                    named += usize::from(peer == gone);
                 }
                 Some(other) => {
                     panic!("{net:?} size {size} rank {rank}: expected PeerLost, got {other:?}")

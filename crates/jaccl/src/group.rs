@@ -537,16 +537,17 @@ impl Group {
         };
         let result = match (result, &self.state) {
             // A closed connection may be the ring passing on a loss that the heartbeat is
-            // about to announce: then name the rank that was really lost; or its peer may have
-            // dropped its group, which the heartbeat passes on too: then say so. A transport failure
-            // may be a death seen from the transport's side (an RDMA write into a killed
-            // process's memory completes with "remote access error"): the same holds.
+            // about to announce: then name the rank that was really lost. Or its peer left the
+            // group or failed, which the heartbeat passes on too: then say so, with the first
+            // cause. A transport failure may be a death or a departure seen from the
+            // transport's side (an RDMA write into a killed process's memory completes with
+            // "remote access error"): the same holds.
             (
                 Err(lost @ (Error::PeerLost { .. } | Error::Protocol { .. } | Error::Io { .. })),
                 State::Connected(c),
             ) if c.heartbeat.is_some() => {
                 let peer = match &lost {
-                    Error::PeerLost { peer, .. } => Some(*peer),
+                    Error::PeerLost { peer, .. } | Error::Protocol { peer, .. } => Some(*peer),
                     _ => None,
                 };
                 match c.liveness.explain(peer, VERDICT_GRACE, call.op) {

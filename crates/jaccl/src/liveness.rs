@@ -1194,6 +1194,47 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_down_the_line_passes_on_the_first_cause() {
+        let live = Liveness::new(3).expect("an eventfd");
+        // Nothing known about rank 2: no explanation.
+        assert!(
+            live.explain(Some(2), Duration::ZERO, Op::AllReduce)
+                .is_none()
+        );
+        // Rank 2 failed because rank 1 left; this rank then fails because of rank 2.
+        live.depart(2, Some(left(1)));
+        live.depart(2, None); // the first word about a rank stays
+        let error = live
+            .explain(Some(2), Duration::from_secs(60), Op::AllReduce)
+            .expect("rank 2's departure");
+        let Error::PeerLost {
+            rank, peer, cause, ..
+        } = &error
+        else {
+            panic!("expected PeerLost, got {error:?}");
+        };
+        assert_eq!((*rank, *peer), (3, 2));
+        assert_eq!(
+            cause,
+            "rank 2's group failed: rank 1 left the group (it dropped it)"
+        );
+        // Its own goodbye names the first cause, not the chain, so chains never grow.
+        live.fail(&error);
+        assert_eq!(live.farewell(), Some(left(1)));
+    }
+
+    #[test]
+    fn a_failure_of_its_own_is_passed_on_as_its_error() {
+        let live = Liveness::new(1).expect("an eventfd");
+        let error = Error::Interrupted {
+            rank: 1,
+            op: Op::Barrier,
+        };
+        live.fail(&error);
+        assert_eq!(live.farewell(), Some(error.to_string()));
+    }
+
+    #[test]
     fn messages_round_trip_in_pieces() {
         let messages = [
             Message::Beat(None),

@@ -29,7 +29,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, KeyInit, Mac};
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::event::{PollFd, PollFlags};
 use rustix::net::{RecvFlags, SendFlags};
 use sha2::{Digest, Sha256};
 
@@ -421,8 +421,7 @@ pub(crate) fn serve<S: Messages + Send + 'static>(
     mut admit: impl FnMut(Claim, S) -> Result<Admission>,
 ) -> Result<bool> {
     let wake = Arc::new(
-        rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| Error::io(rank, "serving handshakes", e.into()))?,
+        crate::transport::event_counter().map_err(|e| Error::io(rank, "serving handshakes", e))?,
     );
     let (tx, rx) = mpsc::channel::<(Claim, S)>();
     let busy = Arc::new(AtomicUsize::new(0));
@@ -478,7 +477,7 @@ pub(crate) fn serve<S: Messages + Send + 'static>(
                 }
             }
             busy.fetch_sub(1, Ordering::Relaxed);
-            let _ = rustix::io::write(&*wake, &1u64.to_ne_bytes());
+            crate::transport::signal(&*wake);
         });
     }
 }

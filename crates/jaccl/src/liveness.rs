@@ -36,9 +36,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::event::{PollFd, PollFlags};
 
 use crate::error::{Error, Op};
+use crate::transport::{event_counter, signal};
 use crate::wire::{Reader, to_u32, u32_at};
 
 /// What this rank knows about the others, shared by the heartbeat thread and the operations.
@@ -180,16 +181,16 @@ impl Liveness {
             rank,
             lost: AtomicBool::new(false),
             verdict: Mutex::new(None),
-            wake: signal()?,
+            wake: event_counter()?,
             interrupt: Mutex::new(None),
             blocked: Mutex::new(None),
             episodes: AtomicU64::new(0),
             stamp: AtomicU64::new(0),
             departed: Mutex::new(Vec::new()),
-            departures: signal()?,
+            departures: event_counter()?,
             farewell: Mutex::new(None),
             root: Mutex::new(None),
-            failed: signal()?,
+            failed: event_counter()?,
         }))
     }
 
@@ -201,7 +202,7 @@ impl Liveness {
         {
             departed.push(Departure { rank, farewell });
         }
-        let _ = rustix::io::write(&self.departures, &1u64.to_ne_bytes());
+        signal(&self.departures);
     }
 
     fn departure(&self, rank: usize) -> Option<Departure> {
@@ -218,7 +219,7 @@ impl Liveness {
         {
             *farewell = Some(root.unwrap_or_else(|| error.to_string()));
         }
-        let _ = rustix::io::write(&self.failed, &1u64.to_ne_bytes());
+        signal(&self.failed);
     }
 
     fn farewell(&self) -> Option<String> {
@@ -271,7 +272,7 @@ impl Liveness {
             }
             *verdict = Some(found);
             self.lost.store(true, Ordering::Release);
-            let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+            signal(&self.wake);
         }
     }
 
@@ -537,7 +538,7 @@ pub(crate) struct Heartbeat {
 
 impl Drop for Heartbeat {
     fn drop(&mut self) {
-        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
+        signal(&*self.stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -960,10 +961,7 @@ fn start(
     liveness: Arc<Liveness>,
     run: impl FnOnce(&Liveness, &OwnedFd) + Send + 'static,
 ) -> io::Result<Heartbeat> {
-    let stop = Arc::new(rustix::event::eventfd(
-        0,
-        EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
-    )?);
+    let stop = Arc::new(event_counter()?);
     let stop_fd = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
         .name(format!("jaccl-heartbeat-{}", liveness.rank))
@@ -984,14 +982,6 @@ fn silent(rank: usize, window: Duration) -> String {
 /// Why a rank that dropped its group is missing (shared memory says the same).
 pub(crate) fn left(rank: usize) -> String {
     format!("rank {rank} left the group (it dropped it)")
-}
-
-/// A new event counter for waking sleeps (non-blocking, closed on exec).
-fn signal() -> io::Result<OwnedFd> {
-    Ok(rustix::event::eventfd(
-        0,
-        EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
-    )?)
 }
 
 fn gone(rank: usize) -> String {

@@ -26,7 +26,7 @@
 //!    deadline passes, then calls [`Link::disarm`] on each and tries again.
 
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
@@ -115,6 +115,20 @@ pub(crate) trait Link: Send {
 
     /// Undoes [`Link::arm`] after the sleep (or when another link was ready).
     fn disarm(&mut self);
+}
+
+/// A new event counter (an eventfd, non-blocking, closed on exec): one thread [`signal`]s it
+/// to wake another that polls it.
+pub(crate) fn event_counter() -> io::Result<OwnedFd> {
+    Ok(rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )?)
+}
+
+/// Adds one to the event counter `fd`, making it readable (it only grows: this never blocks).
+pub(crate) fn signal(fd: impl AsFd) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
 /// Waits in `poll(2)` until one of `fds` is ready or `limit` passes; returns how many are

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering, compiler_fence, fence};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
@@ -109,15 +109,12 @@ pub(crate) struct Doorbell(OwnedFd);
 
 impl Doorbell {
     fn new() -> io::Result<Doorbell> {
-        Ok(Doorbell(rustix::event::eventfd(
-            0,
-            EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
-        )?))
+        Ok(Doorbell(crate::transport::event_counter()?))
     }
 
     /// Wakes the owner (the counter only grows, so this cannot block).
     pub(crate) fn ring(&self) {
-        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
+        crate::transport::signal(&self.0);
     }
 
     /// Resets the counter after a wake-up.

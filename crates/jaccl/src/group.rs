@@ -44,7 +44,8 @@ enum State {
     },
 }
 
-/// How long a failed call waits for the heartbeat's verdict that may explain it.
+/// How long a failed call waits for the heartbeat to explain it: a verdict, or its peer's
+/// goodbye.
 const VERDICT_GRACE: Duration = Duration::from_millis(500);
 
 /// How a call runs: over the ring's links, or by the direct collectives when every rank shares

@@ -595,10 +595,7 @@ impl Group {
         if peer >= self.size {
             return Err(self.invalid(
                 op,
-                format!(
-                    "rank {peer} does not exist (the group has {} ranks)",
-                    self.size
-                ),
+                format!("rank {peer} does not exist in a group of {}", self.size),
             ));
         }
         if peer == self.rank {

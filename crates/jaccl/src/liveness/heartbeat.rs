@@ -1,0 +1,425 @@
+//! The heartbeat threads: the coordinator's over every member, and each member's over its
+//! connection to the coordinator.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+
+use super::deadlock::{DeadlockWatch, Member};
+use super::message::{Message, decode};
+use super::{Blocked, Liveness, Verdict, interval};
+use crate::transport::{event_counter, signal};
+
+/// The heartbeat thread of one rank; dropping it says goodbye and stops it.
+pub(crate) struct Heartbeat {
+    stop: Arc<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        signal(&*self.stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the heartbeat of a coordinator over its `members` (rank i + 1 at index i).
+pub(crate) fn coordinate(
+    members: Vec<TcpStream>,
+    window: Duration,
+    liveness: Arc<Liveness>,
+) -> io::Result<Heartbeat> {
+    let mut peers = members
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| Peer::new(s, i + 1))
+        .collect::<io::Result<Vec<_>>>()?;
+    start(liveness, move |live, stop| {
+        let tick = interval(window);
+        let mut next = Instant::now();
+        let mut watch = DeadlockWatch::default();
+        // Whether the members have heard that this rank's group failed.
+        let mut announced = false;
+        // Dropped after a failure: until when to go on passing news (see LINGER).
+        let mut linger: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let ticked = now >= next;
+            if ticked {
+                next = now + tick;
+                for p in peers.iter_mut().filter(|p| p.watched) {
+                    if now.duration_since(p.heard) > window {
+                        live.declare(Verdict::Lost {
+                            peer: p.rank,
+                            why: silent(p.rank, window),
+                        });
+                        p.watched = false;
+                    }
+                }
+                let status = Message::Status {
+                    round: watch.round,
+                    verdict: live.verdict(),
+                };
+                for p in peers.iter_mut().filter(|p| p.watched) {
+                    // A failed socket shows as the member's end of stream in `receive`.
+                    let _ = p.send(&status);
+                }
+            }
+            let stopped = {
+                let unless = |done: bool| {
+                    if done {
+                        PollFlags::empty()
+                    } else {
+                        PollFlags::IN
+                    }
+                };
+                let mut fds: Vec<PollFd<'_>> = vec![
+                    PollFd::new(stop, unless(linger.is_some())),
+                    PollFd::new(&live.failed, unless(announced)),
+                ];
+                fds.extend(peers.iter().filter(|p| p.watched).map(|p| p.poll()));
+                let until = linger.map_or(next, |l| l.min(next));
+                let _ = crate::transport::poll(&mut fds, until.saturating_duration_since(now));
+                fds[0].revents().contains(PollFlags::IN)
+            };
+            if stopped {
+                if live.farewell().is_none() {
+                    for p in peers.iter_mut().filter(|p| p.watched) {
+                        p.say_goodbye(None);
+                    }
+                    return;
+                }
+                linger = Some(Instant::now() + LINGER);
+            }
+            // Departures to pass on: this rank's failure, and the members' goodbyes.
+            let mut left = Vec::new();
+            if !announced && let Some(why) = live.farewell() {
+                announced = true;
+                left.push((0, Some(why)));
+            }
+            let (known, round) = (live.verdict().is_some(), watch.round);
+            for p in peers.iter_mut().filter(|p| p.watched) {
+                let heard = p.receive();
+                for message in heard.messages {
+                    match message {
+                        Message::Beat(report) => p.report = report,
+                        Message::Bye(farewell) => {
+                            p.watched = false;
+                            p.left = true;
+                            left.push((p.rank, farewell));
+                        }
+                        Message::Status { .. } | Message::Gone { .. } => {}
+                    }
+                }
+                if heard.gone && p.watched {
+                    live.declare(Verdict::Lost {
+                        peer: p.rank,
+                        why: gone(p.rank),
+                    });
+                    p.watched = false;
+                }
+            }
+            for (rank, farewell) in left {
+                if rank != 0 {
+                    live.depart(rank, farewell.clone());
+                }
+                let gone = Message::Gone { rank, farewell };
+                for p in peers.iter_mut().filter(|p| p.watched) {
+                    // A failed socket shows as the member's end of stream in `receive`.
+                    let _ = p.send(&gone);
+                }
+            }
+            if !known && (ticked || watch.suspects()) {
+                let own = live.blocked();
+                let reports = peers.iter().map(Peer::as_member);
+                if let Some(detail) = watch.update(own.as_ref(), reports, ticked) {
+                    live.declare(Verdict::Deadlock { detail });
+                }
+            }
+            if (!known && live.verdict().is_some()) || watch.round != round {
+                next = Instant::now(); // tell everyone now
+            }
+            if let Some(until) = linger
+                && (Instant::now() >= until || peers.iter().all(|p| !p.watched))
+            {
+                let farewell = live.farewell();
+                for p in peers.iter_mut().filter(|p| p.watched) {
+                    p.say_goodbye(farewell.clone());
+                }
+                return;
+            }
+        }
+    })
+}
+
+/// How long a coordinator whose group failed goes on, once dropped, passing on why the members
+/// fail (each fails when its neighbour does) before it leaves: until every member has left, at
+/// most this long.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Starts the heartbeat of a member over its side-channel `stream` to rank 0.
+pub(crate) fn attend(
+    stream: TcpStream,
+    window: Duration,
+    liveness: Arc<Liveness>,
+) -> io::Result<Heartbeat> {
+    let mut coordinator = Peer::new(stream, 0)?;
+    start(liveness, move |live, stop| {
+        let tick = interval(window);
+        let mut next = Instant::now();
+        // The latest round of the coordinator's deadlock search.
+        let mut round = 0;
+        loop {
+            let now = Instant::now();
+            if now >= next {
+                next = now + tick;
+                let report = live.blocked().map(|b| (round, b));
+                // A failed socket shows as rank 0's end of stream in `receive`.
+                let _ = coordinator.send(&Message::Beat(report));
+            }
+            if now.duration_since(coordinator.heard) > window {
+                live.declare(Verdict::Lost {
+                    peer: 0,
+                    why: silent(0, window),
+                });
+                return;
+            }
+            let stopped = {
+                let mut fds = [
+                    PollFd::new(stop, PollFlags::IN),
+                    PollFd::new(&live.failed, PollFlags::IN),
+                    coordinator.poll(),
+                ];
+                let _ = crate::transport::poll(&mut fds, next.saturating_duration_since(now));
+                fds[0].revents().contains(PollFlags::IN)
+            };
+            // A member whose group failed says why and leaves.
+            let farewell = live.farewell();
+            if stopped || farewell.is_some() {
+                coordinator.say_goodbye(farewell);
+                return;
+            }
+            let heard = coordinator.receive();
+            for message in heard.messages {
+                match message {
+                    Message::Status {
+                        round: latest,
+                        verdict,
+                    } => {
+                        if latest != round {
+                            // A deadlock is suspected: report again, from now.
+                            round = latest;
+                            next = Instant::now();
+                        }
+                        if let Some(v) = verdict {
+                            live.declare(v);
+                        }
+                    }
+                    Message::Gone { rank, farewell } => live.depart(rank, farewell),
+                    // Rank 0 left the group: nothing more to watch.
+                    Message::Bye(farewell) => {
+                        live.depart(0, farewell);
+                        return;
+                    }
+                    Message::Beat(_) => {}
+                }
+            }
+            if heard.gone {
+                live.declare(Verdict::Lost {
+                    peer: 0,
+                    why: gone(0),
+                });
+                return;
+            }
+        }
+    })
+}
+
+fn start(
+    liveness: Arc<Liveness>,
+    run: impl FnOnce(&Liveness, &OwnedFd) + Send + 'static,
+) -> io::Result<Heartbeat> {
+    let stop = Arc::new(event_counter()?);
+    let stop_fd = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name(format!("jaccl-heartbeat-{}", liveness.rank))
+        .spawn(move || run(&liveness, &stop_fd))?;
+    Ok(Heartbeat {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+fn silent(rank: usize, window: Duration) -> String {
+    format!(
+        "rank {rank} has been silent for {window:?} (stopped, hung, or its host or network is \
+         gone; see Config::liveness / JACCL_LIVENESS)"
+    )
+}
+
+fn gone(rank: usize) -> String {
+    format!("rank {rank}'s process ended or its connection to rank 0 was lost")
+}
+
+/// What a peer said since last time.
+struct Heard {
+    messages: Vec<Message>,
+    /// The stream ended, failed, or carried bytes that are not ours.
+    gone: bool,
+}
+
+/// One side-channel connection as the heartbeat sees it: framed messages, non-blocking.
+struct Peer {
+    stream: TcpStream,
+    rank: usize,
+    buf: Vec<u8>,
+    /// The part of a message the socket did not take yet.
+    outbox: Vec<u8>,
+    heard: Instant,
+    watched: bool,
+    /// The report of the member's latest beat (at the coordinator).
+    report: Option<(u32, Blocked)>,
+    /// It said goodbye (at the coordinator).
+    left: bool,
+}
+
+/// How long a goodbye may wait for the socket to take it.
+const GOODBYE_WITHIN: Duration = Duration::from_millis(100);
+
+impl Peer {
+    fn new(stream: TcpStream, rank: usize) -> io::Result<Peer> {
+        stream.set_nonblocking(true)?;
+        // Each message goes out at once: Nagle's algorithm would hold one back until the last
+        // is acknowledged (up to the peer's delayed-ACK time), and a goodbye held back is lost
+        // when the socket closes.
+        stream.set_nodelay(true)?;
+        Ok(Peer {
+            stream,
+            rank,
+            buf: Vec::new(),
+            outbox: Vec::new(),
+            heard: Instant::now(),
+            watched: true,
+            report: None,
+            left: false,
+        })
+    }
+
+    /// The member as the deadlock search sees it.
+    fn as_member(&self) -> Member<'_> {
+        match &self.report {
+            _ if self.left => Member::Left,
+            Some((round, b)) if self.watched => Member::Blocked(*round, b),
+            _ => Member::Moving,
+        }
+    }
+
+    fn poll(&self) -> PollFd<'_> {
+        PollFd::new(&self.stream, PollFlags::IN)
+    }
+
+    /// Sends `message` as far as the socket takes it now. A message is queued only once the
+    /// earlier ones are out, so a peer too slow to read misses whole messages (it is found by
+    /// its own silence), never parts of one.
+    ///
+    /// # Errors
+    /// The socket failed (the peer is gone).
+    fn send(&mut self, message: &Message) -> io::Result<()> {
+        self.flush()?;
+        if self.outbox.is_empty() {
+            self.outbox = message.framed();
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes as much of the outbox as the socket takes now.
+    ///
+    /// # Errors
+    /// The socket failed (the peer is gone); a full socket is not an error.
+    fn flush(&mut self) -> io::Result<()> {
+        while !self.outbox.is_empty() {
+            match self.stream.write(&self.outbox) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => drop(self.outbox.drain(..n)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a goodbye, waiting up to [`GOODBYE_WITHIN`] for the socket to take it (without
+    /// it the peer would take this rank's leaving for a death). A peer already gone needs
+    /// none: polling its failed socket would return at once, over and over, until the
+    /// deadline.
+    fn say_goodbye(&mut self, farewell: Option<String>) {
+        let deadline = Instant::now() + GOODBYE_WITHIN;
+        let mut said = false;
+        loop {
+            if self.flush().is_err() {
+                return;
+            }
+            if self.outbox.is_empty() {
+                if said {
+                    // Closing a socket with unread bytes resets the connection, and a reset
+                    // may discard what the peer has not yet taken in: read them first.
+                    let _ = self.receive();
+                    return;
+                }
+                if self.send(&Message::Bye(farewell.clone())).is_err() {
+                    return;
+                }
+                said = true;
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut fds = [PollFd::new(&self.stream, PollFlags::OUT)];
+            let _ = crate::transport::poll(&mut fds, left);
+        }
+    }
+
+    /// Reads what arrived: the complete messages, and whether the stream is gone (messages
+    /// before its end still count: a goodbye, or a verdict).
+    fn receive(&mut self) -> Heard {
+        let mut chunk = [0u8; 4096];
+        let mut gone = false;
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => {
+                    gone = true;
+                    break;
+                }
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    gone = true;
+                    break;
+                }
+            }
+        }
+        let messages = match decode(&mut self.buf) {
+            Ok(messages) => messages,
+            Err(_) => {
+                gone = true;
+                Vec::new()
+            }
+        };
+        if !messages.is_empty() {
+            self.heard = Instant::now();
+        }
+        Heard { messages, gone }
+    }
+}

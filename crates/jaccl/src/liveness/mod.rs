@@ -1,0 +1,451 @@
+//! Liveness: a heartbeat between the ranks through the side channel, from a thread that beats
+//! while the application computes; and the search for deadlocks that rides on it.
+//!
+//! Every member sends a beat to the coordinator (rank 0) every [`interval`]; the coordinator
+//! answers each interval with a status that carries its verdict, if it has one. A member that
+//! stays silent for the liveness window (its process is stopped or hung, or its host or link is
+//! gone), or whose connection ends without a goodbye (it died), is declared lost by the
+//! coordinator, which tells every rank at once; a coordinator that stays silent is declared
+//! lost by every member. So every rank names the same rank, within the window plus an
+//! interval, whatever the transport. A rank that is only busy in its own code keeps beating.
+//!
+//! A call that sleeps waiting for its peers reports what it waits for and how many bytes
+//! it has exchanged with each peer ([`Blocked`]); its beats carry that report. When every rank
+//! is blocked and no byte is on its way to a rank that waits for it, nothing can ever move
+//! again (for example, two ranks that both call `recv` from each other first): the coordinator
+//! declares a deadlock, and every rank fails with [`Error::Deadlock`] instead of waiting for
+//! the operation timeout. The reports reach the coordinator at different moments, so before it
+//! declares anything it checks that they held at one instant (see [`deadlock::DeadlockWatch`]).
+//!
+//! A rank that drops its group says goodbye, and one whose group fails says goodbye with the
+//! cause ([`Liveness::fail`]); the coordinator passes both on, so a rank whose connection to it
+//! closes learns at once why, rather than taking it for a death or reporting only the closed
+//! connection ([`Liveness::explain`]). A failed coordinator goes on passing news until its group
+//! is dropped.
+//!
+//! Operations look at the verdict whenever they would wait, and sleeps wake when it arrives
+//! ([`Liveness::wake_fd`]). The same object carries the caller's interrupt check
+//! ([`crate::Group::interrupt_when`]), which sleeping operations consult.
+//!
+//! The parts: [`message`] (what travels on the side channel), [`heartbeat`] (the threads of the
+//! coordinator and of the members), [`deadlock`] (the coordinator's search); this module holds
+//! what a rank knows ([`Liveness`]), which the operations consult.
+
+mod deadlock;
+mod heartbeat;
+mod message;
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+
+use crate::error::{Error, Op};
+use crate::transport::{event_counter, signal};
+
+pub(crate) use heartbeat::{Heartbeat, attend, coordinate};
+#[cfg(feature = "fuzzing")]
+pub(crate) use message::decode;
+
+/// What this rank knows about the others, shared by the heartbeat thread and the operations.
+pub(crate) struct Liveness {
+    rank: usize,
+    /// Set once a verdict is in (checked on every wait: one load).
+    lost: AtomicBool,
+    verdict: Mutex<Option<Verdict>>,
+    /// Readable once a verdict is in, so that sleeping operations wake.
+    wake: OwnedFd,
+    /// Asked after each sleep (sleeps then last at most [`INTERRUPT_EVERY`]).
+    interrupt: Mutex<Option<InterruptCheck>>,
+    /// What the call in progress waits for, while it sleeps.
+    blocked: Mutex<Option<Blocked>>,
+    /// Numbers the stretches of waiting ([`Blocked::episode`]).
+    episodes: AtomicU64,
+    /// The stamp this rank last published for the direct collectives ([`Blocked::stamp`]).
+    stamp: AtomicU64,
+    /// The ranks known to have left the group (dropped it, or it failed).
+    departed: Mutex<Vec<Departure>>,
+    /// Readable after a departure, for [`Liveness::explain`].
+    departures: OwnedFd,
+    /// Why this rank's group failed, as its goodbye tells the others ([`Liveness::fail`]).
+    farewell: Mutex<Option<String>>,
+    /// The cause behind this rank's failure when that was another rank's departure.
+    root: Mutex<Option<String>>,
+    /// Readable once this rank's group failed, so that the heartbeat says so.
+    failed: OwnedFd,
+}
+
+/// A rank that left the group, as its goodbye said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Departure {
+    rank: usize,
+    /// `None`: it dropped its group; else its group failed, for this reason (the first cause
+    /// of a chain of failures).
+    farewell: Option<String>,
+}
+
+impl Departure {
+    /// Why waiting for this rank fails.
+    fn cause(&self) -> String {
+        match &self.farewell {
+            None => left(self.rank),
+            Some(why) => format!("rank {}'s group failed: {why}", self.rank),
+        }
+    }
+
+    /// The first cause, for a rank that fails because of this one to pass on.
+    fn root(&self) -> String {
+        self.farewell.clone().unwrap_or_else(|| left(self.rank))
+    }
+}
+
+/// Why the group cannot go on, as the heartbeat found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// `peer` stopped answering or its process ended.
+    Lost { peer: usize, why: String },
+    /// Every rank waits for another and no data is on its way ([`deadlock`]).
+    Deadlock { detail: String },
+}
+
+impl Verdict {
+    /// The error that a call `op` on `rank` fails with.
+    pub(crate) fn error(&self, rank: usize, op: Op) -> Error {
+        match self {
+            Verdict::Lost { peer, why } => Error::PeerLost {
+                rank,
+                peer: *peer,
+                op,
+                cause: why.clone(),
+            },
+            Verdict::Deadlock { detail } => Error::Deadlock {
+                rank,
+                op,
+                detail: detail.clone(),
+            },
+        }
+    }
+}
+
+/// A check that says whether the caller wants the current operation to stop (for example, the
+/// Python bindings answer whether Ctrl-C was pressed). See [`crate::Group::interrupt_when`].
+pub(crate) type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a sleeping operation asks the interrupt check, when there is one.
+pub(crate) const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
+
+/// A call that sleeps until its peers move, as it reports itself to the deadlock search.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    /// Which stretch of waiting this is: a new number each time a call starts to sleep after
+    /// progress, so equal numbers in two reports mean nothing moved in between.
+    episode: u64,
+    /// The call's name, for the error message.
+    op: String,
+    /// How many synchronisation points of the direct collectives this rank has published
+    /// (shared memory, every rank on one host; 0 without them).
+    stamp: u64,
+    /// In a direct collective: the stamp it waits for from the peers it reads from (who may
+    /// have no connection to this rank).
+    awaits: Option<u64>,
+    /// One entry for each peer this rank has connections to, and for each it waits for.
+    flows: Vec<Flow>,
+}
+
+/// The traffic between this rank and one peer, over all the connections to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Flow {
+    pub(crate) peer: usize,
+    /// Bytes handed to the connections to `peer` since the group started.
+    pub(crate) sent: u64,
+    /// Bytes taken from the connections from `peer` since the group started.
+    pub(crate) received: u64,
+    /// The call waits for bytes from `peer`.
+    pub(crate) reading: bool,
+    /// The call waits until `peer` takes bytes (the connection is full).
+    pub(crate) writing: bool,
+}
+
+impl Flow {
+    /// No traffic with `peer` yet, and nothing waited for.
+    pub(crate) fn new(peer: usize) -> Flow {
+        Flow {
+            peer,
+            sent: 0,
+            received: 0,
+            reading: false,
+            writing: false,
+        }
+    }
+}
+
+impl Liveness {
+    /// No verdict yet; a heartbeat ([`coordinate`], [`attend`]) may deliver one.
+    pub(crate) fn new(rank: usize) -> io::Result<Arc<Liveness>> {
+        Ok(Arc::new(Liveness {
+            rank,
+            lost: AtomicBool::new(false),
+            verdict: Mutex::new(None),
+            wake: event_counter()?,
+            interrupt: Mutex::new(None),
+            blocked: Mutex::new(None),
+            episodes: AtomicU64::new(0),
+            stamp: AtomicU64::new(0),
+            departed: Mutex::new(Vec::new()),
+            departures: event_counter()?,
+            farewell: Mutex::new(None),
+            root: Mutex::new(None),
+            failed: event_counter()?,
+        }))
+    }
+
+    /// `rank` left the group and will never send again: it dropped its group (`farewell`
+    /// `None`) or its group failed. The first word about a rank stays.
+    fn depart(&self, rank: usize, farewell: Option<String>) {
+        if let Ok(mut departed) = self.departed.lock()
+            && !departed.iter().any(|d| d.rank == rank)
+        {
+            departed.push(Departure { rank, farewell });
+        }
+        signal(&self.departures);
+    }
+
+    fn departure(&self, rank: usize) -> Option<Departure> {
+        let departed = self.departed.lock().ok()?;
+        departed.iter().find(|d| d.rank == rank).cloned()
+    }
+
+    /// This rank's group failed with `error`: the heartbeat tells the others (a member in its
+    /// goodbye, the coordinator to every member), naming the first cause.
+    pub(crate) fn fail(&self, error: &Error) {
+        let root = self.root.lock().ok().and_then(|mut r| r.take());
+        if let Ok(mut farewell) = self.farewell.lock()
+            && farewell.is_none()
+        {
+            *farewell = Some(root.unwrap_or_else(|| error.to_string()));
+        }
+        signal(&self.failed);
+    }
+
+    fn farewell(&self) -> Option<String> {
+        self.farewell.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Installs (or with `None` removes) the interrupt check.
+    pub(crate) fn set_interrupt(&self, check: Option<InterruptCheck>) {
+        if let Ok(mut slot) = self.interrupt.lock() {
+            *slot = check;
+        }
+    }
+
+    /// The longest a sleep of `limit` may last: [`INTERRUPT_EVERY`] with an interrupt check.
+    pub(crate) fn sleep_limit(&self, limit: Duration) -> Duration {
+        match self.interrupt.lock() {
+            Ok(slot) if slot.is_some() => limit.min(INTERRUPT_EVERY),
+            _ => limit,
+        }
+    }
+
+    /// After a sleep: [`Error::Interrupted`] if the interrupt check asks to stop.
+    pub(crate) fn check_interrupt(&self, op: Op) -> Result<(), Error> {
+        let check = match self.interrupt.lock() {
+            Ok(slot) => slot.clone(),
+            Err(_) => None,
+        };
+        match check {
+            Some(stop) if stop() => Err(Error::Interrupted {
+                rank: self.rank,
+                op,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records the verdict (the first stays) and wakes sleeping operations.
+    fn declare(&self, found: Verdict) {
+        let Ok(mut verdict) = self.verdict.lock() else {
+            return;
+        };
+        if verdict.is_none() {
+            match &found {
+                Verdict::Lost { peer, why } => {
+                    tracing::warn!(rank = self.rank, peer, %why, "rank declared lost");
+                }
+                Verdict::Deadlock { detail } => {
+                    tracing::warn!(rank = self.rank, %detail, "deadlock declared");
+                }
+            }
+            *verdict = Some(found);
+            self.lost.store(true, Ordering::Release);
+            signal(&self.wake);
+        }
+    }
+
+    /// The verdict, if any.
+    fn verdict(&self) -> Option<Verdict> {
+        if !self.lost.load(Ordering::Acquire) {
+            return None;
+        }
+        self.verdict.lock().ok().and_then(|v| v.clone())
+    }
+
+    /// The error for operation `op` if there is a verdict.
+    pub(crate) fn check(&self, op: Op) -> Result<(), Error> {
+        match self.verdict() {
+            None => Ok(()),
+            Some(v) => Err(v.error(self.rank, op)),
+        }
+    }
+
+    /// Why a connection of operation `op` to `peer` (if it is known) failed: the verdict, or
+    /// that `peer` left the group or failed, whichever comes first within `limit`. A connection closing
+    /// is the first sign of either: the heartbeat brings the cause a moment later.
+    pub(crate) fn explain(&self, peer: Option<usize>, limit: Duration, op: Op) -> Option<Error> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(v) = self.verdict() {
+                return Some(v.error(self.rank, op));
+            }
+            if let Some(d) = peer.and_then(|p| self.departure(p)) {
+                if let Ok(mut root) = self.root.lock() {
+                    *root = Some(d.root());
+                }
+                return Some(Error::PeerLost {
+                    rank: self.rank,
+                    peer: d.rank,
+                    op,
+                    cause: d.cause(),
+                });
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return None;
+            }
+            let mut fds = [
+                PollFd::new(&self.wake, PollFlags::IN),
+                PollFd::new(&self.departures, PollFlags::IN),
+            ];
+            let _ = crate::transport::poll(&mut fds, remaining);
+            if fds[1].revents().contains(PollFlags::IN) {
+                let mut count = [0u8; 8];
+                let _ = rustix::io::read(&self.departures, &mut count);
+            }
+        }
+    }
+
+    /// Readable once a verdict is in: add it to every sleep.
+    pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+
+    /// The call `op` sleeps until its peers move, with `flows` as its traffic so far; a direct
+    /// collective `awaits` a stamp from the peers it reads from.
+    pub(crate) fn report_blocked(&self, op: Op, flows: Vec<Flow>, awaits: Option<u64>) {
+        let episode = self.episodes.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut slot) = self.blocked.lock() {
+            *slot = Some(Blocked {
+                episode,
+                op: op.name().to_owned(),
+                stamp: self.stamp.load(Ordering::Relaxed),
+                awaits,
+                flows,
+            });
+        }
+    }
+
+    /// This rank published `stamp` for the direct collectives (before it waits on it).
+    pub(crate) fn published(&self, stamp: u64) {
+        self.stamp.store(stamp, Ordering::Relaxed);
+    }
+
+    /// The call that reported itself blocked moved or ended.
+    pub(crate) fn report_moving(&self) {
+        if let Ok(mut slot) = self.blocked.lock() {
+            *slot = None;
+        }
+    }
+
+    fn blocked(&self) -> Option<Blocked> {
+        self.blocked.lock().ok().and_then(|b| b.clone())
+    }
+}
+
+/// The beat interval for a liveness `window`: a fifth of it, between 50 ms and 1 s.
+pub(crate) fn interval(window: Duration) -> Duration {
+    (window / 5).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// Why a rank that dropped its group is missing (shared memory says the same).
+pub(crate) fn left(rank: usize) -> String {
+    format!("rank {rank} left the group (it dropped it)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report of a call blocked in `recv` with these flows (peer, sent, received, reading,
+    /// writing).
+    pub(super) fn blocked(episode: u64, flows: &[(usize, u64, u64, bool, bool)]) -> Blocked {
+        Blocked {
+            episode,
+            stamp: 0,
+            awaits: None,
+            op: "recv".into(),
+            flows: flows
+                .iter()
+                .map(|&(peer, sent, received, reading, writing)| Flow {
+                    peer,
+                    sent,
+                    received,
+                    reading,
+                    writing,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_failure_down_the_line_passes_on_the_first_cause() {
+        let live = Liveness::new(3).expect("an eventfd");
+        // Nothing known about rank 2: no explanation.
+        assert!(
+            live.explain(Some(2), Duration::ZERO, Op::AllReduce)
+                .is_none()
+        );
+        // Rank 2 failed because rank 1 left; this rank then fails because of rank 2.
+        live.depart(2, Some(left(1)));
+        live.depart(2, None); // the first word about a rank stays
+        let error = live
+            .explain(Some(2), Duration::from_secs(60), Op::AllReduce)
+            .expect("rank 2's departure");
+        let Error::PeerLost {
+            rank, peer, cause, ..
+        } = &error
+        else {
+            panic!("expected PeerLost, got {error:?}");
+        };
+        assert_eq!((*rank, *peer), (3, 2));
+        assert_eq!(
+            cause,
+            "rank 2's group failed: rank 1 left the group (it dropped it)"
+        );
+        // Its own goodbye names the first cause, not the chain, so chains never grow.
+        live.fail(&error);
+        assert_eq!(live.farewell(), Some(left(1)));
+    }
+
+    #[test]
+    fn a_failure_of_its_own_is_passed_on_as_its_error() {
+        let live = Liveness::new(1).expect("an eventfd");
+        let error = Error::Interrupted {
+            rank: 1,
+            op: Op::Barrier,
+        };
+        live.fail(&error);
+        assert_eq!(live.farewell(), Some(error.to_string()));
+    }
+}

@@ -36,127 +36,160 @@ pub(crate) fn coordinate(
     window: Duration,
     liveness: Arc<Liveness>,
 ) -> io::Result<Heartbeat> {
-    let mut peers = members
+    let peers = members
         .into_iter()
         .enumerate()
         .map(|(i, s)| Peer::new(s, i + 1))
         .collect::<io::Result<Vec<_>>>()?;
-    start(liveness, move |live, stop| {
-        let tick = interval(window);
+    let mut coordinator = Coordinator {
+        peers,
+        window,
+        watch: DeadlockWatch::default(),
+        announced: false,
+        linger: None,
+    };
+    start(liveness, move |live, stop| coordinator.run(live, stop))
+}
+
+/// The coordinator's side of the heartbeat.
+struct Coordinator {
+    /// Every member; those still `watched` are in the group and answer.
+    peers: Vec<Peer>,
+    window: Duration,
+    watch: DeadlockWatch,
+    /// Whether the members have heard that this rank's group failed.
+    announced: bool,
+    /// Dropped after a failure: until when to go on passing news (see [`LINGER`]).
+    linger: Option<Instant>,
+}
+
+impl Coordinator {
+    fn run(&mut self, live: &Liveness, stop: &OwnedFd) {
+        let tick = interval(self.window);
         let mut next = Instant::now();
-        let mut watch = DeadlockWatch::default();
-        // Whether the members have heard that this rank's group failed.
-        let mut announced = false;
-        // Dropped after a failure: until when to go on passing news (see LINGER).
-        let mut linger: Option<Instant> = None;
         loop {
             let now = Instant::now();
             let ticked = now >= next;
             if ticked {
                 next = now + tick;
-                for p in peers.iter_mut().filter(|p| p.watched) {
-                    if now.duration_since(p.heard) > window {
-                        live.declare(Verdict::Lost {
-                            peer: p.rank,
-                            why: silent(p.rank, window),
-                        });
-                        p.watched = false;
-                    }
-                }
-                let status = Message::Status {
-                    round: watch.round,
+                self.declare_the_silent(live, now);
+                self.tell_all(&Message::Status {
+                    round: self.watch.round,
                     verdict: live.verdict(),
-                };
-                for p in peers.iter_mut().filter(|p| p.watched) {
-                    // A failed socket shows as the member's end of stream in `receive`.
-                    let _ = p.send(&status);
-                }
+                });
             }
-            let stopped = {
-                let unless = |done: bool| {
-                    if done {
-                        PollFlags::empty()
-                    } else {
-                        PollFlags::IN
-                    }
-                };
-                let mut fds: Vec<PollFd<'_>> = vec![
-                    PollFd::new(stop, unless(linger.is_some())),
-                    PollFd::new(&live.failed, unless(announced)),
-                ];
-                fds.extend(peers.iter().filter(|p| p.watched).map(|p| p.poll()));
-                let until = linger.map_or(next, |l| l.min(next));
-                let _ = crate::transport::poll(&mut fds, until.saturating_duration_since(now));
-                fds[0].revents().contains(PollFlags::IN)
-            };
-            if stopped {
+            if self.wait(live, stop, now, next) {
                 if live.farewell().is_none() {
-                    for p in peers.iter_mut().filter(|p| p.watched) {
-                        p.say_goodbye(None);
-                    }
-                    return;
+                    return self.leave(None);
                 }
-                linger = Some(Instant::now() + LINGER);
+                self.linger = Some(Instant::now() + LINGER);
             }
-            // Departures to pass on: this rank's failure, and the members' goodbyes.
-            let mut left = Vec::new();
-            if !announced && let Some(why) = live.farewell() {
-                announced = true;
-                left.push((0, Some(why)));
-            }
-            let (known, round) = (live.verdict().is_some(), watch.round);
-            for p in peers.iter_mut().filter(|p| p.watched) {
-                let heard = p.receive();
-                for message in heard.messages {
-                    match message {
-                        Message::Beat(report) => p.report = report,
-                        Message::Bye(farewell) => {
-                            p.watched = false;
-                            p.left = true;
-                            left.push((p.rank, farewell));
-                        }
-                        Message::Status { .. } | Message::Gone { .. } => {}
-                    }
-                }
-                if heard.gone && p.watched {
-                    live.declare(Verdict::Lost {
-                        peer: p.rank,
-                        why: gone(p.rank),
-                    });
-                    p.watched = false;
-                }
-            }
-            for (rank, farewell) in left {
-                if rank != 0 {
-                    live.depart(rank, farewell.clone());
-                }
-                let gone = Message::Gone { rank, farewell };
-                for p in peers.iter_mut().filter(|p| p.watched) {
-                    // A failed socket shows as the member's end of stream in `receive`.
-                    let _ = p.send(&gone);
-                }
-            }
-            if !known && (ticked || watch.suspects()) {
+            let (known, round) = (live.verdict().is_some(), self.watch.round);
+            self.pass_on_departures(live);
+            if !known && (ticked || self.watch.suspects()) {
                 let own = live.blocked();
-                let reports = peers.iter().map(Peer::as_member);
-                if let Some(detail) = watch.update(own.as_ref(), reports, ticked) {
+                let reports = self.peers.iter().map(Peer::as_member);
+                if let Some(detail) = self.watch.update(own.as_ref(), reports, ticked) {
                     live.declare(Verdict::Deadlock { detail });
                 }
             }
-            if (!known && live.verdict().is_some()) || watch.round != round {
+            if (!known && live.verdict().is_some()) || self.watch.round != round {
                 next = Instant::now(); // tell everyone now
             }
-            if let Some(until) = linger
-                && (Instant::now() >= until || peers.iter().all(|p| !p.watched))
+            if let Some(until) = self.linger
+                && (Instant::now() >= until || self.peers.iter().all(|p| !p.watched))
             {
-                let farewell = live.farewell();
-                for p in peers.iter_mut().filter(|p| p.watched) {
-                    p.say_goodbye(farewell.clone());
-                }
-                return;
+                return self.leave(live.farewell());
             }
         }
-    })
+    }
+
+    /// Members silent for longer than the window are lost.
+    fn declare_the_silent(&mut self, live: &Liveness, now: Instant) {
+        for p in self.peers.iter_mut().filter(|p| p.watched) {
+            if now.duration_since(p.heard) > self.window {
+                live.declare(Verdict::Lost {
+                    peer: p.rank,
+                    why: silent(p.rank, self.window),
+                });
+                p.watched = false;
+            }
+        }
+    }
+
+    /// Sleeps until a member speaks, this rank's group fails, the group is dropped (the
+    /// answer: true) or `next`.
+    fn wait(&self, live: &Liveness, stop: &OwnedFd, now: Instant, next: Instant) -> bool {
+        let unless = |done: bool| {
+            if done {
+                PollFlags::empty()
+            } else {
+                PollFlags::IN
+            }
+        };
+        let mut fds: Vec<PollFd<'_>> = vec![
+            PollFd::new(stop, unless(self.linger.is_some())),
+            PollFd::new(&live.failed, unless(self.announced)),
+        ];
+        fds.extend(self.peers.iter().filter(|p| p.watched).map(|p| p.poll()));
+        let until = self.linger.map_or(next, |l| l.min(next));
+        let _ = crate::transport::poll(&mut fds, until.saturating_duration_since(now));
+        fds[0].revents().contains(PollFlags::IN)
+    }
+
+    /// Reads the members, and passes every departure on to the others: their goodbyes, and
+    /// this rank's own failure. A member whose connection ends without one is lost.
+    fn pass_on_departures(&mut self, live: &Liveness) {
+        let mut left = Vec::new();
+        if !self.announced
+            && let Some(why) = live.farewell()
+        {
+            self.announced = true;
+            left.push((0, Some(why)));
+        }
+        for p in self.peers.iter_mut().filter(|p| p.watched) {
+            let heard = p.receive();
+            for message in heard.messages {
+                match message {
+                    Message::Beat(report) => p.report = report,
+                    Message::Bye(farewell) => {
+                        p.watched = false;
+                        p.left = true;
+                        left.push((p.rank, farewell));
+                    }
+                    Message::Status { .. } | Message::Gone { .. } => {}
+                }
+            }
+            if heard.gone && p.watched {
+                live.declare(Verdict::Lost {
+                    peer: p.rank,
+                    why: gone(p.rank),
+                });
+                p.watched = false;
+            }
+        }
+        for (rank, farewell) in left {
+            if rank != 0 {
+                live.depart(rank, farewell.clone());
+            }
+            self.tell_all(&Message::Gone { rank, farewell });
+        }
+    }
+
+    /// Sends `message` to every member still in the group.
+    fn tell_all(&mut self, message: &Message) {
+        for p in self.peers.iter_mut().filter(|p| p.watched) {
+            // A failed socket shows as the member's end of stream in `receive`.
+            let _ = p.send(message);
+        }
+    }
+
+    /// Says goodbye to every member still in the group.
+    fn leave(&mut self, farewell: Option<String>) {
+        for p in self.peers.iter_mut().filter(|p| p.watched) {
+            p.say_goodbye(farewell.clone());
+        }
+    }
 }
 
 /// How long a coordinator whose group failed goes on, once dropped, passing on why the members

@@ -57,9 +57,10 @@ struct Coordinator {
     peers: Vec<Peer>,
     window: Duration,
     watch: DeadlockWatch,
-    /// Whether the members have heard that this rank's group failed.
+    /// Whether the members have heard that this rank left the group (its group failed, or
+    /// it was dropped).
     announced: bool,
-    /// Dropped after a failure: until when to go on passing news (see [`LINGER`]).
+    /// Dropped: until when to go on passing news (see [`LINGER`]).
     linger: Option<Instant>,
 }
 
@@ -79,9 +80,6 @@ impl Coordinator {
                 });
             }
             if self.wait(live, stop, now, next) {
-                if live.farewell().is_none() {
-                    return self.leave(None);
-                }
                 self.linger = Some(Instant::now() + LINGER);
             }
             let (known, round) = (live.verdict().is_some(), self.watch.round);
@@ -138,14 +136,14 @@ impl Coordinator {
     }
 
     /// Reads the members, and passes every departure on to the others: their goodbyes, and
-    /// this rank's own failure. A member whose connection ends without one is lost.
+    /// this rank's own (its failure, or its drop). A member whose connection ends without one
+    /// is lost.
     fn pass_on_departures(&mut self, live: &Liveness) {
         let mut left = Vec::new();
-        if !self.announced
-            && let Some(why) = live.farewell()
-        {
+        let farewell = live.farewell();
+        if !self.announced && (farewell.is_some() || self.linger.is_some()) {
             self.announced = true;
-            left.push((0, Some(why)));
+            left.push((0, farewell));
         }
         for p in self.peers.iter_mut().filter(|p| p.watched) {
             let heard = p.receive();
@@ -192,9 +190,10 @@ impl Coordinator {
     }
 }
 
-/// How long a coordinator whose group failed goes on, once dropped, passing on why the members
-/// fail (each fails when its neighbour does) before it leaves: until every member has left, at
-/// most this long.
+/// How long a coordinator, once dropped, goes on passing news between the members before it
+/// leaves: until every member has left, at most this long. A member that fails because its
+/// neighbour did (each fails when its neighbour does) then learns the first cause at once;
+/// without it, it could name only a closed connection, after the grace of a failed call.
 const LINGER: Duration = Duration::from_millis(500);
 
 /// Starts the heartbeat of a member over its side-channel `stream` to rank 0.

@@ -20,8 +20,8 @@
 //! A rank that drops its group says goodbye, and one whose group fails says goodbye with the
 //! cause ([`Liveness::fail`]); the coordinator passes both on, so a rank whose connection to it
 //! closes learns at once why, rather than taking it for a death or reporting only the closed
-//! connection ([`Liveness::explain`]). A failed coordinator goes on passing news until its group
-//! is dropped.
+//! connection ([`Liveness::explain`]). The coordinator, once dropped, goes on passing news until
+//! every member has left, for at most half a second.
 //!
 //! Operations look at the verdict whenever they would wait, and sleeps wake when it arrives
 //! ([`Liveness::wake_fd`]). The same object carries the caller's interrupt check

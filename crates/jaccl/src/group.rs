@@ -20,6 +20,11 @@ use crate::wait::WaitPolicy;
 ///
 /// All operations block until this rank's part is done. They take `&mut self`: one operation at
 /// a time per group.
+///
+/// Dropping a group closes its connections and says goodbye: a peer that waits for this rank
+/// then fails with [`Error::PeerLost`] saying that it left the group. Rank 0's drop goes on
+/// passing such news between the others until they have all left too, for at most half a
+/// second, so that each can name the first cause of a failure.
 pub struct Group {
     rank: usize,
     size: usize,

@@ -551,16 +551,7 @@ impl Group {
             (
                 Err(lost @ (Error::PeerLost { .. } | Error::Protocol { .. } | Error::Io { .. })),
                 State::Connected(c),
-            ) if c.heartbeat.is_some() => {
-                let peer = match &lost {
-                    Error::PeerLost { peer, .. } | Error::Protocol { peer, .. } => Some(*peer),
-                    _ => None,
-                };
-                match c.liveness.explain(peer, VERDICT_GRACE, call.op) {
-                    Some(cause) => Err(cause),
-                    None => Err(lost),
-                }
-            }
+            ) if c.heartbeat.is_some() => Err(c.liveness.explain(lost, VERDICT_GRACE, call.op)),
             (other, _) => other,
         };
         if let Err(e) = &result

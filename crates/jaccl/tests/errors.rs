@@ -486,6 +486,35 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
 }
 
 #[test]
+fn ranks_busy_while_rank_0_leaves_still_name_it() {
+    // Rank 0 drops its group while the others compute for longer than it goes on passing news
+    // (half a second). When they call, a rank that fails because its neighbour did can no
+    // longer hear why, but it still names rank 0's departure (and does not wait for news).
+    for net in nets() {
+        let len = 1 << 18; // 1 MiB of f32: around the ring, neighbours only
+        let results = with_group(net, 4, 1, |g| {
+            if g.rank() == 0 {
+                return None;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            let mut out = vec![0f32; len];
+            Some(g.all_sum(&vec![1f32; len], &mut out))
+        });
+        for (rank, r) in results.into_iter().enumerate().skip(1) {
+            match r {
+                Some(Err(Error::PeerLost { cause, .. })) => {
+                    assert!(
+                        cause.contains("rank 0 left the group"),
+                        "{net:?} rank {rank}: {cause}"
+                    );
+                }
+                other => panic!("{net:?} rank {rank}: expected PeerLost, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
 fn a_rank_busy_in_its_own_code_is_not_an_error() {
     // Much longer than the liveness window: the heartbeat thread keeps beating meanwhile.
     for net in nets() {

@@ -257,7 +257,7 @@ pub(crate) fn attend(
                     Message::Gone { rank, farewell } => live.depart(rank, farewell),
                     // Rank 0 left the group: nothing more to watch.
                     Message::Bye(farewell) => {
-                        live.depart(0, farewell);
+                        live.coordinator_left(farewell);
                         return;
                     }
                     Message::Beat(_) => {}

@@ -70,6 +70,8 @@ pub(crate) struct Liveness {
     departed: Mutex<Vec<Departure>>,
     /// Readable after a departure, for [`Liveness::explain`].
     departures: OwnedFd,
+    /// Rank 0 said its last goodbye: no news of the others can come any more.
+    news_ended: AtomicBool,
     /// Why this rank's group failed, as its goodbye tells the others ([`Liveness::fail`]).
     farewell: Mutex<Option<String>>,
     /// The cause behind this rank's failure when that was another rank's departure.
@@ -196,6 +198,7 @@ impl Liveness {
             stamp: AtomicU64::new(0),
             departed: Mutex::new(Vec::new()),
             departures: event_counter()?,
+            news_ended: AtomicBool::new(false),
             farewell: Mutex::new(None),
             root: Mutex::new(None),
             failed: event_counter()?,
@@ -211,6 +214,12 @@ impl Liveness {
             departed.push(Departure { rank, farewell });
         }
         signal(&self.departures);
+    }
+
+    /// Rank 0 left the group and stops passing news on (its last goodbye, at a member).
+    fn coordinator_left(&self, farewell: Option<String>) {
+        self.news_ended.store(true, Ordering::Release);
+        self.depart(0, farewell);
     }
 
     fn departure(&self, rank: usize) -> Option<Departure> {
@@ -300,29 +309,55 @@ impl Liveness {
         }
     }
 
-    /// Why a connection of operation `op` to `peer` (if it is known) failed: the verdict, or
-    /// that `peer` left the group or failed, whichever comes first within `limit`. A connection closing
-    /// is the first sign of either: the heartbeat brings the cause a moment later.
-    pub(crate) fn explain(&self, peer: Option<usize>, limit: Duration, op: Op) -> Option<Error> {
+    /// Why the call `op` failed with `failure`, a connection that closed or broke: the
+    /// verdict, or that the peer left the group or failed, whichever comes first within
+    /// `limit` (a connection closing is the first sign of either: the heartbeat brings the
+    /// cause a moment later); else `failure` itself. Once rank 0 has said its last goodbye no
+    /// news can come: then at once, adding that rank 0 left (most likely what the peer failed
+    /// of).
+    pub(crate) fn explain(&self, failure: Error, limit: Duration, op: Op) -> Error {
+        let peer = match &failure {
+            Error::PeerLost { peer, .. } | Error::Protocol { peer, .. } => Some(*peer),
+            _ => None,
+        };
         let deadline = Instant::now() + limit;
         loop {
             if let Some(v) = self.verdict() {
-                return Some(v.error(self.rank, op));
+                return v.error(self.rank, op);
             }
             if let Some(d) = peer.and_then(|p| self.departure(p)) {
                 if let Ok(mut root) = self.root.lock() {
                     *root = Some(d.root());
                 }
-                return Some(Error::PeerLost {
+                return Error::PeerLost {
                     rank: self.rank,
                     peer: d.rank,
                     op,
                     cause: d.cause(),
-                });
+                };
+            }
+            if self.news_ended.load(Ordering::Acquire) {
+                return match (failure, self.departure(0)) {
+                    (
+                        Error::PeerLost {
+                            rank,
+                            peer,
+                            op,
+                            cause,
+                        },
+                        Some(coordinator),
+                    ) => Error::PeerLost {
+                        rank,
+                        peer,
+                        op,
+                        cause: format!("{cause}; earlier, {}", coordinator.cause()),
+                    },
+                    (failure, _) => failure,
+                };
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return None;
+                return failure;
             }
             let mut fds = [
                 PollFd::new(&self.wake, PollFlags::IN),
@@ -411,31 +446,70 @@ mod tests {
     #[test]
     fn a_failure_down_the_line_passes_on_the_first_cause() {
         let live = Liveness::new(3).expect("an eventfd");
-        // Nothing known about rank 2: no explanation.
-        assert!(
-            live.explain(Some(2), Duration::ZERO, Op::AllReduce)
-                .is_none()
-        );
+        // Nothing known about rank 2: the failure as it was.
+        let closed = closed_connection(3, 2);
+        let error = live.explain(closed.clone(), Duration::ZERO, Op::AllReduce);
+        assert_eq!(cause_of(&error), cause_of(&closed));
         // Rank 2 failed because rank 1 left; this rank then fails because of rank 2.
         live.depart(2, Some(left(1)));
         live.depart(2, None); // the first word about a rank stays
-        let error = live
-            .explain(Some(2), Duration::from_secs(60), Op::AllReduce)
-            .expect("rank 2's departure");
-        let Error::PeerLost {
-            rank, peer, cause, ..
-        } = &error
-        else {
-            panic!("expected PeerLost, got {error:?}");
-        };
-        assert_eq!((*rank, *peer), (3, 2));
+        let error = live.explain(closed, Duration::from_secs(60), Op::AllReduce);
+        assert!(matches!(
+            error,
+            Error::PeerLost {
+                rank: 3,
+                peer: 2,
+                ..
+            }
+        ));
         assert_eq!(
-            cause,
+            cause_of(&error),
             "rank 2's group failed: rank 1 left the group (it dropped it)"
         );
         // Its own goodbye names the first cause, not the chain, so chains never grow.
         live.fail(&error);
         assert_eq!(live.farewell(), Some(left(1)));
+    }
+
+    #[test]
+    fn once_rank_0_has_gone_a_closed_connection_is_explained_at_once() {
+        let live = Liveness::new(2).expect("an eventfd");
+        live.coordinator_left(None);
+        // No news can come: no waiting (a wait would last the minute), and rank 0's
+        // departure, the likely first cause, is named.
+        let error = live.explain(
+            closed_connection(2, 1),
+            Duration::from_secs(60),
+            Op::Barrier,
+        );
+        assert!(matches!(
+            error,
+            Error::PeerLost {
+                rank: 2,
+                peer: 1,
+                ..
+            }
+        ));
+        assert_eq!(
+            cause_of(&error),
+            "the connection was closed; earlier, rank 0 left the group (it dropped it)"
+        );
+    }
+
+    fn closed_connection(rank: usize, peer: usize) -> Error {
+        Error::PeerLost {
+            rank,
+            peer,
+            op: Op::AllReduce,
+            cause: "the connection was closed".into(),
+        }
+    }
+
+    fn cause_of(error: &Error) -> &str {
+        match error {
+            Error::PeerLost { cause, .. } => cause,
+            other => panic!("expected PeerLost, got {other:?}"),
+        }
     }
 
     #[test]

@@ -313,8 +313,7 @@ impl Liveness {
     /// verdict, or that the peer left the group or failed, whichever comes first within
     /// `limit` (a connection closing is the first sign of either: the heartbeat brings the
     /// cause a moment later); else `failure` itself. Once rank 0 has said its last goodbye no
-    /// news can come: then at once, adding that rank 0 left (most likely what the peer failed
-    /// of).
+    /// news can come: then at once, adding that rank 0 left (most likely why the peer failed).
     pub(crate) fn explain(&self, failure: Error, limit: Duration, op: Op) -> Error {
         let peer = match &failure {
             Error::PeerLost { peer, .. } | Error::Protocol { peer, .. } => Some(*peer),

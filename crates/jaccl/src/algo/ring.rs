@@ -42,6 +42,12 @@ const DOUBLING_MAX: usize = 384 * 1024;
 /// Soft-RoCE in ../shared/rdma-vm (4 ranks), doubling took 13.1-14.6 ms against the gather's
 /// 21.4-24.3 ms at 128 KiB, but 20.3-22.5 ms against the ring's 16.8-18.1 ms at 192 KiB.
 const DOUBLING_MAX_RDMA: usize = 128 * 1024;
+/// Two ranks reduce-scatter up to this many bytes of input in one swap
+/// ([`Geometry::doubling_partners`]); larger inputs take the ring's one step, which splits the
+/// data over both connections and reduces it as it arrives. Measured on loopback
+/// (`jaccl bench -n 2 --op reduce-scatter`, medians): 8 B 11.7 µs against the ring's 18.8,
+/// 128 KiB 46 against 60, 192 KiB 93 against 96, 256 KiB 132 against 78.
+const PAIR_HALVING_MAX: usize = 192 * 1024;
 /// The longest a rank that failed a recursive-doubling step with a `Mismatch` spends telling
 /// the partners of the later steps (their links have room for a header, so it takes no wait).
 const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -436,20 +442,24 @@ impl Geometry {
     }
 
     /// Whether a collective whose vectors together take `total` bytes goes to every rank in
-    /// one step.
+    /// one step. Two ranks instead swap their vectors ([`Geometry::doubling_partners`]): the
+    /// same messages, without copying both vectors into one buffer first.
     fn in_one_step(&self, total: usize) -> bool {
-        self.mesh && total <= MESH_LIMIT
+        self.mesh && self.size > 2 && total <= MESH_LIMIT
     }
 
     /// The partner of each step of a recursive-doubling all-reduce, in step order, if the ranks
-    /// can pair up: with 4 ranks on the ring (first the rank in the same pair, 0-1 and 2-3, then
-    /// the other neighbour, 0-3 and 1-2), or a power of two of ranks with the mesh (in step k
+    /// can pair up: two ranks (one step), 4 ranks on the ring (first the rank in the same pair,
+    /// 0-1 and 2-3, then the other neighbour, 0-3 and 1-2), or a power of two of ranks with the
+    /// mesh (in step k
     /// the rank whose index differs in bit k). In every step the lower rank of a pair holds the
     /// partial result of the lower ranks, so "lower rank's value first" is one order for every
     /// rank. Partnership is mutual: this rank's partner in step k has this rank as its own.
     pub(crate) fn doubling_partners(&self) -> Option<Vec<usize>> {
         let (r, n) = (self.rank, self.size);
-        if n == 4 {
+        if n == 2 {
+            Some(vec![1 - r])
+        } else if n == 4 {
             Some(vec![r ^ 1, 3 - r])
         } else if self.mesh && n > 4 && n.is_power_of_two() {
             Some((0..n.trailing_zeros()).map(|k| r ^ (1 << k)).collect())
@@ -511,7 +521,8 @@ impl Geometry {
     /// Gathers every rank's block of `block` bytes into an output of `size` blocks whose own
     /// block the caller has filled: straight from every rank with the mesh (up to
     /// [`MESH_LIMIT`]) and between two ranks (one step either way, and the exchange uses one
-    /// connection both ways), else whole blocks both ways around the ring.
+    /// connection both ways; only empty messages, as two ranks otherwise swap), else whole
+    /// blocks both ways around the ring.
     pub(crate) fn gather_small(&self, block: usize) -> Plan {
         if self.size <= 2 || self.in_one_step(block * self.size) {
             let own = Span::output(self.rank * block, block);
@@ -642,8 +653,8 @@ impl Ring {
     /// All-reduce by recursive doubling: in each step this rank swaps its partial result with
     /// that step's partner and combines the two, the lower rank's first, so every rank computes
     /// every element in one order and gets the same bits. The first step sends the caller's
-    /// vector; scratch vectors hold the partner's vector, the partial result and, with more than
-    /// two steps, the next one.
+    /// vector; scratch vectors hold the partner's vector and, with more than one step, the
+    /// partial result and, with more than two, the next one.
     fn all_reduce_by_doubling(
         &mut self,
         input: Option<&[u8]>,
@@ -658,10 +669,11 @@ impl Ring {
         let plans: Vec<Plan> = (0..partners.len())
             .map(|k| g.swap_with(partners, k, whole_input, whole_output))
             .collect();
-        let vectors = if partners.len() == 2 { 2 } else { 3 };
+        let vectors = partners.len().min(3);
         let all = scratch(&mut self.scratch, vectors * bytes);
         let (theirs, rest) = all.split_at_mut(bytes);
-        let (mut partial, mut next) = rest.split_at_mut(bytes);
+        // Two steps need no `next`, one step no `partial` either: they are then empty.
+        let (mut partial, mut next) = rest.split_at_mut(bytes.min(rest.len()));
         let mut swap = Swap {
             steps: DoublingSteps {
                 channels: &mut self.channels,
@@ -675,6 +687,12 @@ impl Ring {
             reducer,
         };
         let last = partners.len() - 1;
+        if last == 0 {
+            return match input {
+                Some(input) => swap.step(0, input, output),
+                None => swap.step_in_place(0, output),
+            };
+        }
         swap.step(0, input.unwrap_or(output), partial)?;
         for k in 1..last {
             swap.step(k, partial, next)?;
@@ -698,8 +716,9 @@ impl Ring {
 
     /// Reduce-scatter of `input` (`size` blocks of `output.len()` bytes) into `output`. With
     /// the mesh, small messages (up to [`MESH_LIMIT`]) send each block straight to its rank,
-    /// which reduces them in rank order; other small ones (up to [`GATHER_LIMIT`] in all) use
-    /// recursive halving where the ranks pair up; the rest go around the ring.
+    /// which reduces them in rank order; other small ones (up to [`GATHER_LIMIT`] in all, or
+    /// [`PAIR_HALVING_MAX`] with two ranks) use recursive halving where the ranks pair up; the
+    /// rest go around the ring.
     pub(crate) fn reduce_scatter(
         &mut self,
         input: &[u8],
@@ -722,7 +741,11 @@ impl Ring {
             fold_in_rank_order(output, all, reducer);
             return Ok(());
         }
-        let halving = bytes > 0 && bytes * g.size <= GATHER_LIMIT;
+        let limit = match g.size {
+            2 => PAIR_HALVING_MAX,
+            _ => GATHER_LIMIT,
+        };
+        let halving = bytes > 0 && bytes * g.size <= limit;
         if let Some(partners) = g.doubling_partners().filter(|_| halving) {
             return self.reduce_scatter_by_halving(input, output, reducer, call, &partners);
         }
@@ -941,6 +964,19 @@ impl Swap<'_> {
         match self.rank < self.partners[k] {
             true => self.reducer.combine(dst, mine, self.theirs),
             false => self.reducer.combine(dst, self.theirs, mine),
+        }
+        Ok(())
+    }
+
+    /// [`Swap::step`] with `mine` also as `dst` (the higher rank, whose partner's value comes
+    /// first, combines into the partner's vector and copies the result back).
+    fn step_in_place(&mut self, k: usize, mine: &mut [u8]) -> Result<()> {
+        self.steps.run(k, self.theirs, Some(mine))?;
+        if self.rank < self.partners[k] {
+            self.reducer.accumulate(mine, self.theirs);
+        } else {
+            self.reducer.accumulate(self.theirs, mine);
+            mine.copy_from_slice(self.theirs);
         }
         Ok(())
     }
@@ -1351,7 +1387,14 @@ mod tests {
 
     #[test]
     fn recursive_doubling_builds_one_expression_on_every_rank() {
-        for (size, mesh) in [(4, false), (4, true), (8, true), (16, true)] {
+        for (size, mesh) in [
+            (2, false),
+            (2, true),
+            (4, false),
+            (4, true),
+            (8, true),
+            (16, true),
+        ] {
             let geometries: Vec<Geometry> = (0..size)
                 .map(|rank| Geometry {
                     rank,
@@ -1388,7 +1431,7 @@ mod tests {
             ranks.sort_unstable();
             assert_eq!(ranks, (0..size).collect::<Vec<_>>());
         }
-        for (size, mesh) in [(2, true), (3, true), (5, false), (6, true), (8, false)] {
+        for (size, mesh) in [(3, true), (5, false), (6, true), (8, false)] {
             let g = Geometry {
                 rank: 0,
                 size,

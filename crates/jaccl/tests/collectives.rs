@@ -15,24 +15,38 @@ use jaccl::{Dtype, Element, Group, ReduceOp, Topology, Transport, WaitPolicy};
 const SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
 const WIRES: [usize; 3] = [1, 2, 4];
 
-/// Runs `f::<T>` for all 14 element types.
+/// Runs `f::<T>` for all 14 element types over `net`; over RDMA for one type of each size (1,
+/// 2, 4 and 8 bytes) and complex: the links move bytes whatever their type, every type and
+/// reduction is checked over every other net, and in the emulated RDMA VM every message costs
+/// about a millisecond (all 14 there took most of CI's 30 minutes).
 macro_rules! for_all_dtypes {
+    ($net:expr, $f:ident, $($arg:expr),*) => {{
+        let mut digest: Vec<u64> = Vec::new();
+        digest.extend($f::<u8>($($arg),*));
+        digest.extend($f::<bf16>($($arg),*));
+        digest.extend($f::<f32>($($arg),*));
+        digest.extend($f::<i64>($($arg),*));
+        digest.extend($f::<Complex32>($($arg),*));
+        if $net != Net::Rdma {
+            digest.extend(for_other_dtypes!($f, $($arg),*));
+        }
+        digest
+    }};
+}
+
+/// The element types [`for_all_dtypes`] leaves out over RDMA.
+macro_rules! for_other_dtypes {
     ($f:ident, $($arg:expr),*) => {{
         let mut digest: Vec<u64> = Vec::new();
         digest.extend($f::<bool>($($arg),*));
         digest.extend($f::<i8>($($arg),*));
         digest.extend($f::<i16>($($arg),*));
         digest.extend($f::<i32>($($arg),*));
-        digest.extend($f::<i64>($($arg),*));
-        digest.extend($f::<u8>($($arg),*));
         digest.extend($f::<u16>($($arg),*));
         digest.extend($f::<u32>($($arg),*));
         digest.extend($f::<u64>($($arg),*));
         digest.extend($f::<f16>($($arg),*));
-        digest.extend($f::<bf16>($($arg),*));
-        digest.extend($f::<f32>($($arg),*));
         digest.extend($f::<f64>($($arg),*));
-        digest.extend($f::<Complex32>($($arg),*));
         digest
     }};
 }
@@ -79,7 +93,7 @@ fn all_reduce_every_dtype_op_size_and_wires() {
         for size in SIZES {
             for wires in WIRES {
                 let digests = with_group(net, size, wires, |g| {
-                    for_all_dtypes!(all_reduce_case, g, &edge_lengths(size, wires))
+                    for_all_dtypes!(net, all_reduce_case, g, &edge_lengths(size, wires))
                 });
                 for (rank, d) in digests.iter().enumerate() {
                     assert_eq!(
@@ -197,8 +211,8 @@ fn all_gather_and_reduce_scatter_every_dtype_size_and_wires() {
             for wires in WIRES {
                 let lengths = edge_lengths(size, wires);
                 let digests = with_group(net, size, wires, |g| {
-                    let mut d = for_all_dtypes!(all_gather_case, g, &lengths);
-                    d.extend(for_all_dtypes!(reduce_scatter_case, g, &lengths));
+                    let mut d = for_all_dtypes!(net, all_gather_case, g, &lengths);
+                    d.extend(for_all_dtypes!(net, reduce_scatter_case, g, &lengths));
                     d
                 });
                 assert!(digests.iter().all(|d| d == &digests[0]), "{net:?}");
@@ -242,7 +256,7 @@ fn send_recv_to_both_neighbours() {
                 // 300 KiB of u8 and more of wider types overflow a shared-memory ring.
                 let lengths = [0, 1, 5, 4096, 70_001, 300_007];
                 with_group(net, size, wires, |g| {
-                    for_all_dtypes!(send_recv_case, g, &lengths)
+                    for_all_dtypes!(net, send_recv_case, g, &lengths)
                 });
             }
         }

@@ -278,9 +278,11 @@ fn combine<T: Pod, O: Combine<T>>(dst: &mut [u8], own: &[u8], src: &[u8]) {
 }
 
 /// Copies `src` into `dst` (same length) in 64-byte blocks of vector moves. Used for every copy
-/// into or out of shared memory: glibc's `memcpy` switches to `rep movsb` above about 2 KiB,
-/// which on this AMD EPYC VM moved 2.4 GB/s instead of 42 GB/s when the other core held the
-/// lines (a rank's area, which its peer just read), and randomly so, by buffer placement.
+/// into or out of shared memory and every copy of a vector inside a collective: glibc's
+/// `memcpy` switches to `rep movsb` above about 2 KiB, which on this AMD EPYC VM moved 2.4 GB/s
+/// instead of 42 GB/s when the other core held the lines (a rank's area, which its peer just
+/// read), and randomly so, by buffer placement; over TCP, with 3 ranks, `memcpy` took 15% of
+/// the samples of an in-place all-reduce of 32 KiB (8% out of place), 158 µs instead of 124.
 pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
     let (dst_blocks, dst_tail) = dst.as_chunks_mut::<64>();
     let (src_blocks, src_tail) = src.as_chunks::<64>();

@@ -217,7 +217,10 @@ impl Direct {
     ) -> Result<()> {
         let block = input.len();
         let (seq, timing) = self.begin(call, block);
-        output[self.rank * block..(self.rank + 1) * block].copy_from_slice(input);
+        copy(
+            &mut output[self.rank * block..(self.rank + 1) * block],
+            input,
+        );
         let chunk = self.area_bytes();
         let rounds = block.div_ceil(chunk).max(1);
         for k in 0..rounds {

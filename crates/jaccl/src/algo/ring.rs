@@ -16,7 +16,7 @@ use super::engine::{self, Buffers, Call, Channel};
 use super::{Merge, Plan, Span, Step, Transfer};
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
-use crate::reduce::Reducer;
+use crate::reduce::{Reducer, copy};
 
 /// Messages up to this many bytes use one direction on one wire (as upstream).
 const SMALL_MESSAGE: usize = 32 * 1024;
@@ -633,7 +633,10 @@ impl Ring {
             );
         }
         let all = scratch(&mut self.scratch, g.size * bytes);
-        all[g.rank * bytes..(g.rank + 1) * bytes].copy_from_slice(input.unwrap_or(output));
+        copy(
+            &mut all[g.rank * bytes..(g.rank + 1) * bytes],
+            input.unwrap_or(output),
+        );
         let plan = g.gather_small(bytes);
         engine::run(
             &mut self.channels,
@@ -710,7 +713,7 @@ impl Ring {
     ) -> Result<()> {
         let g = self.geometry;
         let block = input.len();
-        output[g.rank * block..(g.rank + 1) * block].copy_from_slice(input);
+        copy(&mut output[g.rank * block..(g.rank + 1) * block], input);
         gather(g, &mut self.channels, &self.liveness, output, block, call)
     }
 
@@ -731,7 +734,7 @@ impl Ring {
         if g.in_one_step(bytes * g.size) {
             let all = scratch(&mut self.scratch, g.size * bytes);
             let own = g.rank * bytes..(g.rank + 1) * bytes;
-            all[own.clone()].copy_from_slice(&input[own]);
+            copy(&mut all[own.clone()], &input[own]);
             let plan = g.exchange_with_all(bytes, |p| Span::input(p * bytes, bytes));
             let bufs = Buffers {
                 input: Some(input),
@@ -976,18 +979,26 @@ impl Swap<'_> {
             self.reducer.accumulate(mine, self.theirs);
         } else {
             self.reducer.accumulate(self.theirs, mine);
-            mine.copy_from_slice(self.theirs);
+            copy(mine, self.theirs);
         }
         Ok(())
     }
 }
 
 /// `output` = the reduction of the `size` blocks of `all`, in rank order (the same on every
-/// rank, so every rank gets the same bits).
+/// rank, so every rank gets the same bits). The first two blocks are combined in one pass.
 fn fold_in_rank_order(output: &mut [u8], all: &[u8], reducer: &Reducer) {
     let bytes = output.len();
-    output.copy_from_slice(&all[..bytes]);
-    for block in all[bytes..].chunks_exact(bytes.max(1)) {
+    if bytes == 0 {
+        return;
+    }
+    let mut blocks = all.chunks_exact(bytes);
+    match (blocks.next(), blocks.next()) {
+        (Some(first), Some(second)) => reducer.combine(output, first, second),
+        (Some(first), None) => copy(output, first),
+        (None, _) => return,
+    }
+    for block in blocks {
         reducer.accumulate(output, block);
     }
 }

@@ -517,7 +517,7 @@ fn ranks_busy_while_rank_0_leaves_still_name_it() {
 #[test]
 fn a_rank_busy_in_its_own_code_is_not_an_error() {
     // Much longer than the liveness window: the heartbeat thread keeps beating meanwhile.
-    for net in nets() {
+    on_every_net_at_once(|net| {
         let results = with_group_timeout(net, 3, 1, Duration::from_secs(60), |g| {
             if g.rank() == 1 {
                 std::thread::sleep(6 * liveness_window());
@@ -529,7 +529,7 @@ fn a_rank_busy_in_its_own_code_is_not_an_error() {
         for r in results {
             assert_eq!(r.unwrap(), [3; 4], "{net:?}");
         }
-    }
+    });
 }
 
 #[test]
@@ -638,7 +638,7 @@ type RankProgram<'a> = dyn Fn(&mut jaccl::Group) -> jaccl::Result<()> + Sync + '
 fn calls_that_wait_for_each_other_are_a_deadlock_not_a_timeout() {
     // With a timeout far beyond what the test waits, a `Timeout` cannot come first.
     let timeout = Duration::from_secs(600);
-    for net in nets() {
+    on_every_net_at_once(|net| {
         for size in [2, 3, 4] {
             let right = |r: usize| (r + 1) % size;
             let left = |r: usize| (r + size - 1) % size;
@@ -704,7 +704,7 @@ fn calls_that_wait_for_each_other_are_a_deadlock_not_a_timeout() {
                 }
             }
         }
-    }
+    });
 }
 
 #[test]
@@ -731,7 +731,7 @@ fn a_deadlock_between_the_ranks_that_stay_is_found() {
 
 #[test]
 fn a_receive_waiting_for_a_rank_busy_in_its_own_code_is_not_a_deadlock() {
-    for net in nets() {
+    on_every_net_at_once(|net| {
         let results = with_group(net, 2, 1, |g| {
             let mut inbox = [0u64; 2];
             if g.rank() == 0 {
@@ -748,5 +748,5 @@ fn a_receive_waiting_for_a_rank_busy_in_its_own_code_is_not_a_deadlock() {
         for (rank, r) in results.into_iter().enumerate() {
             assert_eq!(r.ok(), Some([1, 2]), "{net:?} rank {rank}");
         }
-    }
+    });
 }

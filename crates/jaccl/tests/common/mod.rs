@@ -78,6 +78,23 @@ pub fn nets() -> Vec<Net> {
         .collect()
 }
 
+/// Runs `test` on every net of [`nets`] at once, one thread each: for tests that mostly sleep
+/// (several liveness windows), so their waits overlap. A panic in any of them fails the caller.
+pub fn on_every_net_at_once(test: impl Fn(Net) + Sync) {
+    std::thread::scope(|s| {
+        let test = &test;
+        let runs: Vec<_> = nets()
+            .into_iter()
+            .map(|net| (net, s.spawn(move || test(net))))
+            .collect();
+        for (net, run) in runs {
+            if run.join().is_err() {
+                panic!("the test failed on {net:?} (its panic is above)");
+            }
+        }
+    });
+}
+
 /// Whether this machine has an RDMA port jaccl would use (so `auto` takes RDMA across hosts).
 pub fn rdma_here() -> bool {
     static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -158,14 +175,12 @@ impl Net {
     }
 }
 
-/// The liveness window of test groups: short, so a lost rank is found quickly, but 4× longer
-/// inside the RDMA VM, whose emulated CPUs (TCG) run everything many times slower and where
-/// 500 ms once passed without a heartbeat getting the CPU.
+/// The liveness window of test groups: shorter than the default, so a lost rank is found
+/// quickly, but long enough for a heartbeat to get the CPU while the suites run dozens of ranks
+/// on 2 cores: 500 ms once passed without one inside the RDMA VM (emulated CPUs), and once in
+/// CI on the host (8 ranks of a collectives test, `rank 2 has been silent for 500ms`).
 pub fn liveness_window() -> Duration {
-    match std::env::var("RDMA_VM") {
-        Ok(_) => Duration::from_secs(2),
-        Err(_) => Duration::from_millis(500),
-    }
+    Duration::from_secs(2)
 }
 
 /// Configs for one group of `size` ranks on loopback, connected as `net` says.

@@ -34,7 +34,7 @@ use rustix::net::{RecvFlags, SendFlags};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::wait::deadline_after;
+use crate::os::{deadline_after, time_left};
 use crate::wire::{PROTOCOL_VERSION, to_u32, u32_at};
 
 /// A job's shared secret. Every connection of the job proves knowledge of it without sending
@@ -134,6 +134,14 @@ pub(crate) fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
     let mut b = [0u8; N];
     getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(b)
+}
+
+/// Who this process is, for the handshakes that open connections.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) token: JobToken,
 }
 
 /// What a connection is for.
@@ -242,7 +250,7 @@ impl Messages for OwnedFd {
     }
 
     fn recv(&mut self, len: usize, deadline: Instant) -> io::Result<Vec<u8>> {
-        if !crate::transport::wait_readable(self.as_fd(), time_left(deadline)?)? {
+        if !crate::os::wait_readable(self.as_fd(), time_left(deadline)?)? {
             return Err(io::ErrorKind::TimedOut.into());
         }
         let mut b = vec![0u8; len];
@@ -254,17 +262,6 @@ impl Messages for OwnedFd {
             ));
         }
         Ok(b)
-    }
-}
-
-/// Time left before `deadline`, as an error once it passed (a zero socket timeout would mean
-/// "wait forever").
-pub(crate) fn time_left(deadline: Instant) -> io::Result<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
-    } else {
-        Ok(left)
     }
 }
 
@@ -420,9 +417,8 @@ pub(crate) fn serve<S: Messages + Send + 'static>(
     stop: Option<&AtomicBool>,
     mut admit: impl FnMut(Claim, S) -> Result<Admission>,
 ) -> Result<bool> {
-    let wake = Arc::new(
-        crate::transport::event_counter().map_err(|e| Error::io(rank, "serving handshakes", e))?,
-    );
+    let wake =
+        Arc::new(crate::os::event_counter().map_err(|e| Error::io(rank, "serving handshakes", e))?);
     let (tx, rx) = mpsc::channel::<(Claim, S)>();
     let busy = Arc::new(AtomicUsize::new(0));
     loop {
@@ -444,9 +440,9 @@ pub(crate) fn serve<S: Messages + Send + 'static>(
             Some(_) => left.min(Duration::from_millis(100)),
             None => left,
         };
-        crate::transport::poll(&mut fds, left)
+        crate::os::poll(&mut fds, left)
             .map_err(|e| Error::io(rank, "waiting for connections", e))?;
-        let _ = rustix::io::read(&*wake, &mut [0u8; 8]);
+        crate::os::drain(&*wake);
         if !fds[0].revents().contains(PollFlags::IN) {
             continue;
         }
@@ -477,7 +473,7 @@ pub(crate) fn serve<S: Messages + Send + 'static>(
                 }
             }
             busy.fetch_sub(1, Ordering::Relaxed);
-            crate::transport::signal(&*wake);
+            crate::os::signal(&*wake);
         });
     }
 }

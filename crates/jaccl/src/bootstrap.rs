@@ -14,11 +14,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, T
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use crate::auth::{self, Admission, AuthError, Claim, Purpose, time_left};
+use crate::auth::{self, Admission, AuthError, Claim, Purpose};
 use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Heartbeat, Liveness};
-use crate::transport::tcp::connect_with_retry;
+use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after, time_left};
 use crate::wire::{Reader, to_u32};
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
@@ -224,7 +224,7 @@ fn coordinate(
         deadline,
         None,
         |claim, mut stream| {
-            let reply_by = deadline.min(crate::wait::deadline_after(auth::HANDSHAKE_TIMEOUT));
+            let reply_by = deadline.min(deadline_after(auth::HANDSHAKE_TIMEOUT));
             match admit(cfg, &claim, &members) {
                 Ok(index) => {
                     if auth::verdict(&mut stream, Ok(()), reply_by).is_ok() {
@@ -274,25 +274,6 @@ fn coordinate(
         role: Role::Coordinator { members },
         local_ip,
     })
-}
-
-/// Accepts a pending TCP connection, if there is one (the listener is non-blocking).
-pub(crate) fn accept_tcp(listener: &TcpListener) -> io::Result<Option<(TcpStream, String)>> {
-    match listener.accept() {
-        Ok((stream, from)) => {
-            stream.set_nonblocking(false)?;
-            Ok(Some((stream, from.to_string())))
-        }
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// Whether an authenticated `claim` may take its rank: `Ok(index into members)`, or the reason
@@ -345,7 +326,7 @@ fn attend(cfg: &Config, addr: SocketAddr, deadline: Instant) -> Result<SideChann
         wire: 0,
     };
     let fail = |why: String| Error::Bootstrap(format!("rank {rank}: {why}"));
-    let mut delay = crate::wait::RetryDelay::new();
+    let mut delay = RetryDelay::new();
     let mut last_error = String::new();
     loop {
         last_error = match connect_with_retry(addr, deadline) {

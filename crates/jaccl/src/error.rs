@@ -180,5 +180,10 @@ impl Error {
     }
 }
 
+/// Why waiting for `rank` fails after it dropped its group (every transport says the same).
+pub(crate) fn left_the_group(rank: usize) -> String {
+    format!("rank {rank} left the group (it dropped it)")
+}
+
 /// `Result` with jaccl's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

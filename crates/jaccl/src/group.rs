@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use crate::algo::direct::Direct;
-use crate::algo::engine::{Call, Channel};
-use crate::algo::ring::Ring;
+use crate::algo::collectives::Collectives;
+use crate::algo::engine::Call;
 use crate::config::{Config, Topology, Transport};
 use crate::connect::{self, Connected};
 use crate::dtype::{Dtype, Element, ReduceOp};
@@ -53,15 +52,6 @@ enum State {
 /// goodbye.
 const VERDICT_GRACE: Duration = Duration::from_millis(500);
 
-/// How a call runs: over the ring's links, or by the direct collectives when every rank shares
-/// memory with this one.
-enum Path<'a> {
-    Ring(&'a mut Ring),
-    /// With the ring's connections, which a direct collective watches for a peer that sends
-    /// instead of joining it.
-    Direct(&'a mut Direct, &'a mut [Channel]),
-}
-
 impl Group {
     pub(crate) fn new(config: Config) -> Result<Group> {
         config.validate()?;
@@ -69,7 +59,7 @@ impl Group {
             (State::Alone, 0, WaitPolicy::SLEEP, false)
         } else {
             let connected = connect::connect(&config)?;
-            let (wait, mesh) = (connected.wait, connected.ring.geometry.mesh);
+            let (wait, mesh) = (connected.wait, connected.collectives.geometry().mesh);
             (
                 State::Connected(Box::new(connected)),
                 config.wire_count(),
@@ -115,7 +105,7 @@ impl Group {
     /// Whether every rank shares memory with this one, so collectives read each other's data
     /// directly instead of passing it around the ring.
     pub fn shares_memory_with_all(&self) -> bool {
-        matches!(&self.state, State::Connected(c) if c.direct.is_some())
+        matches!(&self.state, State::Connected(c) if c.collectives.shares_memory_with_all())
     }
 
     /// How ranks wait for their peers in this group (see [`Config::wait`]).
@@ -184,20 +174,8 @@ impl Group {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_usable()?;
-        if input.len() != output.len() {
-            return Err(self.invalid(
-                Op::AllReduce,
-                format!(
-                    "input has {} elements but output has {} (they must be equal)",
-                    input.len(),
-                    output.len()
-                ),
-            ));
-        }
-        let input = T::as_bytes(input);
-        T::with_bytes_mut(output, |out| {
-            self.all_reduce_bytes(Some(&input), out, T::DTYPE, op)
+        typed(input, output, |i, o| {
+            self.all_reduce_bytes(Some(i), o, T::DTYPE, op)
         })
     }
 
@@ -206,7 +184,6 @@ impl Group {
     /// # Errors
     /// The transport errors of [`Error`], after which the group is poisoned.
     pub fn all_reduce_in_place<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        self.check_usable()?;
         T::with_bytes_mut(data, |bytes| {
             self.all_reduce_bytes(None, bytes, T::DTYPE, op)
         })
@@ -225,21 +202,14 @@ impl Group {
         dtype: Dtype,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_usable()?;
-        self.elements(Op::AllReduce, "input", input.len(), dtype)?;
-        if input.len() != output.len() {
-            return Err(self.invalid(
-                Op::AllReduce,
-                format!(
-                    "input has {} bytes but output has {} (they must be equal)",
-                    input.len(),
-                    output.len()
-                ),
-            ));
-        }
-        self.all_reduce_bytes(Some(input), output, dtype, op)?;
-        normalise_bools(output, dtype);
-        Ok(())
+        let buffers = [("input", input.len())];
+        self.raw(
+            Op::AllReduce,
+            dtype,
+            &buffers,
+            ("output", output),
+            |g, out| g.all_reduce_bytes(Some(input), out, dtype, op),
+        )
     }
 
     /// [`Group::all_reduce_raw`] with the result written over `data`.
@@ -252,12 +222,9 @@ impl Group {
         dtype: Dtype,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_usable()?;
-        self.elements(Op::AllReduce, "data", data.len(), dtype)?;
-        normalise_bools(data, dtype);
-        self.all_reduce_bytes(None, data, dtype, op)?;
-        normalise_bools(data, dtype);
-        Ok(())
+        self.raw(Op::AllReduce, dtype, &[], ("data", data), |g, data| {
+            g.all_reduce_bytes(None, data, dtype, op)
+        })
     }
 
     /// Gathers every rank's `input` into `output`, which holds `size()` blocks of
@@ -267,14 +234,7 @@ impl Group {
     /// [`Error::InvalidArgument`] unless `output.len() == size() * input.len()`; otherwise the
     /// transport errors of [`Error`], after which the group is poisoned.
     pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
-        self.check_usable()?;
-        self.check_blocks(
-            Op::AllGather,
-            ("output", output.len()),
-            ("input", input.len()),
-        )?;
-        let input = T::as_bytes(input);
-        T::with_bytes_mut(output, |out| self.all_gather_bytes(&input, out, T::DTYPE))
+        typed(input, output, |i, o| self.all_gather_bytes(i, o, T::DTYPE))
     }
 
     /// [`Group::all_gather`] over raw bytes holding elements of `dtype`, for bindings to other
@@ -284,24 +244,23 @@ impl Group {
     /// [`Error::InvalidArgument`] unless both are whole numbers of elements and
     /// `output.len() == size() * input.len()`; otherwise as [`Group::all_gather`].
     pub fn all_gather_raw(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
-        self.check_usable()?;
-        let op = Op::AllGather;
-        let whole = ("output", self.elements(op, "output", output.len(), dtype)?);
-        let block = ("input", self.elements(op, "input", input.len(), dtype)?);
-        self.check_blocks(op, whole, block)?;
-        self.all_gather_bytes(input, output, dtype)
+        let buffers = [("input", input.len())];
+        self.raw(
+            Op::AllGather,
+            dtype,
+            &buffers,
+            ("output", output),
+            |g, out| g.all_gather_bytes(input, out, dtype),
+        )
     }
 
     fn all_gather_bytes(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
-        let call = self.call(
-            Op::AllGather,
-            dtype,
-            ReduceOp::Sum,
-            input.len() / dtype.size(),
-        );
-        self.copy_or_run(call, input, output, |path, i, o, c| match path {
-            Path::Ring(ring) => ring.all_gather(i, o, c),
-            Path::Direct(direct, chans) => direct.all_gather(i, o, c, chans),
+        let op = Op::AllGather;
+        self.check_usable()?;
+        self.check_blocks(op, dtype, ("output", output.len()), ("input", input.len()))?;
+        let call = self.call(op, dtype, ReduceOp::Sum, input.len() / dtype.size());
+        self.copy_or_run(call, input, output, |c, i, o, call| {
+            c.all_gather(i, o, call)
         })
     }
 
@@ -317,15 +276,8 @@ impl Group {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_usable()?;
-        self.check_blocks(
-            Op::ReduceScatter,
-            ("input", input.len()),
-            ("output", output.len()),
-        )?;
-        let input = T::as_bytes(input);
-        T::with_bytes_mut(output, |out| {
-            self.reduce_scatter_bytes(&input, out, T::DTYPE, op)
+        typed(input, output, |i, o| {
+            self.reduce_scatter_bytes(i, o, T::DTYPE, op)
         })
     }
 
@@ -342,17 +294,14 @@ impl Group {
         dtype: Dtype,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_usable()?;
-        let which = Op::ReduceScatter;
-        let whole = ("input", self.elements(which, "input", input.len(), dtype)?);
-        let block = (
-            "output",
-            self.elements(which, "output", output.len(), dtype)?,
-        );
-        self.check_blocks(which, whole, block)?;
-        self.reduce_scatter_bytes(input, output, dtype, op)?;
-        normalise_bools(output, dtype);
-        Ok(())
+        let buffers = [("input", input.len())];
+        self.raw(
+            Op::ReduceScatter,
+            dtype,
+            &buffers,
+            ("output", output),
+            |g, out| g.reduce_scatter_bytes(input, out, dtype, op),
+        )
     }
 
     fn reduce_scatter_bytes(
@@ -362,11 +311,18 @@ impl Group {
         dtype: Dtype,
         op: ReduceOp,
     ) -> Result<()> {
-        let call = self.call(Op::ReduceScatter, dtype, op, output.len() / dtype.size());
+        let which = Op::ReduceScatter;
+        self.check_usable()?;
+        self.check_blocks(
+            which,
+            dtype,
+            ("input", input.len()),
+            ("output", output.len()),
+        )?;
+        let call = self.call(which, dtype, op, output.len() / dtype.size());
         let reducer = Reducer::new(dtype, op);
-        self.copy_or_run(call, input, output, |path, i, o, c| match path {
-            Path::Ring(ring) => ring.reduce_scatter(i, o, &reducer, c),
-            Path::Direct(direct, chans) => direct.reduce_scatter(i, o, &reducer, c, chans),
+        self.copy_or_run(call, input, output, |c, i, o, call| {
+            c.reduce_scatter(i, o, &reducer, call)
         })
     }
 
@@ -385,7 +341,6 @@ impl Group {
     /// neighbour; otherwise the transport errors of [`Error`], after which the group is
     /// poisoned.
     pub fn send<T: Element>(&mut self, data: &[T], dst: usize) -> Result<()> {
-        self.check_usable()?;
         self.send_bytes(&T::as_bytes(data), dst, T::DTYPE)
     }
 
@@ -402,9 +357,10 @@ impl Group {
     }
 
     fn send_bytes(&mut self, data: &[u8], dst: usize, dtype: Dtype) -> Result<()> {
+        self.check_usable()?;
         self.check_peer(Op::Send, dst)?;
         let call = self.call(Op::Send, dtype, ReduceOp::Sum, data.len() / dtype.size());
-        self.on_ring(call, |ring, call| ring.send(data, dst, call))
+        self.run(call, |c, call| c.send(data, dst, call))
     }
 
     /// Receives into `out` what rank `src` sends with [`Group::send`] (same length and type).
@@ -412,7 +368,6 @@ impl Group {
     /// # Errors
     /// As [`Group::send`]; a sender whose length or type differs gives [`Error::Mismatch`].
     pub fn recv<T: Element>(&mut self, out: &mut [T], src: usize) -> Result<()> {
-        self.check_usable()?;
         T::with_bytes_mut(out, |bytes| self.recv_bytes(bytes, src, T::DTYPE))
     }
 
@@ -423,17 +378,16 @@ impl Group {
     /// [`Error::InvalidArgument`] unless `out` is a whole number of elements; otherwise as
     /// [`Group::recv`].
     pub fn recv_raw(&mut self, out: &mut [u8], src: usize, dtype: Dtype) -> Result<()> {
-        self.check_usable()?;
-        self.elements(Op::Recv, "out", out.len(), dtype)?;
-        self.recv_bytes(out, src, dtype)?;
-        normalise_bools(out, dtype);
-        Ok(())
+        self.raw(Op::Recv, dtype, &[], ("out", out), |g, out| {
+            g.recv_bytes(out, src, dtype)
+        })
     }
 
     fn recv_bytes(&mut self, out: &mut [u8], src: usize, dtype: Dtype) -> Result<()> {
+        self.check_usable()?;
         self.check_peer(Op::Recv, src)?;
         let call = self.call(Op::Recv, dtype, ReduceOp::Sum, out.len() / dtype.size());
-        self.on_ring(call, |ring, call| ring.recv(out, src, call))
+        self.run(call, |c, call| c.recv(out, src, call))
     }
 
     /// Returns once every rank has entered the barrier.
@@ -443,10 +397,7 @@ impl Group {
     pub fn barrier(&mut self) -> Result<()> {
         self.check_usable()?;
         let call = self.call(Op::Barrier, Dtype::UInt8, ReduceOp::Sum, 0);
-        self.run(call, |path, call| match path {
-            Path::Ring(ring) => ring.barrier(call),
-            Path::Direct(direct, chans) => direct.barrier(call, chans),
-        })
+        self.run(call, |c, call| c.barrier(call))
     }
 
     fn all_reduce_bytes(
@@ -456,19 +407,28 @@ impl Group {
         dtype: Dtype,
         op: ReduceOp,
     ) -> Result<()> {
-        if matches!(self.state, State::Alone) {
-            if let Some(input) = input {
-                output.copy_from_slice(input);
-            }
-            return Ok(());
+        self.check_usable()?;
+        if let Some(input) = input
+            && input.len() != output.len()
+        {
+            let count = |bytes: usize| bytes / dtype.size();
+            return Err(self.invalid(
+                Op::AllReduce,
+                format!(
+                    "input has {} elements but output has {} (they must be equal)",
+                    count(input.len()),
+                    count(output.len())
+                ),
+            ));
         }
-        let count = output.len() / dtype.size();
-        let call = self.call(Op::AllReduce, dtype, op, count);
+        let call = self.call(Op::AllReduce, dtype, op, output.len() / dtype.size());
         let reducer = Reducer::new(dtype, op);
-        self.run(call, |path, call| match path {
-            Path::Ring(ring) => ring.all_reduce(input, output, &reducer, call),
-            Path::Direct(direct, chans) => direct.all_reduce(input, output, &reducer, call, chans),
-        })
+        match input {
+            Some(input) => self.copy_or_run(call, input, output, |c, i, o, call| {
+                c.all_reduce(Some(i), o, &reducer, call)
+            }),
+            None => self.run(call, |c, call| c.all_reduce(None, output, &reducer, call)),
+        }
     }
 
     fn call(&self, op: Op, dtype: Dtype, reduce: ReduceOp, count: usize) -> Call {
@@ -483,63 +443,78 @@ impl Group {
         }
     }
 
+    /// A raw call: checks that every buffer holds whole elements of `dtype` (`inputs` by name
+    /// and length, and `output`), runs `f` on the output, and leaves valid `bool`s in it.
+    fn raw(
+        &mut self,
+        op: Op,
+        dtype: Dtype,
+        inputs: &[(&str, usize)],
+        (name, output): (&str, &mut [u8]),
+        f: impl FnOnce(&mut Group, &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.check_usable()?;
+        for &(what, len) in inputs {
+            self.elements(op, what, len, dtype)?;
+        }
+        self.elements(op, name, output.len(), dtype)?;
+        normalise_bools(output, dtype);
+        f(self, output)?;
+        normalise_bools(output, dtype);
+        Ok(())
+    }
+
     /// A group of one copies `input` to `output`; otherwise `f` runs the call.
     fn copy_or_run(
         &mut self,
         call: Call,
         input: &[u8],
         output: &mut [u8],
-        f: impl FnOnce(Path<'_>, &[u8], &mut [u8], &Call) -> Result<()>,
+        f: impl FnOnce(&mut Collectives, &[u8], &mut [u8], &Call) -> Result<()>,
     ) -> Result<()> {
         if matches!(self.state, State::Alone) {
             output.copy_from_slice(input);
             return Ok(());
         }
-        self.run(call, |path, call| f(path, input, output, call))
+        self.run(call, |c, call| f(c, input, output, call))
     }
 
-    /// Checks that `whole` holds `size()` blocks of `block` elements.
-    fn check_blocks(&self, op: Op, whole: (&str, usize), block: (&str, usize)) -> Result<()> {
+    /// Checks that `whole` holds `size()` blocks of `block` (lengths in bytes of `dtype`).
+    fn check_blocks(
+        &self,
+        op: Op,
+        dtype: Dtype,
+        whole: (&str, usize),
+        block: (&str, usize),
+    ) -> Result<()> {
         if Some(whole.1) == block.1.checked_mul(self.size) {
             return Ok(());
         }
+        let count = |bytes: usize| bytes / dtype.size();
         Err(self.invalid(
             op,
             format!(
                 "{} has {} elements but must have size × {} = {} × {}",
-                whole.0, whole.1, block.0, self.size, block.1
+                whole.0,
+                count(whole.1),
+                block.0,
+                self.size,
+                count(block.1)
             ),
         ))
     }
 
-    /// Runs a collective on the direct path when every rank shares memory with this one, else
-    /// on the ring (nothing to do when alone); poisons the group if it fails.
-    fn run(&mut self, call: Call, f: impl FnOnce(Path<'_>, &Call) -> Result<()>) -> Result<()> {
-        self.guarded(call, |c, call| match &mut c.direct {
-            Some(direct) => f(Path::Direct(direct, c.ring.channels_mut()), call),
-            None => f(Path::Ring(&mut c.ring), call),
-        })
-    }
-
-    /// Runs `f` on the ring (send and receive).
-    fn on_ring(
+    /// Runs a call on the group's collectives (nothing to do when alone); poisons the group if
+    /// it fails.
+    fn run(
         &mut self,
         call: Call,
-        f: impl FnOnce(&mut Ring, &Call) -> Result<()>,
-    ) -> Result<()> {
-        self.guarded(call, |c, call| f(&mut c.ring, call))
-    }
-
-    /// Runs `f` on the connections (nothing to do when alone) and poisons the group if it fails.
-    fn guarded(
-        &mut self,
-        call: Call,
-        f: impl FnOnce(&mut Connected, &Call) -> Result<()>,
+        f: impl FnOnce(&mut Collectives, &Call) -> Result<()>,
     ) -> Result<()> {
         let result = match &mut self.state {
             State::Alone => return Ok(()),
             State::Failed { error, .. } => return Err(error.clone()),
-            State::Connected(c) => f(c, &call),
+            State::Connected(c) => f(&mut c.collectives, &call),
         };
         let result = match (result, &self.state) {
             // A closed connection may be the ring passing on a loss that the heartbeat is
@@ -598,9 +573,10 @@ impl Group {
             return Err(self.invalid(op, format!("a rank cannot {what} itself")));
         }
         if let State::Connected(c) = &self.state
-            && !c.ring.geometry.reaches(peer)
+            && !c.collectives.geometry().reaches(peer)
         {
-            let (left, right) = (c.ring.geometry.left(), c.ring.geometry.right());
+            let g = c.collectives.geometry();
+            let (left, right) = (g.left(), g.right());
             return Err(self.invalid(
                 op,
                 format!(
@@ -631,6 +607,13 @@ impl Group {
     fn invalid(&self, op: Op, what: String) -> Error {
         Error::InvalidArgument(format!("rank {}: {op}: {what}", self.rank))
     }
+}
+
+/// A typed call on bytes: `input` and `output` viewed as the bytes of their elements (`bool`s
+/// are normalised on the way back).
+fn typed<T: Element, R>(input: &[T], output: &mut [T], f: impl FnOnce(&[u8], &mut [u8]) -> R) -> R {
+    let input = T::as_bytes(input);
+    T::with_bytes_mut(output, |out| f(&input, out))
 }
 
 /// Makes `bool` bytes 0 or 1 (any other byte is true), as `bool` values must be.

@@ -66,6 +66,7 @@ mod dtype;
 mod error;
 mod group;
 mod liveness;
+mod os;
 mod reduce;
 mod transport;
 mod wait;

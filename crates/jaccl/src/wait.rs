@@ -91,36 +91,6 @@ impl FromStr for WaitPolicy {
     }
 }
 
-/// The instant `after` from now, saturating: a duration too long to add (`Duration::MAX`
-/// means "no timeout") gives an instant a century away.
-pub(crate) fn deadline_after(after: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(after)
-        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
-        .unwrap_or(now)
-}
-
-/// Pauses between attempts to reach a peer that may not be up yet: 10 ms, doubling up to
-/// half a second, never past a deadline.
-pub(crate) struct RetryDelay(Duration);
-
-impl RetryDelay {
-    pub(crate) fn new() -> RetryDelay {
-        RetryDelay(Duration::from_millis(10))
-    }
-
-    /// Sleeps before the next attempt; false (without sleeping) once `deadline` has passed.
-    pub(crate) fn pause(&mut self, deadline: Instant) -> bool {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return false;
-        }
-        std::thread::sleep(self.0.min(left));
-        self.0 = (self.0 * 2).min(Duration::from_millis(500));
-        true
-    }
-}
-
 /// What to do after a check found nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Idle {
@@ -237,7 +207,6 @@ mod tests {
         assert_eq!(b.idle(true), Idle::Retry);
         let mut b = Backoff::new(WaitPolicy::auto(1, 1), Duration::from_secs(5));
         assert_eq!(b.idle(false), Idle::Retry);
-        assert!(deadline_after(Duration::MAX) > Instant::now());
         let mut b = Backoff::new(WaitPolicy::SLEEP, Duration::from_nanos(1));
         std::thread::sleep(Duration::from_millis(1));
         assert_eq!(b.idle(true), Idle::TimedOut);

@@ -24,28 +24,21 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rustix::event::PollFd;
 
-use super::engine::{self, BlockedReport, Call, Channel};
-use super::ring::lane_slice;
+use super::engine::{self, BlockedReport, Call, Channel, PeerAhead};
+use super::geometry::lane_slice;
+use super::select::{DirectAllReduce, Shape};
 use crate::error::{Error, Result};
 use crate::liveness::{Flow, Liveness};
+use crate::os::poll;
 use crate::reduce::{Reducer, copy};
-use crate::transport::shm::segment::INLINE;
-use crate::transport::shm::{Local, Mailbox, Mapping, Peer, Shm};
-use crate::transport::{Interest, Readiness, poll, poll_fd};
+use crate::transport::shm::{Board, INLINE_BYTES};
+use crate::transport::{Interest, Readiness};
 use crate::wait::{Backoff, Idle};
 use crate::wire::{HEADER_LEN, Header};
-
-/// All-reduces of at most this many bytes take one round and reduce every vector on every rank:
-/// the crossover with the two-synchronisation algorithm, measured at 2, 4 and 8 ranks (see
-/// docs/algorithms.md, "Shared memory").
-fn small_all_reduce(ranks: usize) -> usize {
-    if ranks <= 2 { 64 * 1024 } else { 8 * 1024 }
-}
 /// Reductions work through a cache-resident scratch block of this many bytes.
 const BLOCK: usize = 16 * 1024;
 
@@ -53,11 +46,9 @@ const BLOCK: usize = 16 * 1024;
 pub(crate) struct Direct {
     rank: usize,
     size: usize,
-    local: Arc<Local>,
-    /// Every other rank, by rank (`None` at this rank's index).
-    peers: Vec<Option<Arc<Peer>>>,
+    board: Arc<Board>,
     /// Every other rank, in rank order.
-    others: Vec<Arc<Peer>>,
+    others: Vec<usize>,
     /// Calls started, synchronisation points reached, rounds started.
     calls: u64,
     stamp: u64,
@@ -72,37 +63,19 @@ pub(crate) struct Direct {
     liveness: Arc<Liveness>,
 }
 
-/// Whether a peer has entered a direct collective this rank has not: its synchronisation
-/// stamp is ahead of this rank's. A connection to the peer asks while a send or receive waits on
-/// it: in a program whose ranks call the same operations, a peer gets ahead only after its side
-/// of the send or receive is done, so the wait cannot be for anything else.
-pub(crate) struct PeerProgress {
-    local: Arc<Local>,
-    peer: Arc<Peer>,
-}
-
-impl PeerProgress {
-    pub(crate) fn peer_ahead(&self) -> bool {
-        self.peer.mailbox().stamp().load(Ordering::Acquire)
-            > self.local.mailbox().stamp().load(Ordering::Relaxed)
-    }
-}
-
 impl Direct {
-    /// The direct collectives over `shm`, which must hold every other rank of the group.
+    /// The direct collectives of `rank` of a group of `size` over `board`.
     pub(crate) fn new(
         rank: usize,
         size: usize,
-        shm: &Shm,
+        board: Arc<Board>,
         liveness: Arc<Liveness>,
-    ) -> Option<Direct> {
-        let others: Vec<Arc<Peer>> = shm.peers.iter().flatten().cloned().collect();
-        (others.len() + 1 == size).then(|| Direct {
+    ) -> Direct {
+        Direct {
             rank,
             size,
-            local: Arc::clone(&shm.local),
-            peers: shm.peers.clone(),
-            others,
+            board,
+            others: (0..size).filter(|&q| q != rank).collect(),
             calls: 0,
             stamp: 0,
             rounds: 0,
@@ -111,16 +84,17 @@ impl Direct {
             streaming: false,
             tuner: (rank == 0).then(|| Box::new(StoreTuner::new())),
             liveness,
-        })
+        }
     }
 
-    /// What a connection to `peer` needs to tell whether it got ahead ([`PeerProgress`]).
-    pub(crate) fn progress_of(&self, peer: usize) -> Option<PeerProgress> {
-        let peer = self.peers.get(peer)?.as_ref()?;
-        Some(PeerProgress {
-            local: Arc::clone(&self.local),
-            peer: Arc::clone(peer),
-        })
+    /// Whether `peer` has entered a direct collective this rank has not: its synchronisation
+    /// stamp is ahead of this rank's. A connection to the peer asks while a send or receive
+    /// waits on it: in a program whose ranks call the same operations, a peer gets ahead only
+    /// after its side of the send or receive is done, so the wait cannot be for anything else.
+    pub(crate) fn ahead(&self, peer: usize) -> Option<PeerAhead> {
+        let board = Arc::clone(&self.board);
+        (peer != self.rank && peer < self.size)
+            .then(|| Box::new(move || board.ahead(peer)) as PeerAhead)
     }
 
     /// All-reduce of `output.len()` bytes from `input` (or in place).
@@ -131,10 +105,11 @@ impl Direct {
         reducer: &Reducer,
         call: &Call,
         channels: &mut [Channel],
+        shape: &Shape,
     ) -> Result<()> {
         let bytes = output.len();
         let (seq, timing) = self.begin(call, bytes);
-        if bytes <= small_all_reduce(self.size).min(self.area_bytes()) {
+        if shape.direct_all_reduce(bytes, self.area_bytes()) == DirectAllReduce::OneRound {
             self.all_reduce_small(input, output, reducer, call, seq, channels)?;
             self.end(timing);
             return Ok(());
@@ -169,9 +144,10 @@ impl Direct {
             }
             self.scratch = scratch;
             self.sync(call, None, channels)?;
-            for (q, peer) in self.others() {
+            for &q in &self.others {
                 let theirs = self.slice(len / elem, q, elem);
-                peer.main.read(
+                self.board.read(
+                    q,
                     area + theirs.start,
                     &mut output[at + theirs.start..at + theirs.end],
                 );
@@ -181,7 +157,7 @@ impl Direct {
         Ok(())
     }
 
-    /// One round: every rank reduces every vector, in rank order. Up to [`INLINE`] bytes
+    /// One round: every rank reduces every vector, in rank order. Up to [`INLINE_BYTES`] bytes
     /// travel in the mailbox line the peers wait on, so they arrive with the stamp.
     fn all_reduce_small(
         &mut self,
@@ -193,17 +169,17 @@ impl Direct {
         channels: &mut [Channel],
     ) -> Result<()> {
         let n = output.len();
-        let area = if n <= INLINE {
-            Mailbox::inline(seq)
+        let area = if n <= INLINE_BYTES {
+            self.board.inline(seq)
         } else {
             self.next_area()
         };
         self.write_area(area, input.unwrap_or(output));
         self.sync(call, Some(seq), channels)?;
         // This rank's own vector from its area: `output` may be the input.
-        self.local
-            .main
-            .with_bytes(area, n, |own| self.fold(output, area, own, reducer));
+        self.board.with_bytes(self.rank, area, n, |own| {
+            self.fold(output, area, own, reducer)
+        });
         Ok(())
     }
 
@@ -229,9 +205,9 @@ impl Direct {
             let area = self.next_area();
             self.write_area(area, &input[at..at + len]);
             self.sync(call, (k == 0).then_some(seq), channels)?;
-            for (q, peer) in self.others() {
-                peer.main
-                    .read(area, &mut output[q * block + at..q * block + at + len]);
+            for &q in &self.others {
+                self.board
+                    .read(q, area, &mut output[q * block + at..q * block + at + len]);
             }
         }
         self.end(timing);
@@ -287,30 +263,20 @@ impl Direct {
     fn begin(&mut self, call: &Call, bytes: usize) -> (u64, Option<Timing>) {
         let seq = self.calls;
         self.calls += 1;
-        let words = call.header(seq as u32, self.rank).to_words();
-        let mailbox = self.local.mailbox();
-        for (word, value) in mailbox.call(seq).into_iter().zip(words) {
-            // Published by the next stamp (a SeqCst store).
-            word.store(value, Ordering::Relaxed);
-        }
+        // Published by the next stamp.
+        self.board
+            .publish_call(seq, call.header(seq as u32, self.rank).to_words());
         // Stores as rank 0 said with the previous call (any choice is correct; they only
         // differ in speed, so a late hint costs nothing but time).
         let class = StoreTuner::class(bytes);
         self.streaming = match (class, seq) {
-            (Some(k), 1..) => {
-                self.rank0_mailbox().hints(seq - 1).load(Ordering::Relaxed) & (1 << k) != 0
-            }
+            (Some(k), 1..) => self.board.hints(seq - 1) & (1 << k) != 0,
             _ => false,
         };
         let Some(tuner) = self.tuner.as_deref() else {
             return (seq, None);
         };
-        // Written only when it changes: peers read this line only for tuned sizes, and small
-        // calls should not pay for a line that moves between cores on every call.
-        let (slot, hints) = (mailbox.hints(seq), tuner.hints);
-        if slot.load(Ordering::Relaxed) != hints {
-            slot.store(hints, Ordering::Relaxed);
-        }
+        self.board.publish_hints(seq, tuner.hints);
         let timing = class.map(|class| Timing {
             class,
             bytes,
@@ -327,27 +293,20 @@ impl Direct {
         }
     }
 
-    fn rank0_mailbox(&self) -> Mailbox<'_> {
-        match &self.peers[0] {
-            Some(peer) => peer.mailbox(),
-            None => self.local.mailbox(),
-        }
-    }
-
     /// Copies `src` into this rank's own segment at `offset`, with this call's stores.
     fn write_area(&self, offset: usize, src: &[u8]) {
-        store(&self.local.main, self.streaming, offset, src);
+        self.board.write(offset, src, self.streaming);
     }
 
     /// The offset of the next round's area.
     fn next_area(&mut self) -> usize {
         let parity = self.rounds % 2;
         self.rounds += 1;
-        self.local.layout.area(parity as usize)
+        self.board.area(parity)
     }
 
     fn area_bytes(&self) -> usize {
-        self.local.layout.area_bytes
+        self.board.area_bytes()
     }
 
     /// The byte range of rank `q`'s slice of a chunk of `count` elements.
@@ -376,14 +335,10 @@ impl Direct {
         own: &[u8],
         f: impl FnOnce(&[u8]) -> R,
     ) -> R {
-        match &self.peers[q] {
-            None => f(own),
-            Some(peer) => peer.main.with_bytes(offset, own.len(), f),
+        match q == self.rank {
+            true => f(own),
+            false => self.board.with_bytes(q, offset, own.len(), f),
         }
-    }
-
-    fn others(&self) -> impl Iterator<Item = (usize, &Peer)> {
-        self.others.iter().map(|p| (p.rank, &**p))
     }
 
     /// Publishes that this rank reached the next synchronisation point, and waits until every
@@ -392,13 +347,10 @@ impl Direct {
     fn sync(&mut self, call: &Call, check: Option<u64>, channels: &mut [Channel]) -> Result<()> {
         self.stamp += 1;
         let target = self.stamp;
-        self.local
-            .mailbox()
-            .stamp()
-            .store(target, Ordering::Release);
+        self.board.publish_stamp(target);
         self.liveness.published(target);
-        for (_, peer) in self.others() {
-            peer.wake();
+        for &q in &self.others {
+            self.board.wake(q);
         }
         let mut pending = std::mem::take(&mut self.pending);
         pending.clear();
@@ -422,16 +374,16 @@ impl Direct {
             let before = pending.len();
             let mut i = 0;
             while i < pending.len() {
-                let peer = &self.others[pending[i]];
-                if peer.mailbox().stamp().load(Ordering::Acquire) >= target {
+                let peer = self.others[pending[i]];
+                if self.board.stamp_of(peer) >= target {
                     if let Some(seq) = check {
                         self.check_call(peer, seq, call)?;
                     }
                     pending.swap_remove(i);
-                } else if let Some(why) = peer.departed() {
+                } else if let Some(why) = self.board.departed(peer) {
                     return Err(self
                         .root_cause(call, pending)
-                        .unwrap_or(lost(call, peer.rank, why)));
+                        .unwrap_or(lost(call, peer, why)));
                 } else {
                     i += 1;
                 }
@@ -462,7 +414,7 @@ impl Direct {
     fn waits(&self, pending: &[usize], channels: &[Channel]) -> Vec<Flow> {
         let mut flows = engine::flows(channels, &self.watched(pending, channels));
         for &q in pending {
-            let rank = self.others[q].rank;
+            let rank = self.others[q];
             if !flows.iter().any(|f| f.peer == rank) {
                 flows.push(Flow {
                     reading: true,
@@ -478,7 +430,7 @@ impl Direct {
         channels
             .iter()
             .map(|ch| Interest {
-                read: pending.iter().any(|&q| self.others[q].rank == ch.peer()),
+                read: pending.iter().any(|&q| self.others[q] == ch.peer()),
                 write: false,
             })
             .collect()
@@ -525,27 +477,22 @@ impl Direct {
         wants: &[Interest],
     ) -> Result<()> {
         let sleep_error = |e| Error::io(call.rank, format!("{}: before sleeping", call.op), e);
-        self.local.arm().map_err(sleep_error)?;
+        self.board.arm().map_err(sleep_error)?;
         let arrived = pending.iter().any(|&q| {
-            let peer = &self.others[q];
-            peer.mailbox().stamp().load(Ordering::Acquire) >= target || peer.departed().is_some()
+            let peer = self.others[q];
+            self.board.stamp_of(peer) >= target || self.board.departed(peer).is_some()
         });
         let mut result = Ok(());
         if !arrived {
-            let mut waited = pending.iter().map(|&q| &self.others[q]);
-            if let Some(e) = waited.find_map(|p| p.lost().map(|why| lost(call, p.rank, why))) {
-                self.local.disarm();
+            let mut waited = pending.iter().map(|&q| self.others[q]);
+            if let Some(e) = waited.find_map(|p| self.board.lost(p).map(|why| lost(call, p, why))) {
+                self.board.disarm();
                 return Err(self.root_cause(call, pending).unwrap_or(e));
             }
-            let read = Interest {
-                read: true,
-                write: false,
-            };
-            let mut fds: Vec<PollFd<'_>> = vec![
-                poll_fd(self.local.doorbell.fd(), read),
-                poll_fd(self.liveness.wake_fd(), read),
-            ];
-            fds.extend(pending.iter().map(|&q| self.others[q].poll_liveness()));
+            let mut fds: Vec<PollFd<'_>> =
+                vec![crate::os::poll_fd(self.liveness.wake_fd(), true, false)];
+            self.board
+                .sleep_fds(pending.iter().map(|&q| self.others[q]), &mut fds);
             for (ch, w) in channels.iter().zip(wants) {
                 if w.any() {
                     ch.wait_fds(*w, &mut fds);
@@ -555,7 +502,7 @@ impl Direct {
                 result = Err(Error::io(call.rank, format!("{}: poll", call.op), e));
             }
         }
-        self.local.disarm();
+        self.board.disarm();
         result
     }
 
@@ -571,11 +518,11 @@ impl Direct {
         channels: &mut [Channel],
     ) -> Option<Error> {
         for &q in pending {
-            let peer = &self.others[q];
-            for ch in channels.iter_mut().filter(|ch| ch.peer() == peer.rank) {
+            let peer = self.others[q];
+            for ch in channels.iter_mut().filter(|ch| ch.peer() == peer) {
                 ch.read_ahead_idle();
                 let sent = ch.read_ahead_bytes();
-                if sent.is_empty() || peer.mailbox().stamp().load(Ordering::Acquire) >= target {
+                if sent.is_empty() || self.board.stamp_of(peer) >= target {
                     continue;
                 }
                 let ours = call.header(0, call.rank);
@@ -583,12 +530,10 @@ impl Direct {
                     Some(Ok(theirs)) => ours.mismatch(&theirs),
                     _ => None,
                 }
-                .unwrap_or_else(|| {
-                    format!("rank {} started a send; this rank called {ours}", peer.rank)
-                });
+                .unwrap_or_else(|| format!("rank {peer} started a send; this rank called {ours}"));
                 return Some(Error::Mismatch {
                     rank: call.rank,
-                    peer: peer.rank,
+                    peer,
                     op: call.op,
                     detail,
                 });
@@ -600,15 +545,15 @@ impl Direct {
     /// When a peer gave up, the rank it lost may be one this rank waits for too: the rank whose
     /// process vanished is the one to name, not the peer that noticed first.
     fn root_cause(&self, call: &Call, pending: &[usize]) -> Option<Error> {
-        let mut waited = pending.iter().map(|&q| &self.others[q]);
-        waited.find_map(|p| p.vanished().map(|why| lost(call, p.rank, why)))
+        let mut waited = pending.iter().map(|&q| self.others[q]);
+        waited.find_map(|p| self.board.vanished(p).map(|why| lost(call, p, why)))
     }
 
     /// Checks that `peer` describes call `seq` as this rank does.
-    fn check_call(&self, peer: &Peer, seq: u64, call: &Call) -> Result<()> {
-        let sender = crate::wire::to_u32(peer.rank);
-        let words = peer.mailbox().call(seq).map(|w| w.load(Ordering::Relaxed));
-        let expect = call.header(seq as u32, peer.rank);
+    fn check_call(&self, peer: usize, seq: u64, call: &Call) -> Result<()> {
+        let sender = crate::wire::to_u32(peer);
+        let words = self.board.call_of(peer, seq);
+        let expect = call.header(seq as u32, peer);
         let detail = match Header::from_words(words, sender) {
             Ok(got) => expect.mismatch(&got),
             Err(why) => Some(format!("unreadable call description: {why}")),
@@ -617,20 +562,11 @@ impl Direct {
             None => Ok(()),
             Some(detail) => Err(Error::Mismatch {
                 rank: call.rank,
-                peer: peer.rank,
+                peer,
                 op: call.op,
                 detail,
             }),
         }
-    }
-}
-
-/// Copies `src` to `offset` of `main`, with streaming stores or ordinary ones.
-fn store(main: &Mapping, streaming: bool, offset: usize, src: &[u8]) {
-    if streaming {
-        main.write_streaming(offset, src);
-    } else {
-        main.write(offset, src);
     }
 }
 

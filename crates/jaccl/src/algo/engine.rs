@@ -11,16 +11,17 @@
 //! Every wait has a deadline: when no byte moves for the call's timeout, it fails with
 //! [`Error::Timeout`].
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use super::direct::PeerProgress;
-use super::{Buf, Merge, Plan, Span, Transfer};
+use super::plan::{Buf, Merge, Plan, Span, Transfer};
 use crate::error::{Error, Op, Result};
 use crate::liveness::{Flow, Liveness};
+use crate::os::poll;
 use crate::reduce::{Reducer, copy};
-use crate::transport::{Interest, Link, LinkError, Readiness, poll};
+use crate::transport::{Interest, Link, LinkError, Readiness};
 use crate::wait::{Backoff, Idle, WaitPolicy};
 use crate::wire::{HEADER_LEN, Header, Kind};
 use crate::{Dtype, ReduceOp};
@@ -40,12 +41,16 @@ pub(crate) struct Channel {
     /// The link failed while reading ahead: the call that next receives on it reports that.
     read_ahead_failed: bool,
     /// With the direct collectives: whether the peer has entered one this rank has not.
-    direct: Option<PeerProgress>,
+    ahead: Option<PeerAhead>,
     /// Bytes handed to the link and taken from it since the group started, for the deadlock
     /// search ([`crate::liveness::Flow`]).
     bytes_sent: u64,
     bytes_received: u64,
 }
+
+/// Whether the peer of a channel has entered a direct collective this rank has not: a send or
+/// receive that waits on it then fails with `Mismatch` (see [`drive`]).
+pub(crate) type PeerAhead = Box<dyn Fn() -> bool + Send>;
 
 /// The most a pass reads ahead from one channel, so a fast peer cannot keep a pass going.
 const READ_AHEAD_PER_PASS: usize = 4 << 20;
@@ -60,7 +65,7 @@ impl Channel {
             early: Vec::new(),
             early_pos: 0,
             read_ahead_failed: false,
-            direct: None,
+            ahead: None,
             bytes_sent: 0,
             bytes_received: 0,
         }
@@ -71,8 +76,8 @@ impl Channel {
     }
 
     /// Watches the peer's progress in the direct collectives (see [`drive`]).
-    pub(crate) fn watch(&mut self, progress: Option<PeerProgress>) {
-        self.direct = progress;
+    pub(crate) fn watch(&mut self, ahead: Option<PeerAhead>) {
+        self.ahead = ahead;
     }
 
     /// The descriptors to sleep on for `interest` (see [`Link::wait_fds`]).
@@ -200,6 +205,14 @@ pub(crate) struct Buffers<'a> {
 }
 
 impl Buffers<'_> {
+    /// No buffers: for a plan that only sends headers.
+    pub(crate) fn none() -> Buffers<'static> {
+        Buffers {
+            input: None,
+            output: &mut [],
+        }
+    }
+
     fn read(&self, span: Span) -> &[u8] {
         let buf = match (span.buf, self.input) {
             (Buf::Input, Some(input)) => input,
@@ -354,8 +367,49 @@ impl<'a> Execution<'a> {
     }
 }
 
+/// A reusable buffer of the algorithms, kept between calls (`u128` for alignment).
+#[derive(Default)]
+pub(crate) struct Scratch(Vec<u128>);
+
+impl Scratch {
+    /// `bytes` of it, grown as needed, viewed as bytes.
+    pub(crate) fn bytes(&mut self, bytes: usize) -> &mut [u8] {
+        let words = bytes.div_ceil(size_of::<u128>());
+        if self.0.len() < words {
+            self.0.resize(words, 0);
+        }
+        &mut bytemuck::cast_slice_mut(self.0.as_mut_slice())[..bytes]
+    }
+}
+
+/// A group's channels, and what its waits consult: where plans run.
+pub(crate) struct Network {
+    pub(crate) channels: Vec<Channel>,
+    pub(crate) liveness: Arc<Liveness>,
+}
+
+impl Network {
+    /// Runs `plan` over the channels to the end ([`run`]).
+    pub(crate) fn run(
+        &mut self,
+        plan: &Plan,
+        bufs: Buffers<'_>,
+        reducer: Option<&Reducer>,
+        call: &Call,
+    ) -> Result<()> {
+        run(
+            &mut self.channels,
+            &self.liveness,
+            plan,
+            bufs,
+            reducer,
+            call,
+        )
+    }
+}
+
 /// Runs `plan` over `channels` to the end (see [`Execution::start`]).
-pub(crate) fn run(
+fn run(
     channels: &mut [Channel],
     liveness: &Liveness,
     plan: &Plan,
@@ -506,7 +560,7 @@ fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Option<us
         .zip(exec.wants())
         .enumerate()
         .find(|(i, (ch, want))| {
-            want.any() && used(*i) && ch.direct.as_ref().is_some_and(PeerProgress::peer_ahead)
+            want.any() && used(*i) && ch.ahead.as_ref().is_some_and(|ahead| ahead())
         })
         .map(|(_, (ch, _))| ch.peer)
 }

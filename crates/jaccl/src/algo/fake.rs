@@ -16,8 +16,9 @@ use proptest::test_runner::{RngAlgorithm, TestRng};
 use rustix::event::PollFd;
 
 use super::engine::{self, Buffers, Call, Channel, Execution};
-use super::ring::Geometry;
-use super::{Plan, Span};
+use super::geometry::Geometry;
+use super::plan::{Plan, Span};
+use super::{doubling, mesh, p2p, ring};
 use crate::error::Op;
 use crate::reduce::Reducer;
 use crate::transport::{Interest, Link, LinkError, Readiness};
@@ -415,7 +416,7 @@ proptest! {
         let ranks = (0..size)
             .map(|r| {
                 let mine = bytes((0..count).map(|i| value(r, i)));
-                let plan = geometry(r, size, wires, false).all_reduce(count, 8, in_place);
+                let plan = ring::all_reduce(&geometry(r, size, wires, false), count, 8, in_place);
                 let (input, output) = if in_place { (None, mine) } else { (Some(mine), vec![0; count * 8]) };
                 RankCall { plan, input, output, call: call(r, Op::AllReduce, count) }
             })
@@ -435,7 +436,7 @@ proptest! {
         let count = if small { 1 + extra } else { 4097 + extra };
         let ranks = (0..size)
             .map(|r| RankCall {
-                plan: geometry(r, size, wires, false).reduce_scatter(count, 8),
+                plan: ring::reduce_scatter(&geometry(r, size, wires, false), count, 8),
                 input: Some(bytes((0..size * count).map(|i| value(r, i)))),
                 output: vec![0; count * 8],
                 call: call(r, Op::ReduceScatter, count),
@@ -461,7 +462,7 @@ proptest! {
                 for (i, b) in output[r * block..(r + 1) * block].iter_mut().enumerate() {
                     *b = (r * 31 + i) as u8;
                 }
-                let plan = if small { g.gather_both_ways(block) } else { g.all_gather(block) };
+                let plan = if small { ring::gather_both_ways(&g, block) } else { ring::all_gather(&g, block) };
                 RankCall { plan, input: None, output, call: call(r, Op::AllGather, block) }
             })
             .collect();
@@ -483,8 +484,8 @@ proptest! {
             .map(|r| {
                 let g = geometry(r, size, wires, false);
                 match r {
-                    0 => RankCall { plan: g.send(len, 1), input: Some(data.clone()), output: Vec::new(), call: call(r, Op::Send, len) },
-                    1 => RankCall { plan: g.recv(len, 0), input: None, output: vec![0; len], call: call(r, Op::Recv, len) },
+                    0 => RankCall { plan: p2p::send(&g, len, 1), input: Some(data.clone()), output: Vec::new(), call: call(r, Op::Send, len) },
+                    1 => RankCall { plan: p2p::recv(&g, len, 0), input: None, output: vec![0; len], call: call(r, Op::Recv, len) },
                     _ => RankCall { plan: Plan::default(), input: None, output: Vec::new(), call: call(r, Op::Recv, 0) },
                 }
             })
@@ -507,10 +508,10 @@ proptest! {
                 let mut output = vec![0u8; size * block];
                 let input: Vec<u8> = (0..size * block).map(|j| value(r, j / block.max(1), j % block.max(1))).collect();
                 let plan = if scatter {
-                    g.exchange_with_all(block, |p| super::Span::input(p * block, block))
+                    mesh::exchange_with_all(&g, block, |p| Span::input(p * block, block))
                 } else {
                     output[r * block..(r + 1) * block].copy_from_slice(&input[r * block..(r + 1) * block]);
-                    g.gather_small(block)
+                    mesh::gather(&g, block)
                 };
                 RankCall { plan, input: Some(input), output, call: call(r, Op::AllGather, block) }
             })
@@ -539,9 +540,9 @@ proptest! {
             .map(|r| {
                 let g = geometry(r, size, wires, true);
                 if r == from {
-                    RankCall { plan: g.send(len, to), input: Some(data.clone()), output: Vec::new(), call: call(r, Op::Send, len) }
+                    RankCall { plan: p2p::send(&g, len, to), input: Some(data.clone()), output: Vec::new(), call: call(r, Op::Send, len) }
                 } else if r == to {
-                    RankCall { plan: g.recv(len, from), input: None, output: vec![0; len], call: call(r, Op::Recv, len) }
+                    RankCall { plan: p2p::recv(&g, len, from), input: None, output: vec![0; len], call: call(r, Op::Recv, len) }
                 } else {
                     RankCall { plan: Plan::default(), input: None, output: Vec::new(), call: call(r, Op::Recv, 0) }
                 }
@@ -572,10 +573,10 @@ proptest! {
                 let g = geometry(r, size, wires, mesh);
                 let (to, from) = ((r + shift) % size, (r + size - shift) % size);
                 vec![
-                    RankCall { plan: g.send(len, to), input: Some(data(r)), output: Vec::new(), call: call(r, Op::Send, len) },
-                    RankCall { plan: g.recv(len, from), input: None, output: vec![0; len], call: call(r, Op::Recv, len) },
+                    RankCall { plan: p2p::send(&g, len, to), input: Some(data(r)), output: Vec::new(), call: call(r, Op::Send, len) },
+                    RankCall { plan: p2p::recv(&g, len, from), input: None, output: vec![0; len], call: call(r, Op::Recv, len) },
                     RankCall {
-                        plan: g.all_reduce(count, 8, false),
+                        plan: ring::all_reduce(&g, count, 8, false),
                         input: Some(bytes((0..count).map(|i| value(r, i)))),
                         output: vec![0; count * 8],
                         call: call(r, Op::AllReduce, count),
@@ -607,7 +608,7 @@ proptest! {
                 let k = step % steps.len();
                 partners.push(steps[k]);
                 RankCall {
-                    plan: g.swap_with(&steps, k, Span::input(0, len), Span::output(0, len)),
+                    plan: doubling::swap_with(&g, &steps, k, Span::input(0, len), Span::output(0, len)),
                     input: Some(data(r)),
                     output: vec![0; len],
                     call: call(r, Op::AllReduce, len),

@@ -16,17 +16,19 @@ use serde::{Deserialize, Serialize};
 
 mod rdma;
 
-use crate::algo::direct::Direct;
+use crate::algo::collectives::Collectives;
 use crate::algo::engine::Channel;
-use crate::algo::ring::{Geometry, Ring};
+use crate::algo::geometry::Geometry;
+use crate::auth::Identity;
 use crate::bootstrap::SideChannel;
 use crate::config::{Config, Topology, Transport};
 use crate::error::{Error, Result};
 use crate::liveness::{Heartbeat, Liveness};
+use crate::os::deadline_after;
 use crate::transport::rdma::link::RdmaLink;
-use crate::transport::shm::{self, Layout, PeerSpec, Shm, link::ShmLink};
-use crate::transport::{Identity, Link, tcp};
-use crate::wait::{WaitPolicy, deadline_after};
+use crate::transport::shm::{self, Board, Layout, PeerSpec, Shm, link::ShmLink};
+use crate::transport::{Link, tcp};
+use crate::wait::WaitPolicy;
 
 /// What each rank publishes at start-up.
 #[derive(Debug, Serialize, Deserialize)]
@@ -45,9 +47,7 @@ struct PeerInfo {
 
 /// A group's connections, ready for collectives.
 pub(crate) struct Connected {
-    pub(crate) ring: Ring,
-    /// The direct collectives, when every rank is on this host and shares memory.
-    pub(crate) direct: Option<Direct>,
+    pub(crate) collectives: Collectives,
     /// This rank's shared memory, if it has any peer on this host.
     pub(crate) shm: Option<Shm>,
     /// The transport to each peer this rank has links to: the left neighbour, the right one if
@@ -262,22 +262,18 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         (wires, 0),
         wires,
     )?;
-    let mut ring = Ring::new(
+    let mut channels = left_channels;
+    channels.extend(right_channels);
+    channels.extend(mesh_channels);
+    let board = shm.as_ref().filter(|_| all_here);
+    let collectives = Collectives::new(
         geometry,
-        left_channels,
-        right_channels,
-        mesh_channels,
+        channels,
         Arc::clone(&liveness),
         // Known alike to every rank (unlike this rank's own links), so all choose alike.
         rdma_pairs.contains(&true),
+        board.and_then(|s| Board::new(size, s)).map(Arc::new),
     );
-    let direct = match (&shm, all_here) {
-        (Some(shm), true) => Direct::new(rank, size, shm, Arc::clone(&liveness)),
-        _ => None,
-    };
-    if let Some(direct) = &direct {
-        ring.watch_direct(direct);
-    }
     let mut peers = vec![(left, to_left)];
     if right != left {
         peers.push((right, to_right));
@@ -289,8 +285,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         .transpose()
         .map_err(|e| Error::io(rank, "starting the heartbeat", e))?;
     Ok(Connected {
-        ring,
-        direct,
+        collectives,
         shm,
         peers,
         wait,

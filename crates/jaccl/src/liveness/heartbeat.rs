@@ -13,7 +13,7 @@ use rustix::event::{PollFd, PollFlags};
 use super::deadlock::{DeadlockWatch, Member};
 use super::message::{Message, decode};
 use super::{Blocked, Liveness, Verdict, interval};
-use crate::transport::{event_counter, signal};
+use crate::os::{event_counter, poll, signal};
 
 /// The heartbeat thread of one rank; dropping it says goodbye and stops it.
 pub(crate) struct Heartbeat {
@@ -131,7 +131,7 @@ impl Coordinator {
         ];
         fds.extend(self.peers.iter().filter(|p| p.watched).map(|p| p.poll()));
         let until = self.linger.map_or(next, |l| l.min(next));
-        let _ = crate::transport::poll(&mut fds, until.saturating_duration_since(now));
+        let _ = poll(&mut fds, until.saturating_duration_since(now));
         fds[0].revents().contains(PollFlags::IN)
     }
 
@@ -229,7 +229,7 @@ pub(crate) fn attend(
                     PollFd::new(&live.failed, PollFlags::IN),
                     coordinator.poll(),
                 ];
-                let _ = crate::transport::poll(&mut fds, next.saturating_duration_since(now));
+                let _ = poll(&mut fds, next.saturating_duration_since(now));
                 fds[0].revents().contains(PollFlags::IN)
             };
             // A member whose group failed says why and leaves.
@@ -418,7 +418,7 @@ impl Peer {
                 return;
             }
             let mut fds = [PollFd::new(&self.stream, PollFlags::OUT)];
-            let _ = crate::transport::poll(&mut fds, left);
+            let _ = poll(&mut fds, left);
         }
     }
 

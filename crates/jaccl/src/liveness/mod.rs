@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use crate::error::{Error, Op};
-use crate::transport::{event_counter, signal};
+use crate::error::{Error, Op, left_the_group as left};
+use crate::os::{event_counter, poll, signal};
 
 pub(crate) use heartbeat::{Heartbeat, attend, coordinate};
 #[cfg(feature = "fuzzing")]
@@ -362,7 +362,7 @@ impl Liveness {
                 PollFd::new(&self.wake, PollFlags::IN),
                 PollFd::new(&self.departures, PollFlags::IN),
             ];
-            let _ = crate::transport::poll(&mut fds, remaining);
+            let _ = poll(&mut fds, remaining);
             if fds[1].revents().contains(PollFlags::IN) {
                 let mut count = [0u8; 8];
                 let _ = rustix::io::read(&self.departures, &mut count);
@@ -410,11 +410,6 @@ impl Liveness {
 /// The beat interval for a liveness `window`: a fifth of it, between 50 ms and 1 s.
 pub(crate) fn interval(window: Duration) -> Duration {
     (window / 5).clamp(Duration::from_millis(50), Duration::from_secs(1))
-}
-
-/// Why a rank that dropped its group is missing (shared memory says the same).
-pub(crate) fn left(rank: usize) -> String {
-    format!("rank {rank} left the group (it dropped it)")
 }
 
 #[cfg(test)]

@@ -26,22 +26,13 @@
 //!    deadline passes, then calls [`Link::disarm`] on each and tries again.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::time::Duration;
+use std::os::fd::BorrowedFd;
 
-use rustix::event::{PollFd, PollFlags};
+use rustix::event::PollFd;
 
 pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;
-
-/// Who this process is, for the handshakes that open data connections.
-#[derive(Debug, Clone)]
-pub(crate) struct Identity {
-    pub(crate) rank: usize,
-    pub(crate) size: usize,
-    pub(crate) token: crate::auth::JobToken,
-}
 
 /// Why a link failed.
 #[derive(Debug)]
@@ -75,6 +66,11 @@ impl Interest {
     /// Whether anything is wanted at all.
     pub(crate) fn any(self) -> bool {
         self.read || self.write
+    }
+
+    /// A poll entry for `fd` with this interest.
+    pub(crate) fn poll_fd(self, fd: BorrowedFd<'_>) -> PollFd<'_> {
+        crate::os::poll_fd(fd, self.read, self.write)
     }
 }
 
@@ -115,55 +111,4 @@ pub(crate) trait Link: Send {
 
     /// Undoes [`Link::arm`] after the sleep (or when another link was ready).
     fn disarm(&mut self);
-}
-
-/// A new event counter (an eventfd, non-blocking, closed on exec): one thread [`signal`]s it
-/// to wake another that polls it.
-pub(crate) fn event_counter() -> io::Result<OwnedFd> {
-    Ok(rustix::event::eventfd(
-        0,
-        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-    )?)
-}
-
-/// Adds one to the event counter `fd`, making it readable (it only grows: this never blocks).
-pub(crate) fn signal(fd: impl AsFd) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
-}
-
-/// Waits in `poll(2)` until one of `fds` is ready or `limit` passes; returns how many are
-/// ready (0 after a timeout or an interrupted wait, which callers treat as a wake-up).
-pub(crate) fn poll(fds: &mut [PollFd<'_>], limit: Duration) -> io::Result<usize> {
-    let timeout = rustix::time::Timespec::try_from(limit).unwrap_or(rustix::time::Timespec {
-        tv_sec: i64::MAX,
-        tv_nsec: 0,
-    });
-    match rustix::event::poll(fds, Some(&timeout)) {
-        Ok(n) => Ok(n),
-        Err(rustix::io::Errno::INTR) => Ok(0),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Waits until `fd` is readable or `limit` passes; returns whether it is readable.
-pub(crate) fn wait_readable(fd: BorrowedFd<'_>, limit: Duration) -> io::Result<bool> {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if poll(&mut fds, left)? > 0 {
-            return Ok(true);
-        }
-        if left.is_zero() || std::time::Instant::now() >= deadline {
-            return Ok(false);
-        }
-    }
-}
-
-/// A poll entry for `fd`, readable or writable as `interest` asks.
-pub(crate) fn poll_fd(fd: BorrowedFd<'_>, interest: Interest) -> PollFd<'_> {
-    let mut flags = PollFlags::empty();
-    flags.set(PollFlags::IN, interest.read);
-    flags.set(PollFlags::OUT, interest.write);
-    PollFd::from_borrowed_fd(fd, flags)
 }

@@ -8,16 +8,16 @@ use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rustix::event::PollFd;
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
-use super::{Identity, Interest, Link, LinkError, Readiness, poll_fd};
-use crate::auth::{self, Admission, AuthError, Claim, Purpose};
+use super::{Interest, Link, LinkError, Readiness};
+use crate::auth::{self, Admission, AuthError, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
-use crate::wait::{RetryDelay, deadline_after};
+use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after};
 
 /// Receive staging per rank, split over its receiving links. Receiving into a small buffer
 /// that stays in cache and copying out of it measured 1.5-2× cheaper on loopback than
@@ -149,7 +149,7 @@ impl Link for TcpLink {
     }
 
     fn wait_fds<'a>(&'a self, interest: Interest, fds: &mut Vec<PollFd<'a>>) {
-        fds.push(poll_fd(self.socket.as_fd(), interest));
+        fds.push(interest.poll_fd(self.socket.as_fd()));
     }
 
     fn disarm(&mut self) {}
@@ -298,7 +298,7 @@ fn accept_all(
     if missing > 0 {
         let done = auth::serve(
             listener.as_fd(),
-            || crate::bootstrap::accept_tcp(listener),
+            || accept_tcp(listener),
             &me.token,
             me.rank,
             deadline,
@@ -364,36 +364,6 @@ fn accept_all(
         .into_iter()
         .map(|wires| wires.into_iter().flatten().collect())
         .collect())
-}
-
-/// Connects to `addr`, retrying (with back-off up to half a second) until `deadline`: the other
-/// side may not be listening yet.
-pub(crate) fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
-    let mut delay = RetryDelay::new();
-    loop {
-        let left = remaining(deadline);
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "timed out before a connection was made",
-            ));
-        }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
-            Ok(stream) => return Ok(stream),
-            Err(e) if !delay.pause(deadline) => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("{e} (retried until the timeout)"),
-                ));
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-/// Time left until `deadline` (zero once it passed).
-pub(crate) fn remaining(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
 }
 
 #[cfg(test)]

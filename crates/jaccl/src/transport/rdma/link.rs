@@ -31,7 +31,7 @@ use super::verbs::{
     Completion, QueuePair, Region, Verbs, WC_RETRY_EXC_ERR, WC_RNR_RETRY_EXC_ERR, WC_SUCCESS,
     WC_WR_FLUSH_ERR, Write,
 };
-use crate::transport::{Interest, Link, LinkError, Readiness, poll_fd};
+use crate::transport::{Interest, Link, LinkError, Readiness};
 
 /// Bytes of each ring: four of the largest messages in flight.
 pub(crate) const RING_BYTES: usize = 4 * MAX_MESSAGE;
@@ -412,7 +412,7 @@ impl Link for RdmaLink {
             read: true,
             write: false,
         };
-        fds.push(poll_fd(self.qp.fd(), read));
+        fds.push(read.poll_fd(self.qp.fd()));
     }
 
     fn disarm(&mut self) {

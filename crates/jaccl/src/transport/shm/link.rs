@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustix::event::PollFd;
 
 use super::{Local, Mapping, Peer};
-use crate::transport::{Interest, Link, LinkError, Readiness, poll_fd};
+use crate::transport::{Interest, Link, LinkError, Readiness};
 
 /// One wire to one peer on this host.
 pub(crate) struct ShmLink {
@@ -164,7 +164,7 @@ impl Link for ShmLink {
             read: true,
             write: false,
         };
-        fds.push(poll_fd(self.local.doorbell.fd(), read));
+        fds.push(read.poll_fd(self.local.doorbell.fd()));
         fds.push(self.peer.poll_liveness());
     }
 

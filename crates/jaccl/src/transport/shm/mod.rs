@@ -32,15 +32,18 @@ use rustix::net::{
 };
 use rustix::thread::{MembarrierCommand, MembarrierQuery, membarrier, membarrier_query};
 
-use super::Identity;
+use crate::auth::Identity;
 use crate::auth::{self, Admission, Claim, Purpose};
 use crate::error::{Error, Result};
 
+mod board;
 pub(crate) mod link;
-pub(crate) mod segment;
+mod segment;
 mod sys;
 
-pub(crate) use segment::{Layout, Mailbox, State};
+pub(crate) use board::{Board, INLINE_BYTES};
+pub(crate) use segment::Layout;
+use segment::{Mailbox, State};
 pub(crate) use sys::Mapping;
 
 /// Bytes of each ring (one per neighbour, wire and direction): the most a sender may be ahead.
@@ -109,12 +112,12 @@ pub(crate) struct Doorbell(OwnedFd);
 
 impl Doorbell {
     fn new() -> io::Result<Doorbell> {
-        Ok(Doorbell(crate::transport::event_counter()?))
+        Ok(Doorbell(crate::os::event_counter()?))
     }
 
     /// Wakes the owner (the counter only grows, so this cannot block).
     pub(crate) fn ring(&self) {
-        crate::transport::signal(&self.0);
+        crate::os::signal(&self.0);
     }
 
     /// Resets the counter after a wake-up.
@@ -227,7 +230,7 @@ impl Peer {
     pub(crate) fn departed(&self) -> Option<String> {
         match self.mailbox().state_word().load(Ordering::Acquire) {
             s if s == State::Running as u32 => None,
-            s if s == State::Closed as u32 => Some(crate::liveness::left(self.rank)),
+            s if s == State::Closed as u32 => Some(crate::error::left_the_group(self.rank)),
             _ => Some(format!(
                 "rank {}'s group failed (its own error says why)",
                 self.rank
@@ -462,7 +465,7 @@ fn accept_all(
         deadline,
         Some(stop),
         |claim, mut socket| {
-            let reply_by = deadline.min(crate::wait::deadline_after(auth::HANDSHAKE_TIMEOUT));
+            let reply_by = deadline.min(crate::os::deadline_after(auth::HANDSHAKE_TIMEOUT));
             let expected = missing
                 .iter()
                 .position(|s| s.rank == claim.rank)
@@ -588,7 +591,7 @@ fn send_with_fds(socket: &OwnedFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::
 /// Receives one message and the descriptors it carries, waiting until `deadline`.
 fn recv_message(socket: &OwnedFd, deadline: Instant) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let left = deadline.saturating_duration_since(Instant::now());
-    if !super::wait_readable(socket.as_fd(), left)? {
+    if !crate::os::wait_readable(socket.as_fd(), left)? {
         return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
     }
     let mut buf = [0u8; 128];

@@ -1,0 +1,408 @@
+//! The recursive doubling and halving family, where the ranks pair up
+//! ([`Geometry::doubling_partners`]): log2(size) steps, in each of which a rank swaps data with
+//! that step's partner only. All-reduce swaps whole partial results, all-gather the blocks
+//! gathered so far, reduce-scatter (halving, the steps in reverse) the half of the partial
+//! sums around the partner's block. In every step the lower rank of a pair holds the partial
+//! result of the lower ranks, so "lower rank's value first" is one order on every rank, and
+//! every rank gets the same bits.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use super::engine::{Buffers, Call, Network, Scratch};
+use super::geometry::{Geometry, frame_bytes, lane_slice};
+use super::plan::{Merge, Plan, Span, Step, Transfer};
+use crate::error::{Error, Result};
+use crate::reduce::{Reducer, copy};
+
+/// The longest a rank that failed a recursive-doubling step with a `Mismatch` spends telling
+/// the partners of the later steps (their links have room for a header, so it takes no wait).
+const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Step `k` of recursive doubling with `partners` (in step order): this rank sends `send` to
+/// `partners[k]` and receives as many bytes from it into `recv`, split over the ring's wires to
+/// a neighbour. The first step also exchanges headers with each ring neighbour that is no
+/// step's partner, so every neighbour of a rank that called something else notices; a partner
+/// gets the header with its step's data (or alone, [`Plan::announcement`], when this rank
+/// fails before), which saves a message per rank and call (with 4 ranks on the ring, a third
+/// of them).
+pub(crate) fn swap_with(
+    g: &Geometry,
+    partners: &[usize],
+    k: usize,
+    send: Span,
+    recv: Span,
+) -> Plan {
+    let peer = partners[k];
+    let wires = g.wires_to(send.len, peer);
+    let transfers = (0..wires)
+        .map(|w| {
+            let channel = g.channel_to(peer, w);
+            let slice = lane_slice(send.len, wires, w);
+            let part = |span: Span| Span {
+                off: span.off + slice.start,
+                len: slice.len(),
+                ..span
+            };
+            Transfer {
+                tx: Some(channel),
+                rx: Some(channel),
+                steps: vec![Step {
+                    send: part(send),
+                    recv: part(recv),
+                    merge: Merge::Copy,
+                }],
+                frame: frame_bytes(slice.len()),
+                merge_after_send: false,
+            }
+        })
+        .collect();
+    let headers_both_ways = match k {
+        0 => [
+            (g.left(), g.left_channel(0)),
+            (g.right(), g.right_channel(0)),
+        ]
+        .into_iter()
+        .filter(|(neighbour, _)| !partners.contains(neighbour))
+        .map(|(_, channel)| channel)
+        .collect(),
+        _ => Vec::new(),
+    };
+    Plan {
+        transfers,
+        headers_both_ways,
+        ..Plan::default()
+    }
+}
+
+/// The aligned group of 2^k blocks (block indices) that holds block `r`: what a rank holds
+/// after k steps of a recursive-doubling gather, or reduces before the last k steps of halving.
+fn aligned_blocks(r: usize, k: usize) -> Range<usize> {
+    let first = (r >> k) << k;
+    first..first + (1 << k)
+}
+
+/// All-reduce by recursive doubling: in each step this rank swaps its partial result with that
+/// step's partner and combines the two, the lower rank's first. The first step sends the
+/// caller's vector; scratch vectors hold the partner's vector and, with more than one step,
+/// the partial result and, with more than two, the next one.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn all_reduce(
+    net: &mut Network,
+    g: &Geometry,
+    scratch: &mut Scratch,
+    input: Option<&[u8]>,
+    output: &mut [u8],
+    reducer: &Reducer,
+    call: &Call,
+    partners: &[usize],
+) -> Result<()> {
+    let bytes = output.len();
+    let (whole_input, whole_output) = (Span::input(0, bytes), Span::output(0, bytes));
+    let plans: Vec<Plan> = (0..partners.len())
+        .map(|k| swap_with(g, partners, k, whole_input, whole_output))
+        .collect();
+    let vectors = partners.len().min(3);
+    let all = scratch.bytes(vectors * bytes);
+    let (theirs, rest) = all.split_at_mut(bytes);
+    // Two steps need no `next`, one step no `partial` either: they are then empty.
+    let (mut partial, mut next) = rest.split_at_mut(bytes.min(rest.len()));
+    let mut swap = Swap {
+        steps: Steps {
+            net,
+            plans: &plans,
+            call,
+        },
+        rank: g.rank,
+        partners,
+        theirs,
+        reducer,
+    };
+    let last = partners.len() - 1;
+    if last == 0 {
+        return match input {
+            Some(input) => swap.step(0, input, output),
+            None => swap.step_in_place(0, output),
+        };
+    }
+    swap.step(0, input.unwrap_or(output), partial)?;
+    for k in 1..last {
+        swap.step(k, partial, next)?;
+        std::mem::swap(&mut partial, &mut next);
+    }
+    swap.step(last, partial, output)
+}
+
+/// Gathers every rank's block of `block` bytes into `output` (`size` blocks), whose own block
+/// the caller has filled: step k swaps the aligned group of 2^k blocks each partner holds (2
+/// messages per rank at 4 ranks, against 3 for the both-ways gather).
+pub(crate) fn all_gather(
+    net: &mut Network,
+    g: &Geometry,
+    output: &mut [u8],
+    block: usize,
+    call: &Call,
+    partners: &[usize],
+) -> Result<()> {
+    let plans: Vec<Plan> = (0..partners.len())
+        .map(|k| {
+            // Before step k each rank holds the aligned group of 2^k blocks around its own
+            // (partners differ in bit k; the ring's pairs 0-1 and 2-3 are such groups).
+            let span = |r: usize| {
+                let blocks = aligned_blocks(r, k);
+                Span::output(blocks.start * block, blocks.len() * block)
+            };
+            swap_with(g, partners, k, span(g.rank), span(partners[k]))
+        })
+        .collect();
+    let mut steps = Steps {
+        net,
+        plans: &plans,
+        call,
+    };
+    for k in 0..plans.len() {
+        steps.run(k, &mut *output, None)?;
+    }
+    Ok(())
+}
+
+/// Reduce-scatter by recursive halving, the doubling partners in reverse order: before the
+/// step with partner `partners[k]` this rank holds partial sums of the aligned group of
+/// 2^(k+1) blocks around its own; it sends the partner the half around the partner's block and
+/// reduces the half around its own with what the partner sends. `log2 size` messages per rank
+/// (2 at 4 ranks, against the ring's 3 hops), the ring's bytes. Each block is reduced on one
+/// rank only, so no other rank's bits need to agree with it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce_scatter(
+    net: &mut Network,
+    g: &Geometry,
+    scratch: &mut Scratch,
+    input: &[u8],
+    output: &mut [u8],
+    reducer: &Reducer,
+    call: &Call,
+    partners: &[usize],
+) -> Result<()> {
+    let bytes = output.len();
+    let group = |r: usize, k: usize| {
+        let blocks = aligned_blocks(r, k);
+        blocks.start * bytes..blocks.end * bytes
+    };
+    let order: Vec<usize> = (0..partners.len()).rev().collect();
+    let plans: Vec<Plan> = order
+        .iter()
+        .map(|&k| {
+            let (theirs, mine) = (group(partners[k], k), group(g.rank, k));
+            let send = Span::input(theirs.start, theirs.len());
+            swap_with(g, partners, k, send, Span::output(mine.start, mine.len()))
+        })
+        .collect();
+    let all = scratch.bytes(2 * g.size * bytes);
+    let (theirs, partial) = all.split_at_mut(g.size * bytes);
+    let mut steps = Steps {
+        net,
+        plans: &plans,
+        call,
+    };
+    for (i, &k) in order.iter().enumerate() {
+        let mine = group(g.rank, k);
+        let source: &[u8] = if i == 0 { input } else { partial };
+        steps.run(i, &mut *theirs, Some(source))?;
+        if i + 1 == order.len() {
+            reducer.combine(output, &source[mine.clone()], &theirs[mine]);
+        } else if i == 0 {
+            reducer.combine(
+                &mut partial[mine.clone()],
+                &input[mine.clone()],
+                &theirs[mine],
+            );
+        } else {
+            reducer.accumulate(&mut partial[mine.clone()], &theirs[mine]);
+        }
+    }
+    Ok(())
+}
+
+/// The steps of one recursive-doubling collective, one plan each ([`swap_with`]).
+struct Steps<'a> {
+    net: &'a mut Network,
+    plans: &'a [Plan],
+    call: &'a Call,
+}
+
+impl Steps<'_> {
+    /// Runs step `k` over `output` (and `input`, where its plan sends from the input). On a
+    /// `Mismatch` the partners of the later steps, which expect this rank's header with those
+    /// steps, get it alone ([`Plan::announcement`]), so they see the mismatch too; that waits
+    /// at most [`ANNOUNCE_TIMEOUT`] (this rank fails either way).
+    fn run(&mut self, k: usize, output: &mut [u8], input: Option<&[u8]>) -> Result<()> {
+        let bufs = Buffers { input, output };
+        let result = self.net.run(&self.plans[k], bufs, None, self.call);
+        if let Err(Error::Mismatch { .. }) = result {
+            let call = Call {
+                timeout: self.call.timeout.min(ANNOUNCE_TIMEOUT),
+                ..*self.call
+            };
+            for later in &self.plans[k + 1..] {
+                let _ = self
+                    .net
+                    .run(&later.announcement(), Buffers::none(), None, &call);
+            }
+        }
+        result
+    }
+}
+
+/// A recursive-doubling all-reduce in progress.
+struct Swap<'a> {
+    steps: Steps<'a>,
+    rank: usize,
+    /// The partner of each step.
+    partners: &'a [usize],
+    /// Receives the partner's partial result.
+    theirs: &'a mut [u8],
+    reducer: &'a Reducer,
+}
+
+impl Swap<'_> {
+    /// Swaps `mine` with the partner of step `k` and leaves the two combined in `dst`, the
+    /// lower rank's first.
+    fn step(&mut self, k: usize, mine: &[u8], dst: &mut [u8]) -> Result<()> {
+        self.steps.run(k, self.theirs, Some(mine))?;
+        match self.rank < self.partners[k] {
+            true => self.reducer.combine(dst, mine, self.theirs),
+            false => self.reducer.combine(dst, self.theirs, mine),
+        }
+        Ok(())
+    }
+
+    /// [`Swap::step`] with `mine` also as `dst` (the higher rank, whose partner's value comes
+    /// first, combines into the partner's vector and copies the result back).
+    fn step_in_place(&mut self, k: usize, mine: &mut [u8]) -> Result<()> {
+        self.steps.run(k, self.theirs, Some(mine))?;
+        if self.rank < self.partners[k] {
+            self.reducer.accumulate(mine, self.theirs);
+        } else {
+            self.reducer.accumulate(self.theirs, mine);
+            copy(mine, self.theirs);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rank of a recursive doubling builds the same expression over all ranks (so gets
+    /// the same bits), talking only to ranks it has a channel to, and partners agree.
+    #[test]
+    fn doubling_sends_headers_alone_only_to_neighbours_no_step_talks_to() {
+        // 4 ranks on the ring: both neighbours are partners, so each step is one message to
+        // one channel and no header travels alone.
+        for rank in 0..4 {
+            let g = Geometry {
+                rank,
+                size: 4,
+                wires: 1,
+                mesh: false,
+            };
+            let partners = g.doubling_partners().expect("pairs up");
+            for k in 0..partners.len() {
+                let plan = swap_with(&g, &partners, k, Span::input(0, 8), Span::output(0, 8));
+                assert_eq!(
+                    plan.headers_both_ways,
+                    Vec::<usize>::new(),
+                    "rank {rank} step {k}"
+                );
+                let tx: Vec<_> = plan.transfers.iter().filter_map(|t| t.tx).collect();
+                assert_eq!(
+                    tx,
+                    vec![g.channel_to(partners[k], 0)],
+                    "rank {rank} step {k}"
+                );
+            }
+        }
+        // 8 ranks with the mesh: rank 0's partners are 1, 2 and 4; its left neighbour 7 is
+        // none of them, so step 1 exchanges headers with it.
+        let g = Geometry {
+            rank: 0,
+            size: 8,
+            wires: 1,
+            mesh: true,
+        };
+        let partners = g.doubling_partners().expect("pairs up");
+        assert_eq!(partners, vec![1, 2, 4]);
+        assert_eq!(
+            swap_with(&g, &partners, 0, Span::input(0, 8), Span::output(0, 8)).headers_both_ways,
+            vec![g.left_channel(0)]
+        );
+        assert!(
+            swap_with(&g, &partners, 1, Span::input(0, 8), Span::output(0, 8))
+                .headers_both_ways
+                .is_empty()
+        );
+        // A rank that fails before step 2 announces itself on exactly that step's channels.
+        let announcement =
+            swap_with(&g, &partners, 2, Span::input(0, 8), Span::output(0, 8)).announcement();
+        assert_eq!(announcement.headers_out, vec![g.channel_to(4, 0)]);
+        assert!(announcement.transfers.is_empty() && announcement.headers_both_ways.is_empty());
+    }
+
+    #[test]
+    fn recursive_doubling_builds_one_expression_on_every_rank() {
+        for (size, mesh) in [
+            (2, false),
+            (2, true),
+            (4, false),
+            (4, true),
+            (8, true),
+            (16, true),
+        ] {
+            let geometries: Vec<Geometry> = (0..size)
+                .map(|rank| Geometry {
+                    rank,
+                    size,
+                    wires: 2,
+                    mesh,
+                })
+                .collect();
+            let steps: Vec<Vec<usize>> = geometries
+                .iter()
+                .map(|g| g.doubling_partners().expect("pairs up"))
+                .collect();
+            // partners[k][r]: rank r's partner in step k.
+            let partners: Vec<Vec<usize>> = (0..size.trailing_zeros() as usize)
+                .map(|k| steps.iter().map(|s| s[k]).collect())
+                .collect();
+            let mut value: Vec<String> = (0..size).map(|r| r.to_string()).collect();
+            for (k, partner) in partners.iter().enumerate() {
+                let before = value.clone();
+                for (r, g) in geometries.iter().enumerate() {
+                    let peer = partner[r];
+                    assert!(g.reaches(peer), "{r} to {peer} at {size} ranks");
+                    assert_eq!(partner[peer], r, "pairs at step {k} of {size} ranks");
+                    let (lo, hi) = (before[r.min(peer)].clone(), before[r.max(peer)].clone());
+                    value[r] = format!("({lo} {hi})");
+                }
+            }
+            assert!(value.iter().all(|v| *v == value[0]), "{value:?}");
+            let mut ranks: Vec<usize> = value[0]
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|t| !t.is_empty())
+                .map(|t| t.parse().expect("a rank"))
+                .collect();
+            ranks.sort_unstable();
+            assert_eq!(ranks, (0..size).collect::<Vec<_>>());
+        }
+        for (size, mesh) in [(3, true), (5, false), (6, true), (8, false)] {
+            let g = Geometry {
+                rank: 0,
+                size,
+                wires: 1,
+                mesh,
+            };
+            assert_eq!(g.doubling_partners(), None, "{size} ranks, mesh {mesh}");
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Point to point: the plans of `send` and `recv`, one step on the channels to the peer (split
+//! over the ring's wires to a neighbour, one channel to another rank of the mesh).
+
+use super::geometry::{Geometry, frame_bytes, lane_slice};
+use super::plan::{Merge, Plan, Span, Step, Transfer};
+
+/// Send of `bytes` to `dst`.
+pub(crate) fn send(g: &Geometry, bytes: usize, dst: usize) -> Plan {
+    one_way(g, bytes, dst, true)
+}
+
+/// Receive of `bytes` from `src`, the mirror of [`send`].
+pub(crate) fn recv(g: &Geometry, bytes: usize, src: usize) -> Plan {
+    one_way(g, bytes, src, false)
+}
+
+fn one_way(g: &Geometry, bytes: usize, peer: usize, sending: bool) -> Plan {
+    let wires = g.wires_to(bytes, peer);
+    let transfers = (0..wires)
+        .map(|w| {
+            let slice = lane_slice(bytes, wires, w);
+            let (off, len) = (slice.start, slice.len());
+            let channel = g.channel_to(peer, w);
+            let (send, recv) = match sending {
+                true => (Span::input(off, len), Span::EMPTY),
+                false => (Span::EMPTY, Span::output(off, len)),
+            };
+            Transfer {
+                tx: sending.then_some(channel),
+                rx: (!sending).then_some(channel),
+                steps: vec![Step {
+                    send,
+                    recv,
+                    merge: Merge::Copy,
+                }],
+                frame: frame_bytes(len),
+                merge_after_send: false,
+            }
+        })
+        .collect();
+    Plan {
+        transfers,
+        ..Plan::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_the_mesh_every_pair_can_send_and_receive() {
+        for size in 2..=7 {
+            for wires in 1..=3 {
+                let geo = |rank| Geometry {
+                    rank,
+                    size,
+                    wires,
+                    mesh: true,
+                };
+                for a in 0..size {
+                    for b in (0..size).filter(|&b| b != a) {
+                        assert!(geo(a).reaches(b));
+                        let sent = send(&geo(a), 1 << 20, b);
+                        let received = recv(&geo(b), 1 << 20, a);
+                        assert_eq!(sent.transfers.len(), received.transfers.len());
+                        for (s, r) in sent.transfers.iter().zip(&received.transfers) {
+                            assert_eq!(geo(a).far_end(s.tx.unwrap()), (b, r.rx.unwrap()));
+                            assert_eq!(s.steps[0].send.len, r.steps[0].recv.len);
+                        }
+                    }
+                }
+                // Without the mesh only neighbours are reachable.
+                let ring = Geometry {
+                    mesh: false,
+                    ..geo(0)
+                };
+                assert_eq!(
+                    (0..size).filter(|&p| ring.reaches(p)).count(),
+                    size.min(3) - 1
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn two_rank_send_uses_the_channel_the_peer_receives_on() {
+        for wires in 1..=4 {
+            let a = Geometry {
+                rank: 0,
+                size: 2,
+                wires,
+                mesh: false,
+            };
+            let b = Geometry {
+                rank: 1,
+                size: 2,
+                wires,
+                mesh: false,
+            };
+            let sent = send(&a, 1 << 20, 1);
+            let received = recv(&b, 1 << 20, 0);
+            assert_eq!(sent.transfers.len(), received.transfers.len());
+            for (s, r) in sent.transfers.iter().zip(&received.transfers) {
+                // a's right wire w (the connection it opened) is b's left wire w.
+                assert_eq!(s.tx.unwrap(), r.rx.unwrap() + wires);
+                assert_eq!(s.steps[0].send.len, r.steps[0].recv.len);
+            }
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! The one place that decides, per call, which algorithm runs: from the message size and the
+//! group's [`Shape`], which every rank knows alike (so every rank chooses alike, and the
+//! plans of one call match). Every threshold is named and measured here; the plans
+//! themselves (`super::ring`, `super::mesh`, `super::doubling`, `super::direct`) choose
+//! nothing.
+//!
+//! Adding a collective: its plan in the file of its family, one function here that picks
+//! among its algorithms, the [`crate::Group`] method, tests.
+
+/// What the choice depends on besides the size: the same on every rank of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) size: usize,
+    /// Every rank has a channel to every other one.
+    pub(crate) mesh: bool,
+    /// The ranks pair up for recursive doubling (`super::geometry::Geometry::doubling_partners`).
+    pub(crate) pairs: bool,
+    /// Some pair of ring neighbours uses RDMA, where bytes cost more against hops.
+    pub(crate) rdma: bool,
+    /// Every rank shares memory with every other: the direct collectives.
+    pub(crate) direct: bool,
+}
+
+/// Messages up to this many bytes use one direction on one wire (as upstream).
+const SMALL_MESSAGE: usize = 32 * 1024;
+
+/// All-reduce and all-gather gather whole blocks both ways while `size × block` is at most
+/// this: fewer hops beat fewer bytes up to there (measured on loopback at 2, 4 and 8 ranks:
+/// e.g. 64 KiB at 4 ranks took 290-350 µs gathered, 490 µs by the ring).
+const GATHER_LIMIT: usize = 512 * 1024;
+
+/// With the mesh, collectives whose vectors together are at most this many bytes take one step
+/// to every rank; larger ones go around the ring. Measured with 1 ms per packet on loopback
+/// (../shared/rdma-vm): one step won up to 4 KiB per rank at 4 and at 8 ranks, and lost or tied
+/// at 32 KiB, where sending every vector `size − 1` times costs more than the ring's hops.
+const MESH_LIMIT: usize = 64 * 1024;
+
+/// All-reduces up to this many bytes per rank (over TCP and shared memory; [`DOUBLING_MAX_RDMA`]
+/// with RDMA) use recursive doubling where the ranks pair up and the mesh does not take them in
+/// one step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
+/// hops than the ring, fewer bytes than the gather and, with 4 ranks, fewer messages than
+/// either (2 per rank against the gather's 3). Measured on loopback (4 ranks on the ring, 8 with
+/// the mesh): doubling beats the gather at every size (4 ranks, 8 B: 28-34 µs against 48-56;
+/// 64 KiB: 110-168 against 164-352) and the ring up to 448 KiB (256 KiB: 293-529 µs against the
+/// ring's 415-602).
+const DOUBLING_MAX: usize = 384 * 1024;
+
+/// The limit when ring neighbours use RDMA: with Soft-RoCE in ../shared/rdma-vm (4 ranks),
+/// doubling took 13.1-14.6 ms against the gather's 21.4-24.3 ms at 128 KiB, but 20.3-22.5 ms
+/// against the ring's 16.8-18.1 ms at 192 KiB.
+const DOUBLING_MAX_RDMA: usize = 128 * 1024;
+
+/// Two ranks reduce-scatter up to this many bytes of input in one swap; larger inputs take the
+/// ring's one step, which splits the data over both connections and reduces it as it arrives.
+/// Measured on loopback (`jaccl bench -n 2 --op reduce-scatter`, medians): 8 B 11.7 µs against
+/// the ring's 18.8, 128 KiB 46 against 60, 192 KiB 93 against 96, 256 KiB 132 against 78.
+const PAIR_HALVING_MAX: usize = 192 * 1024;
+
+/// Direct all-reduces of at most this many bytes take one round and reduce every vector on
+/// every rank: the crossover with the two-synchronisation algorithm, measured at 2, 4 and 8
+/// ranks (docs/algorithms.md, "Shared memory").
+fn direct_one_round_max(ranks: usize) -> usize {
+    if ranks <= 2 { 64 * 1024 } else { 8 * 1024 }
+}
+
+/// How many directions and wires a message uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lanes {
+    pub(crate) dirs: usize,
+    pub(crate) wires: usize,
+}
+
+impl Lanes {
+    /// The number of lanes.
+    pub(crate) fn count(self) -> usize {
+        self.dirs * self.wires
+    }
+}
+
+/// The lanes of a message of `bytes` in `units` indivisible units (elements) over a ring of
+/// `ranks` blocks with `wires` wires: both directions on every wire, unless the message is too
+/// small to split; then one direction on one wire.
+pub(crate) fn lanes(bytes: usize, units: usize, ranks: usize, wires: usize) -> Lanes {
+    if bytes <= SMALL_MESSAGE || units < ranks * 2 * wires {
+        Lanes { dirs: 1, wires: 1 }
+    } else {
+        Lanes { dirs: 2, wires }
+    }
+}
+
+/// How a small gather of whole blocks moves (all-reduce's gather, all-gather, barrier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SmallGather {
+    /// One step: every rank sends its block to every other (the mesh; two ranks).
+    Exchange,
+    /// Whole blocks forwarded both ways around the ring.
+    BothWays,
+}
+
+/// The all-reduce of `bytes` per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AllReduce {
+    /// Through the ranks' shared segments ([`Shape::direct_all_reduce`] says how).
+    Direct,
+    /// Recursive doubling.
+    Doubling,
+    /// Gather every vector, reduce locally in rank order.
+    Gather(SmallGather),
+    /// The ring's reduce-scatter then all-gather.
+    Ring,
+}
+
+/// The direct all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DirectAllReduce {
+    /// One round: every rank reduces every vector.
+    OneRound,
+    /// Rounds of an area each: every rank reduces its slice, then copies the others'.
+    Sliced,
+}
+
+/// The all-gather (or barrier) of `block` bytes per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AllGather {
+    Direct,
+    Doubling,
+    Small(SmallGather),
+    Ring,
+}
+
+/// The reduce-scatter of `block` bytes of output per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReduceScatter {
+    Direct,
+    /// One step: each block straight to its rank, which reduces them in rank order.
+    Exchange,
+    /// Recursive halving.
+    Halving,
+    Ring,
+}
+
+impl Shape {
+    /// Whether a collective whose vectors together take `total` bytes goes to every rank in
+    /// one step. Two ranks instead swap their vectors (doubling): the same messages, without
+    /// copying both vectors into one buffer first.
+    fn in_one_step(&self, total: usize) -> bool {
+        self.mesh && self.size > 2 && total <= MESH_LIMIT
+    }
+
+    fn small_gather(&self, total: usize) -> SmallGather {
+        if self.size <= 2 || self.in_one_step(total) {
+            SmallGather::Exchange
+        } else {
+            SmallGather::BothWays
+        }
+    }
+
+    /// All-reduce of `bytes` per rank. An empty all-reduce only exchanges headers: the
+    /// gather's one step does that.
+    pub(crate) fn all_reduce(&self, bytes: usize) -> AllReduce {
+        if self.direct {
+            return AllReduce::Direct;
+        }
+        let total = bytes.saturating_mul(self.size);
+        let doubling_max = if self.rdma {
+            DOUBLING_MAX_RDMA
+        } else {
+            DOUBLING_MAX
+        };
+        if self.pairs && !self.in_one_step(total) && (1..=doubling_max).contains(&bytes) {
+            AllReduce::Doubling
+        } else if total > GATHER_LIMIT {
+            AllReduce::Ring
+        } else {
+            AllReduce::Gather(self.small_gather(total))
+        }
+    }
+
+    /// The direct all-reduce of `bytes` when a round moves at most `area` bytes.
+    pub(crate) fn direct_all_reduce(&self, bytes: usize, area: usize) -> DirectAllReduce {
+        if bytes <= direct_one_round_max(self.size).min(area) {
+            DirectAllReduce::OneRound
+        } else {
+            DirectAllReduce::Sliced
+        }
+    }
+
+    /// All-gather of `block` bytes per rank (a barrier gathers one byte).
+    pub(crate) fn all_gather(&self, block: usize) -> AllGather {
+        let total = block.saturating_mul(self.size);
+        if self.direct {
+            AllGather::Direct
+        } else if total > GATHER_LIMIT {
+            AllGather::Ring
+        } else if self.pairs && block > 0 && !self.in_one_step(total) {
+            AllGather::Doubling
+        } else {
+            AllGather::Small(self.small_gather(total))
+        }
+    }
+
+    /// Reduce-scatter of `block` bytes of output per rank.
+    pub(crate) fn reduce_scatter(&self, block: usize) -> ReduceScatter {
+        let total = block.saturating_mul(self.size);
+        let halving_max = if self.size == 2 {
+            PAIR_HALVING_MAX
+        } else {
+            GATHER_LIMIT
+        };
+        if self.direct {
+            ReduceScatter::Direct
+        } else if self.in_one_step(total) {
+            ReduceScatter::Exchange
+        } else if self.pairs && block > 0 && total <= halving_max {
+            ReduceScatter::Halving
+        } else {
+            ReduceScatter::Ring
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(size: usize, mesh: bool, pairs: bool) -> Shape {
+        Shape {
+            size,
+            mesh,
+            pairs,
+            rdma: false,
+            direct: false,
+        }
+    }
+
+    #[test]
+    fn lanes_fall_back_for_small_messages() {
+        assert_eq!(lanes(100, 25, 4, 4), Lanes { dirs: 1, wires: 1 });
+        assert_eq!(lanes(32 * 1024, 8192, 4, 4), Lanes { dirs: 1, wires: 1 });
+        assert_eq!(lanes(64 * 1024, 8192, 4, 4), Lanes { dirs: 2, wires: 4 });
+        // Many bytes but too few elements to give every lane one.
+        assert_eq!(lanes(1 << 20, 31, 4, 4), Lanes { dirs: 1, wires: 1 });
+    }
+
+    #[test]
+    fn each_size_has_its_algorithm() {
+        let four = shape(4, false, true);
+        assert_eq!(four.all_reduce(8), AllReduce::Doubling);
+        assert_eq!(four.all_reduce(0), AllReduce::Gather(SmallGather::BothWays));
+        assert_eq!(four.all_reduce(DOUBLING_MAX + 1), AllReduce::Ring);
+        let rdma = Shape { rdma: true, ..four };
+        assert_eq!(rdma.all_reduce(DOUBLING_MAX_RDMA), AllReduce::Doubling);
+        assert_eq!(rdma.all_reduce(DOUBLING_MAX_RDMA + 1), AllReduce::Ring);
+        let mesh8 = shape(8, true, true);
+        assert_eq!(
+            mesh8.all_reduce(8),
+            AllReduce::Gather(SmallGather::Exchange)
+        );
+        assert_eq!(mesh8.all_reduce(MESH_LIMIT), AllReduce::Doubling);
+        let three = shape(3, false, false);
+        assert_eq!(three.all_gather(8), AllGather::Small(SmallGather::BothWays));
+        assert_eq!(three.all_gather(GATHER_LIMIT), AllGather::Ring);
+        assert_eq!(
+            shape(2, false, true).reduce_scatter(8),
+            ReduceScatter::Halving
+        );
+        assert_eq!(
+            shape(2, false, true).reduce_scatter(PAIR_HALVING_MAX),
+            ReduceScatter::Ring
+        );
+        assert_eq!(mesh8.reduce_scatter(8), ReduceScatter::Exchange);
+        let direct = Shape {
+            direct: true,
+            ..three
+        };
+        assert_eq!(
+            direct.direct_all_reduce(8 * 1024, 1 << 20),
+            DirectAllReduce::OneRound
+        );
+        assert_eq!(
+            direct.direct_all_reduce(8 * 1024 + 1, 1 << 20),
+            DirectAllReduce::Sliced
+        );
+    }
+}

@@ -1,0 +1,186 @@
+//! [`Board`]: what the direct collectives (`crate::algo::direct`) see of shared memory, when
+//! every rank of a group is on this host: each rank's two data areas and its mailbox (a
+//! synchronisation stamp, the description of its current call, rank 0's store hints), ranks
+//! named by their number, and how to wake a peer or sleep until one moves. The segments,
+//! mappings and their layout stay inside this module.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rustix::event::PollFd;
+
+use super::segment::{INLINE, Mailbox};
+use super::{Local, Peer, Shm};
+
+/// Bytes of data a call description carries inline, in the line peers wait on.
+pub(crate) const INLINE_BYTES: usize = INLINE;
+
+/// Every rank's segment, as this rank reaches it.
+pub(crate) struct Board {
+    local: Arc<Local>,
+    /// Every other rank, by rank (`None` at this rank's index).
+    peers: Vec<Option<Arc<Peer>>>,
+}
+
+impl Board {
+    /// The board of a group of `size` whose every other rank `shm` reaches, else `None`.
+    pub(crate) fn new(size: usize, shm: &Shm) -> Option<Board> {
+        let others = shm.peers.iter().flatten().count();
+        (others + 1 == size && shm.peers.len() == size).then(|| Board {
+            local: Arc::clone(&shm.local),
+            peers: shm.peers.clone(),
+        })
+    }
+
+    fn peer(&self, rank: usize) -> Option<&Peer> {
+        self.peers.get(rank)?.as_deref()
+    }
+
+    fn mailbox_of(&self, rank: usize) -> Mailbox<'_> {
+        match self.peer(rank) {
+            Some(peer) => peer.mailbox(),
+            None => self.local.mailbox(),
+        }
+    }
+
+    /// Bytes of each of a rank's two areas: the most one round moves.
+    pub(crate) fn area_bytes(&self) -> usize {
+        self.local.layout.area_bytes
+    }
+
+    /// The offset of area `parity` (0 or 1) in every segment.
+    pub(crate) fn area(&self, parity: u64) -> usize {
+        self.local.layout.area(parity as usize)
+    }
+
+    /// The offset of the inline data of calls of `seq`'s parity ([`INLINE_BYTES`] of them).
+    pub(crate) fn inline(&self, seq: u64) -> usize {
+        Mailbox::inline(seq)
+    }
+
+    /// Copies `src` into this rank's segment at `offset`, with streaming stores or ordinary
+    /// ones (see [`super::Mapping::write_streaming`]).
+    pub(crate) fn write(&self, offset: usize, src: &[u8], streaming: bool) {
+        if streaming {
+            self.local.main.write_streaming(offset, src);
+        } else {
+            self.local.main.write(offset, src);
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of `rank`'s segment into `dst`.
+    pub(crate) fn read(&self, rank: usize, offset: usize, dst: &mut [u8]) {
+        match self.peer(rank) {
+            Some(peer) => peer.main.read(offset, dst),
+            None => self.local.main.read(offset, dst),
+        }
+    }
+
+    /// Runs `f` over `len` bytes at `offset` of `rank`'s segment (this rank's own included).
+    pub(crate) fn with_bytes<R>(
+        &self,
+        rank: usize,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> R {
+        match self.peer(rank) {
+            Some(peer) => peer.main.with_bytes(offset, len, f),
+            None => self.local.main.with_bytes(offset, len, f),
+        }
+    }
+
+    /// Publishes the description of call `seq` (visible to peers with the next stamp).
+    pub(crate) fn publish_call(&self, seq: u64, words: [u64; 2]) {
+        for (word, value) in self.local.mailbox().call(seq).into_iter().zip(words) {
+            word.store(value, Ordering::Relaxed);
+        }
+    }
+
+    /// `rank`'s description of call `seq` (read after its stamp said it is there).
+    pub(crate) fn call_of(&self, rank: usize, seq: u64) -> [u64; 2] {
+        self.mailbox_of(rank)
+            .call(seq)
+            .map(|w| w.load(Ordering::Relaxed))
+    }
+
+    /// Publishes that this rank reached synchronisation point `stamp` (a `Release` store:
+    /// everything it wrote before is visible to a peer that sees it).
+    pub(crate) fn publish_stamp(&self, stamp: u64) {
+        self.local.mailbox().stamp().store(stamp, Ordering::Release);
+    }
+
+    /// The synchronisation point `rank` reached (an `Acquire` load).
+    pub(crate) fn stamp_of(&self, rank: usize) -> u64 {
+        self.mailbox_of(rank).stamp().load(Ordering::Acquire)
+    }
+
+    /// Whether `rank` has passed a synchronisation point this rank has not: it is in a direct
+    /// collective this rank has not entered.
+    pub(crate) fn ahead(&self, rank: usize) -> bool {
+        self.stamp_of(rank) > self.local.mailbox().stamp().load(Ordering::Relaxed)
+    }
+
+    /// Rank 0's store hints published with calls of `seq`'s parity.
+    pub(crate) fn hints(&self, seq: u64) -> u64 {
+        self.mailbox_of(0).hints(seq).load(Ordering::Relaxed)
+    }
+
+    /// Publishes this rank's store hints with calls of `seq`'s parity (rank 0), writing only
+    /// when they change: peers read the line only for tuned sizes, and small calls should not
+    /// pay for a line that moves between cores on every call.
+    pub(crate) fn publish_hints(&self, seq: u64, hints: u64) {
+        let slot = self.local.mailbox().hints(seq);
+        if slot.load(Ordering::Relaxed) != hints {
+            slot.store(hints, Ordering::Relaxed);
+        }
+    }
+
+    /// Wakes `rank` if it may be asleep (after publishing what it may wait for).
+    pub(crate) fn wake(&self, rank: usize) {
+        if let Some(peer) = self.peer(rank) {
+            peer.wake();
+        }
+    }
+
+    /// Why `rank` will never answer, from its mailbox: it left the group or its group failed.
+    pub(crate) fn departed(&self, rank: usize) -> Option<String> {
+        self.peer(rank).and_then(Peer::departed)
+    }
+
+    /// Why `rank` will never answer, also checking whether its process ended.
+    pub(crate) fn lost(&self, rank: usize) -> Option<String> {
+        self.peer(rank).and_then(Peer::lost)
+    }
+
+    /// Whether `rank`'s process ended without leaving the group, and the reason to give.
+    pub(crate) fn vanished(&self, rank: usize) -> Option<String> {
+        self.peer(rank).and_then(Peer::vanished)
+    }
+
+    /// Marks this rank as possibly asleep; the caller re-checks what it waits for, then sleeps
+    /// on [`Board::sleep_fds`] (see `Local::arm`).
+    ///
+    /// # Errors
+    /// The barrier that peers publishing without a fence rely on failed.
+    pub(crate) fn arm(&self) -> io::Result<()> {
+        self.local.arm()
+    }
+
+    /// Undoes [`Board::arm`] after the sleep.
+    pub(crate) fn disarm(&self) {
+        self.local.disarm();
+    }
+
+    /// What to sleep on while waiting for `ranks`: this rank's doorbell, and each of their
+    /// process's end.
+    pub(crate) fn sleep_fds<'a>(
+        &'a self,
+        ranks: impl Iterator<Item = usize>,
+        fds: &mut Vec<PollFd<'a>>,
+    ) {
+        fds.push(crate::os::poll_fd(self.local.doorbell.fd(), true, false));
+        fds.extend(ranks.filter_map(|r| self.peer(r)).map(Peer::poll_liveness));
+    }
+}

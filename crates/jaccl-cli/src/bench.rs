@@ -11,130 +11,15 @@
 //! Loop counts and times are agreed through the group itself, so every rank runs the same
 //! number of operations; `time` is the slowest rank's mean.
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use clap::ValueEnum;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
 use jaccl::{Config, Dtype, Element, Group, ReduceOp};
-use serde::Serialize;
 
-use crate::GroupArgs;
+use crate::args::{BenchArgs, BenchOp};
 use crate::report::{self, Row, Timing};
 
-/// The operation to measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum BenchOp {
-    /// All-reduce; size = the message on each rank.
-    AllReduce,
-    /// All-gather; size = the gathered output (size / ranks from each rank).
-    AllGather,
-    /// Reduce-scatter; size = the input of each rank (size / ranks comes out).
-    ReduceScatter,
-    /// Every rank sends size bytes to its right neighbour and receives from its left.
-    SendRecv,
-    /// Barrier; one row, no data.
-    Barrier,
-}
-
-impl BenchOp {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            BenchOp::AllReduce => "all-reduce",
-            BenchOp::AllGather => "all-gather",
-            BenchOp::ReduceScatter => "reduce-scatter",
-            BenchOp::SendRecv => "send-recv",
-            BenchOp::Barrier => "barrier",
-        }
-    }
-
-    /// nccl-tests' bus bandwidth factor: busbw = algbw × factor.
-    pub(crate) fn bus_factor(self, n: usize) -> f64 {
-        let n = n as f64;
-        match self {
-            BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
-            BenchOp::AllGather | BenchOp::ReduceScatter => (n - 1.0) / n,
-            BenchOp::SendRecv => 1.0,
-            BenchOp::Barrier => 0.0,
-        }
-    }
-
-    pub(crate) fn reduces(self) -> bool {
-        matches!(self, BenchOp::AllReduce | BenchOp::ReduceScatter)
-    }
-}
-
-/// Options of `jaccl bench`.
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct BenchArgs {
-    /// Ranks to start on this machine when not run under a launcher.
-    #[arg(short = 'n', long = "ranks", default_value_t = 4,
-          value_parser = clap::value_parser!(u16).range(1..))]
-    pub(crate) ranks: u16,
-    /// Operation to measure.
-    #[arg(long, value_enum, default_value_t = BenchOp::AllReduce)]
-    pub(crate) op: BenchOp,
-    /// Element type: bool, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64, c64.
-    #[arg(long, default_value = "f32", value_parser = clap::value_parser!(Dtype))]
-    pub(crate) dtype: Dtype,
-    /// Reduction of all-reduce and reduce-scatter: sum, max or min.
-    #[arg(long, default_value = "sum", value_parser = clap::value_parser!(ReduceOp))]
-    pub(crate) reduce: ReduceOp,
-    /// Smallest size in bytes (8, 64K, 32M...) [default: 8, or one element per rank if more].
-    #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
-    pub(crate) min_bytes: Option<usize>,
-    /// Largest size in bytes.
-    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
-    pub(crate) max_bytes: usize,
-    /// Factor between sizes.
-    #[arg(short = 'f', long = "stepfactor", default_value_t = 2,
-          value_parser = clap::value_parser!(u64).range(2..))]
-    pub(crate) factor: u64,
-    /// Timed operations per size [default: enough for about 0.3 s, at least 5].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..1_000_000_000))]
-    pub(crate) iters: Option<u64>,
-    /// Warm-up operations per size [default: rounds of 1, 2, 4... until one takes 50 ms].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..1_000_000_000))]
-    pub(crate) warmup: Option<u64>,
-    /// Check the result of every timed operation, not only the first and the last.
-    #[arg(long)]
-    pub(crate) check: bool,
-    #[command(flatten)]
-    pub(crate) group: GroupArgs,
-    /// Also write one JSON object per size to this file (JSON lines).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) json: Option<PathBuf>,
-    /// Also draw bus bandwidth and latency against size into this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
-    pub(crate) plot: Option<PathBuf>,
-    /// Self-test of the checks: the last rank contributes wrong values, so checks must fail.
-    #[arg(long, hide = true)]
-    pub(crate) inject_fault: bool,
-}
-
-/// Parses `8`, `64K`, `32M`, `1G` (binary units; `KiB`, `KB` and a trailing `B` accepted).
-pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim().to_ascii_uppercase();
-    let t = t.strip_suffix("IB").map(|x| x.to_string()).unwrap_or(t);
-    let t = t.strip_suffix('B').unwrap_or(&t);
-    let (digits, shift) = match t.chars().last() {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let n: usize = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (examples: 8, 64K, 32M, 1G)"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
-}
-
-/// The sizes of the sweep: min, min × f, ... up to max.
 /// The smallest size: `-b`, else 8 bytes or one element per rank, whichever is more.
 pub(crate) fn min_bytes(args: &BenchArgs, ranks: usize) -> usize {
     let per_rank = match args.op {
@@ -227,7 +112,21 @@ pub(crate) fn run_rank(args: &BenchArgs) -> Result<bool, String> {
     check_sweep(args, g.size())?;
     let leader = g.rank() == 0;
     let sizes = sizes(args, g.size());
-    let mut out = report::Report::new(args, &g, sizes.len(), leader)?;
+    let setup = report::Setup {
+        op: args.op.name(),
+        bus_factor: args.op.bus_factor(g.size()),
+        dtype: args.dtype.to_string(),
+        reduce: args.op.reduces().then(|| args.reduce.to_string()),
+        min_bytes: min_bytes(args, g.size()),
+        max_bytes: args.max_bytes,
+        factor: args.factor,
+        iters: args.iters,
+        warmup: args.warmup,
+        check: args.check,
+        json: args.json.clone(),
+        plot: args.plot.clone(),
+    };
+    let mut out = report::Report::new(&setup, &g, sizes.len(), leader)?;
     let mut all_ok = true;
     for bytes in sizes {
         let row = measure_dtype(&mut g, args, bytes).map_err(|e| e.to_string())?;
@@ -527,36 +426,9 @@ fn agree_max(g: &mut Group, x: f64) -> jaccl::Result<f64> {
     Ok(out[0])
 }
 
-/// Writes one line to stdout (whole, so it is not mixed with other ranks' lines).
-pub(crate) fn print_line(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("8"), Ok(8));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("32M"), Ok(32 << 20));
-        assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert_eq!(parse_size("4KiB"), Ok(4096));
-        assert_eq!(parse_size("16B"), Ok(16));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("").is_err());
-    }
-
-    #[test]
-    fn bus_factors_are_nccl_tests_ones() {
-        assert_eq!(BenchOp::AllReduce.bus_factor(4), 1.5);
-        assert_eq!(BenchOp::AllGather.bus_factor(4), 0.75);
-        assert_eq!(BenchOp::ReduceScatter.bus_factor(2), 0.5);
-        assert_eq!(BenchOp::SendRecv.bus_factor(8), 1.0);
-    }
 
     #[test]
     fn patterns_sum_exactly_in_bf16_up_to_64_ranks() {

@@ -1,152 +1,19 @@
 //! The `jaccl` command: start ranks (`launch`), measure collectives (`bench`), check a machine
 //! and its files (`doctor`).
 
+mod args;
 mod bench;
 mod doctor;
 mod hostfile;
 mod launch;
 mod report;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use jaccl::{Config, Topology, Transport};
+use clap::Parser;
 
-use crate::bench::BenchArgs;
+use crate::args::{BenchArgs, Cli, Command, LaunchArgs};
 use crate::launch::{Host, Job};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "jaccl",
-    version,
-    about = "Collective communication for distributed ML: launch ranks, benchmark, check the machine"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Start N ranks of a program, on this machine or on hosts over ssh.
-    Launch(LaunchArgs),
-    /// Measure a collective over a range of sizes (nccl-tests style), checking the results.
-    Bench(BenchArgs),
-    /// Show what this machine offers (transports, interfaces, RDMA devices, limits) and check a
-    /// hostfile or device file.
-    Doctor(DoctorArgs),
-    /// Internal: how `jaccl launch` starts a local rank, so that it dies with the launcher.
-    #[command(hide = true)]
-    ExecRank {
-        /// The launcher's PID.
-        #[arg(long)]
-        parent: u32,
-        /// The rank's program and arguments.
-        #[arg(required = true, allow_hyphen_values = true, num_args = 1.., last = true)]
-        program: Vec<String>,
-    },
-}
-
-/// Options of `jaccl launch`.
-#[derive(Debug, clap::Args)]
-#[command(trailing_var_arg = true)]
-struct LaunchArgs {
-    /// Ranks on this machine; with --hosts or --hostfile, ranks per host.
-    #[arg(short = 'n', long = "ranks", value_parser = clap::value_parser!(u16).range(1..))]
-    ranks: Option<u16>,
-    /// Comma-separated hosts to start ranks on over ssh (host or user@host); rank order follows.
-    #[arg(long, value_delimiter = ',', conflicts_with = "hostfile")]
-    hosts: Vec<String>,
-    /// JSON hostfile in the format of mlx.launch.
-    #[arg(long, value_name = "FILE")]
-    hostfile: Option<PathBuf>,
-    /// Extra environment variable for every rank (repeatable).
-    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = hostfile::parse_env)]
-    env: Vec<(String, String)>,
-    /// Working directory of every rank [default: the current one, where it exists].
-    #[arg(long, value_name = "DIR")]
-    cwd: Option<PathBuf>,
-    /// Do not prefix each output line with the rank.
-    #[arg(long)]
-    no_prefix: bool,
-    /// Print what is started and stopped.
-    #[arg(short = 'v', long)]
-    verbose: bool,
-    /// Port of the coordinator on rank 0's host [default: a free port].
-    #[arg(long)]
-    port: Option<u16>,
-    #[command(flatten)]
-    group: GroupArgs,
-    /// The program to run and its arguments.
-    #[arg(required = true, allow_hyphen_values = true, num_args = 1.., value_name = "PROGRAM")]
-    program: Vec<String>,
-}
-
-/// Options of `jaccl doctor`.
-#[derive(Debug, clap::Args)]
-struct DoctorArgs {
-    /// A hostfile or device file (MLX_IBV_DEVICES) to check.
-    file: Option<PathBuf>,
-    /// Also check that every host of the hostfile is reachable with ssh.
-    #[arg(long)]
-    ssh: bool,
-}
-
-/// Group settings shared by `launch` and `bench`; passed to the ranks as `JACCL_*` variables.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub(crate) struct GroupArgs {
-    /// Transport: auto, tcp, shm or rdma.
-    #[arg(long, value_parser = clap::value_parser!(Transport))]
-    pub(crate) transport: Option<Transport>,
-    /// Parallel connections per ring neighbour, 1 to 4.
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=4))]
-    pub(crate) wires: Option<u8>,
-    /// Topology: auto, ring or mesh.
-    #[arg(long, value_parser = clap::value_parser!(Topology))]
-    pub(crate) topology: Option<Topology>,
-    /// Longest wait without progress before an operation fails (30, 2.5, 500ms, 5m).
-    #[arg(long, value_parser = jaccl::config::parse_duration)]
-    pub(crate) timeout: Option<Duration>,
-}
-
-impl GroupArgs {
-    /// The settings as environment variables for ranks.
-    pub(crate) fn env(&self) -> Vec<(String, String)> {
-        let mut env = Vec::new();
-        if let Some(t) = self.transport {
-            env.push(("JACCL_TRANSPORT".into(), t.to_string()));
-        }
-        if let Some(w) = self.wires {
-            env.push(("JACCL_WIRES".into(), w.to_string()));
-        }
-        if let Some(t) = self.topology {
-            env.push(("JACCL_TOPOLOGY".into(), t.to_string()));
-        }
-        if let Some(t) = self.timeout {
-            env.push(("JACCL_TIMEOUT".into(), format!("{}", t.as_secs_f64())));
-        }
-        env
-    }
-
-    /// Overrides `config` with the settings given on the command line.
-    pub(crate) fn apply(&self, config: &mut Config) -> Result<(), String> {
-        if let Some(t) = self.transport {
-            config.transport = t;
-        }
-        if let Some(w) = self.wires {
-            config.wires = Some(usize::from(w));
-        }
-        if let Some(t) = self.topology {
-            config.topology = t;
-        }
-        if let Some(t) = self.timeout {
-            config.timeout = t;
-        }
-        Ok(())
-    }
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

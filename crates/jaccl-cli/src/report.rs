@@ -4,12 +4,42 @@
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use jaccl::Group;
 use serde::Serialize;
 
-use crate::bench::{BenchArgs, BenchOp, print_line};
+/// What a run measures, as the report shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct Setup {
+    /// The operation's name (`all-reduce`).
+    pub(crate) op: &'static str,
+    /// nccl-tests' bus bandwidth factor: busbw = algbw × factor.
+    pub(crate) bus_factor: f64,
+    pub(crate) dtype: String,
+    /// The reduction, for operations that reduce.
+    pub(crate) reduce: Option<String>,
+    /// The sweep: smallest and largest size, factor between sizes.
+    pub(crate) min_bytes: usize,
+    pub(crate) max_bytes: usize,
+    pub(crate) factor: u64,
+    /// Timed and warm-up operations per size, when fixed.
+    pub(crate) iters: Option<u64>,
+    pub(crate) warmup: Option<u64>,
+    /// Whether every result is checked (else the first and the last).
+    pub(crate) check: bool,
+    /// Where to write JSON lines and the plot.
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
+}
+
+/// Writes one line to stdout (whole, so it is not mixed with other ranks' lines).
+pub(crate) fn print_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
 
 /// The measurement of one loop (out of place or in place).
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +92,7 @@ struct JsonTiming {
 #[derive(Serialize)]
 struct JsonRow<'a> {
     peer: &'a str,
-    op: BenchOp,
+    op: &'a str,
     dtype: String,
     reduce: Option<String>,
     transport: String,
@@ -83,7 +113,7 @@ struct JsonRow<'a> {
 
 /// Rank 0's output of one run.
 pub(crate) struct Report<'a> {
-    args: &'a BenchArgs,
+    setup: &'a Setup,
     leader: bool,
     n: usize,
     transport: String,
@@ -138,14 +168,14 @@ pub(crate) fn transport_summary(g: &Group) -> String {
 
 impl<'a> Report<'a> {
     pub(crate) fn new(
-        args: &'a BenchArgs,
+        setup: &'a Setup,
         g: &Group,
         sizes: usize,
         leader: bool,
     ) -> Result<Report<'a>, String> {
         let transport = transport_summary(g);
         let topology = g.topology().map_or("none".to_string(), |t| t.to_string());
-        let json = match (&args.json, leader) {
+        let json = match (&setup.json, leader) {
             (Some(path), true) => {
                 Some(BufWriter::new(File::create(path).map_err(|e| {
                     format!("cannot write {}: {e}", path.display())
@@ -154,7 +184,7 @@ impl<'a> Report<'a> {
             _ => None,
         };
         let report = Report {
-            args,
+            setup,
             leader,
             n: g.size(),
             transport,
@@ -181,20 +211,15 @@ impl<'a> Report<'a> {
     }
 
     fn header(&self) {
-        let a = self.args;
-        let redop = if a.op.reduces() {
-            format!(", {}", a.reduce)
-        } else {
-            String::new()
-        };
+        let a = self.setup;
+        let redop = a
+            .reduce
+            .as_ref()
+            .map_or(String::new(), |r| format!(", {r}"));
         let wires = if self.wires == 1 { "wire" } else { "wires" };
         print_line(&format!(
             "# jaccl bench: {} ({}{redop}) on {} ranks, {}, {} {wires}",
-            a.op.name(),
-            a.dtype,
-            self.n,
-            self.route,
-            self.wires
+            a.op, a.dtype, self.n, self.route, self.wires
         ));
         let iters = a
             .iters
@@ -207,7 +232,7 @@ impl<'a> Report<'a> {
         };
         print_line(&format!(
             "# sizes {} to {} (x{}); iterations {iters}; warm-up {warmup}; checked: {checks}",
-            human(crate::bench::min_bytes(a, self.n)),
+            human(a.min_bytes),
             human(a.max_bytes),
             a.factor
         ));
@@ -253,7 +278,7 @@ impl<'a> Report<'a> {
         if !self.leader {
             return Ok(());
         }
-        let factor = self.args.op.bus_factor(self.n);
+        let factor = self.setup.bus_factor;
         let cols = |t: Option<Timing>| match t {
             Some(t) => {
                 let alg = gbs(row.bytes, t.time_us);
@@ -267,16 +292,12 @@ impl<'a> Report<'a> {
             }
             None => format!("{:>10} {:>9} {:>9} {:>7}", "N/A", "N/A", "N/A", "N/A"),
         };
-        let redop = if self.args.op.reduces() {
-            self.args.reduce.to_string()
-        } else {
-            "-".to_string()
-        };
+        let redop = self.setup.reduce.as_deref().unwrap_or("-");
         let line = format!(
             "  {:>10} {:>11} {:>5} {:>5}  {}  {}",
             row.bytes,
             row.count,
-            self.args.dtype.to_string(),
+            self.setup.dtype,
             redop,
             cols(Some(row.out_of_place)),
             cols(row.in_place)
@@ -292,9 +313,9 @@ impl<'a> Report<'a> {
             let alg = gbs(row.bytes, row.out_of_place.time_us);
             let record = JsonRow {
                 peer: "jaccl",
-                op: self.args.op,
-                dtype: self.args.dtype.to_string(),
-                reduce: self.args.op.reduces().then(|| self.args.reduce.to_string()),
+                op: self.setup.op,
+                dtype: self.setup.dtype.clone(),
+                reduce: self.setup.reduce.clone(),
                 transport: self.transport.clone(),
                 topology: self.topology.clone(),
                 route: self.route.clone(),
@@ -334,7 +355,7 @@ impl<'a> Report<'a> {
         if let Some(bar) = self.progress.take() {
             bar.finish_and_clear();
         }
-        let factor = self.args.op.bus_factor(self.n);
+        let factor = self.setup.bus_factor;
         let wrong: u64 = self.rows.iter().map(Row::wrong).sum();
         let busbws: Vec<f64> = self
             .rows
@@ -351,8 +372,8 @@ impl<'a> Report<'a> {
             json.flush()
                 .map_err(|e| format!("cannot write the JSON file: {e}"))?;
         }
-        if let Some(path) = &self.args.plot {
-            let svg = plot(self.args, self.n, &self.transport, &self.rows);
+        if let Some(path) = &self.setup.plot {
+            let svg = plot(self.setup, self.n, &self.transport, &self.rows);
             std::fs::write(path, svg)
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             print_line(&format!("# Plot: {}", path.display()));
@@ -396,8 +417,8 @@ struct Area {
 }
 
 /// Two log-log panels: bus bandwidth and time against size, out of place and in place.
-pub(crate) fn plot(args: &BenchArgs, n: usize, transport: &str, rows: &[Row]) -> String {
-    let factor = args.op.bus_factor(n);
+pub(crate) fn plot(setup: &Setup, n: usize, transport: &str, rows: &[Row]) -> String {
+    let factor = setup.bus_factor;
     let series = |pick: fn(&Row) -> Option<Timing>, y: &dyn Fn(usize, f64) -> f64| -> Points {
         rows.iter()
             .filter_map(|r| pick(r).map(|t| (r.bytes as f64, y(r.bytes, t.time_us))))
@@ -422,8 +443,7 @@ pub(crate) fn plot(args: &BenchArgs, n: usize, transport: &str, rows: &[Row]) ->
     ];
     let title = format!(
         "jaccl bench: {} {} on {n} ranks over {transport}",
-        args.op.name(),
-        args.dtype
+        setup.op, setup.dtype
     );
     let (w, h) = (1000.0, 460.0);
     let mut svg = String::new();

@@ -354,7 +354,7 @@ mod tests {
         bytemuck::cast_slice(v).to_vec()
     }
 
-    fn reduce<T: Pod + crate::Element>(op: ReduceOp, a: &[T], b: &[T]) -> Vec<T> {
+    fn reduce<T: Pod + crate::dtype::Element>(op: ReduceOp, a: &[T], b: &[T]) -> Vec<T> {
         let r = Reducer::new(T::DTYPE, op);
         let mut acc = bytes(a);
         r.accumulate(&mut acc, &bytes(b));

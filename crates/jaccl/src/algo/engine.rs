@@ -24,7 +24,7 @@ use crate::reduce::{Reducer, copy};
 use crate::transport::{Interest, Link, LinkError, Readiness};
 use crate::wait::{Backoff, Idle, WaitPolicy};
 use crate::wire::{HEADER_LEN, Header, Kind};
-use crate::{Dtype, ReduceOp};
+use crate::dtype::{Dtype, ReduceOp};
 
 /// One link to one peer, with the count of operations started on it in each direction (the
 /// `seq` of the operation headers), and the bytes read ahead of the calls that will use them.

@@ -23,7 +23,7 @@ use crate::error::Op;
 use crate::reduce::Reducer;
 use crate::transport::{Interest, Link, LinkError, Readiness};
 use crate::wait::WaitPolicy;
-use crate::{Dtype, ReduceOp};
+use crate::dtype::{Dtype, ReduceOp};
 
 /// One direction of a fake connection.
 #[derive(Default)]

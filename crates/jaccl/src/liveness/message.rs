@@ -210,7 +210,7 @@ pub(crate) fn decode(buf: &mut Vec<u8>) -> Result<Vec<Message>, String> {
 }
 
 /// The largest message: a beat with a flow for every other rank of the largest group.
-const MAX_MESSAGE: usize = 128 + crate::Config::MAX_SIZE * FLOW_BYTES;
+const MAX_MESSAGE: usize = 128 + crate::config::Config::MAX_SIZE * FLOW_BYTES;
 
 #[cfg(test)]
 mod tests {

@@ -375,17 +375,19 @@ impl Direct {
             let mut i = 0;
             while i < pending.len() {
                 let peer = self.others[pending[i]];
-                if self.board.stamp_of(peer) >= target {
-                    if let Some(seq) = check {
-                        self.check_call(peer, seq, call)?;
+                match self.arrival(peer, target) {
+                    Arrival::Arrived => {
+                        if let Some(seq) = check {
+                            self.check_call(peer, seq, call)?;
+                        }
+                        pending.swap_remove(i);
                     }
-                    pending.swap_remove(i);
-                } else if let Some(why) = self.board.departed(peer) {
-                    return Err(self
-                        .root_cause(call, pending)
-                        .unwrap_or(lost(call, peer, why)));
-                } else {
-                    i += 1;
+                    Arrival::Departed(why) => {
+                        return Err(self
+                            .root_cause(call, pending)
+                            .unwrap_or(lost(call, peer, why)));
+                    }
+                    Arrival::Pending => i += 1,
                 }
             }
             if pending.is_empty() {
@@ -406,6 +408,20 @@ impl Direct {
                     self.sleep(call, target, pending, limit, channels)?;
                 }
             }
+        }
+    }
+
+    /// Whether `peer` has reached synchronisation point `target`, or left the group first.
+    fn arrival(&self, peer: usize, target: u64) -> Arrival {
+        if self.board.stamp_of(peer) >= target {
+            return Arrival::Arrived;
+        }
+        match self.board.departed(peer) {
+            None => Arrival::Pending,
+            // A peer publishes its stamp before it leaves: it may have reached the point, and
+            // finished and left, since the stamp was read.
+            Some(_) if self.board.stamp_of(peer) >= target => Arrival::Arrived,
+            Some(why) => Arrival::Departed(why),
         }
     }
 
@@ -568,6 +584,14 @@ impl Direct {
             }),
         }
     }
+}
+
+/// Where a peer is, from a waiting rank's point of view.
+enum Arrival {
+    Arrived,
+    Pending,
+    /// It left the group (or its group failed) without reaching the point, for this reason.
+    Departed(String),
 }
 
 /// What rank 0 notes about a call to time it.

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use super::plan::{Buf, Merge, Plan, Span, Transfer};
+use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::{Flow, Liveness};
 use crate::os::poll;
@@ -24,7 +25,6 @@ use crate::reduce::{Reducer, copy};
 use crate::transport::{Interest, Link, LinkError, Readiness};
 use crate::wait::{Backoff, Idle, WaitPolicy};
 use crate::wire::{HEADER_LEN, Header, Kind};
-use crate::dtype::{Dtype, ReduceOp};
 
 /// One link to one peer, with the count of operations started on it in each direction (the
 /// `seq` of the operation headers), and the bytes read ahead of the calls that will use them.

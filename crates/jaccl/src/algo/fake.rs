@@ -19,11 +19,11 @@ use super::engine::{self, Buffers, Call, Channel, Execution};
 use super::geometry::Geometry;
 use super::plan::{Plan, Span};
 use super::{doubling, mesh, p2p, ring};
+use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Op;
 use crate::reduce::Reducer;
 use crate::transport::{Interest, Link, LinkError, Readiness};
 use crate::wait::WaitPolicy;
-use crate::dtype::{Dtype, ReduceOp};
 
 /// One direction of a fake connection.
 #[derive(Default)]

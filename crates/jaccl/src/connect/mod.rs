@@ -1,20 +1,20 @@
-//! Start-up of a group: every rank publishes through the side channel what its peers need (its
-//! host, where it accepts TCP data connections, where it accepts shared-memory peers, whether
-//! it can use RDMA), the ranks check that they agree on the settings, and each rank opens its
-//! links. Each ring neighbour gets its own transport: shared memory when both ranks are on one
-//! host, RDMA when both have a device that reaches the other ([`rdma`]), TCP otherwise; so 2
-//! hosts × 4 ranks use shared memory inside each host and RDMA or TCP between them. When every
-//! rank is on this host, each also maps every other rank's segment for the direct collectives
-//! (`algo::direct`).
+//! Start-up of a group: every rank joins the side channel, publishes what its peers need (its
+//! host, the settings all ranks must agree on, and what each transport's connector publishes,
+//! `crate::transport::connector`), and the ranks check that they agree. Then each ring
+//! neighbour gets its own transport, by the same rule on every rank: shared memory when both
+//! ranks are on one host, RDMA when both have a device that reaches the other, TCP otherwise
+//! (unless `Config::transport` forces one); so 2 hosts × 4 ranks use shared memory inside each
+//! host and RDMA or TCP between them. The mesh's other links are TCP. When every rank is on
+//! this host, each also maps every other rank's segment for the direct collectives
+//! (`crate::algo::direct`). The transports open their links in turn: RDMA first (a pair it
+//! cannot connect falls back to TCP under `auto`), then TCP, then shared memory.
 
-use std::net::{SocketAddr, TcpListener};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-
-mod rdma;
+use serde_json::Value;
 
 use crate::algo::collectives::Collectives;
 use crate::algo::engine::Channel;
@@ -25,24 +25,34 @@ use crate::config::{Config, Topology, Transport};
 use crate::error::{Error, Result};
 use crate::liveness::{Heartbeat, Liveness};
 use crate::os::deadline_after;
-use crate::transport::rdma::link::RdmaLink;
-use crate::transport::shm::{self, Board, Layout, PeerSpec, Shm, link::ShmLink};
-use crate::transport::{Link, tcp};
+use crate::transport::Link;
+use crate::transport::connector::{
+    Connector, End, Exchange, Opened, Published, Request, Want, exchange_json,
+};
+use crate::transport::rdma::{DeviceNames, RdmaConnector};
+use crate::transport::shm::{self, Board, Shm, ShmConnector};
+use crate::transport::tcp::TcpConnector;
 use crate::wait::WaitPolicy;
 
 /// What each rank publishes at start-up.
 #[derive(Debug, Serialize, Deserialize)]
 struct PeerInfo {
-    /// Ranks with the same host share memory ([`shm::host_identity`]).
+    /// Ranks with the same host may share memory ([`shm::host_identity`]).
     host: String,
-    /// Where this rank accepts TCP data connections.
-    tcp: SocketAddr,
-    /// Where this rank accepts shared-memory peers, when its transport allows it.
-    shm: Option<String>,
     wires: usize,
     transport: String,
     topology: String,
-    rdma: rdma::Availability,
+    /// What each transport's connector published, by transport name (opaque here).
+    links: BTreeMap<String, Value>,
+}
+
+impl PeerInfo {
+    fn published<'a>(&'a self, transport: Transport) -> Published<'a> {
+        Published {
+            host: &self.host,
+            blob: self.links.get(transport.name()).unwrap_or(&Value::Null),
+        }
+    }
 }
 
 /// A group's connections, ready for collectives.
@@ -54,10 +64,22 @@ pub(crate) struct Connected {
     /// different, then with the mesh every other rank in rank order.
     pub(crate) peers: Vec<(usize, Transport)>,
     pub(crate) wait: WaitPolicy,
-    /// What the heartbeat found out (also held by the ring and the direct collectives).
+    /// What the heartbeat found out (also held by the collectives).
     pub(crate) liveness: Arc<Liveness>,
     /// Beats while the group lives; says goodbye when it is dropped. `None`: liveness off.
     pub(crate) heartbeat: Option<Heartbeat>,
+}
+
+/// The side channel as the connectors' [`Exchange`], until the start-up deadline.
+struct SideExchange<'a> {
+    side: &'a mut SideChannel,
+    deadline: Instant,
+}
+
+impl Exchange for SideExchange<'_> {
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.side.all_gather(mine, self.deadline)
+    }
 }
 
 /// Joins the group of `config` (size > 1) and opens its links.
@@ -66,47 +88,62 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let deadline = deadline_after(config.startup_timeout);
     let fail = |what: String| Error::Bootstrap(format!("rank {rank}: {what}"));
     let mut side = SideChannel::join(config, deadline)?;
-    let listener = TcpListener::bind((side.local_ip(), 0))
-        .map_err(|e| Error::io(rank, "listening for data connections", e))?;
-    let shm_listener = match config.transport {
-        Transport::Auto | Transport::Shm => match shm::Listener::new() {
-            Ok(l) => Some(l),
-            Err(e) if config.transport == Transport::Auto => {
-                tracing::debug!(rank, error = %e, "no shared memory, using TCP only");
-                None
-            }
-            Err(e) => return Err(fail(format!("cannot set up shared memory: {e}"))),
-        },
-        _ => None,
-    };
     let mut geometry = Geometry {
         rank,
         size,
         wires: config.wire_count(),
         mesh: false,
     };
+    let wires = geometry.wires;
     let (left, right) = (geometry.left(), geometry.right());
-    let (rdma_available, rdma_devices) = rdma::open_devices(config, (left, right), geometry.wires);
+
+    // Each transport's connector, and what it publishes.
+    let mut tcp = TcpConnector::new(side.local_ip())
+        .map_err(|e| Error::io(rank, "listening for data connections", e))?;
+    let mut shm = matches!(config.transport, Transport::Auto | Transport::Shm)
+        .then(|| ShmConnector::new(wires));
+    if let Some(why) = shm.as_ref().and_then(ShmConnector::unavailable) {
+        if config.transport == Transport::Shm {
+            return Err(fail(format!("cannot set up shared memory: {why}")));
+        }
+        tracing::debug!(rank, %why, "no shared memory, using TCP only");
+    }
+    let mut rdma = match config.transport {
+        Transport::Auto | Transport::Rdma => RdmaConnector::open_devices(
+            config.rdma_library.as_deref(),
+            device_names(config, left),
+            device_names(config, right),
+        ),
+        _ => RdmaConnector::off(),
+    };
+    let mut links = BTreeMap::new();
+    links.insert(Transport::Tcp.name().to_owned(), tcp.publish());
+    links.insert(
+        Transport::Shm.name().to_owned(),
+        shm.as_ref().map_or(Value::Null, ShmConnector::publish),
+    );
+    links.insert(Transport::Rdma.name().to_owned(), rdma.publish());
     let me = PeerInfo {
         host: shm::host_identity(config.host_id.as_deref()),
-        tcp: listener
-            .local_addr()
-            .map_err(|e| Error::io(rank, "data listener address", e))?,
-        shm: shm_listener.as_ref().map(|l| l.name().to_owned()),
-        wires: geometry.wires,
+        wires,
         transport: config.transport.to_string(),
         topology: config.topology.to_string(),
-        rdma: rdma_available,
+        links,
     };
-    let infos: Vec<PeerInfo> = exchange(&mut side, rank, &me, deadline)?;
+    let mut exchange = SideExchange {
+        side: &mut side,
+        deadline,
+    };
+    let infos: Vec<PeerInfo> = exchange_json(&mut exchange, rank, &me)?;
     agree(rank, &me, &infos)?;
 
-    let liveness = Liveness::new(rank).map_err(|e| Error::io(rank, "liveness", e))?;
-    let pair_shares_memory = |a: usize, b: usize| {
-        infos[a].shm.is_some() && infos[b].shm.is_some() && infos[a].host == infos[b].host
+    // Which transport each pair of ring neighbours uses: every rank works it out alike.
+    let shares_memory = |a: usize, b: usize| {
+        let (a, b) = (&infos[a], &infos[b]);
+        shm.as_ref()
+            .is_some_and(|c| c.pairs(a.published(Transport::Shm), b.published(Transport::Shm)))
     };
-    let shares_memory = |peer: usize| pair_shares_memory(rank, peer);
-    // Forced shared memory needs every pair of ring neighbours on one host; every rank checks
+    // Forced transports need every pair of ring neighbours to use them; every rank checks
     // every pair, so all fail at once instead of waiting for the ones that noticed.
     if config.transport == Transport::Shm
         && let Some(r) = (0..size).find(|&r| infos[r].host != infos[(r + 1) % size].host)
@@ -118,160 +155,146 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
             infos[r].host, infos[next].host
         )));
     }
-    let available: Vec<&rdma::Availability> = infos.iter().map(|i| &i.rdma).collect();
-    let rdma_pairs = rdma::candidates(config, &available, pair_shares_memory)?;
-    let rdma_links = if rdma_pairs.contains(&true) {
-        rdma::connect(
-            &mut side,
-            config,
-            rdma_devices.as_ref(),
-            &rdma_pairs,
-            deadline,
-        )?
-    } else {
-        rdma::Links::default()
-    };
-    drop(rdma_devices);
-    let transport_to = |peer: usize, rdma: &[_]| {
-        if shares_memory(peer) {
-            Transport::Shm
-        } else if !rdma.is_empty() {
-            Transport::Rdma
-        } else {
-            Transport::Tcp
-        }
-    };
-    let to_left = transport_to(left, &rdma_links.left);
-    let to_right = transport_to(right, &rdma_links.right);
-    let all_here = (0..size).all(|r| r == rank || shares_memory(r));
-
+    let rdma_unusable = |r: usize| rdma.unusable(infos[r].published(Transport::Rdma).blob);
+    if config.transport == Transport::Rdma
+        && let Some((r, why)) = (0..size).find_map(|r| rdma_unusable(r).map(|why| (r, why)))
+    {
+        return Err(Error::Unsupported(format!(
+            "rank {rank}: the rdma transport is unavailable on rank {r}: {why}"
+        )));
+    }
+    // Ring pair p is (p, p + 1): this rank's left side is pair `left`, its right side `rank`.
+    let rdma_pairs: Vec<bool> = (0..size)
+        .map(|p| {
+            let q = (p + 1) % size;
+            let (a, b) = (&infos[p], &infos[q]);
+            rdma.pairs(a.published(Transport::Rdma), b.published(Transport::Rdma))
+                && (config.transport == Transport::Rdma || !shares_memory(p, q))
+        })
+        .collect();
+    let any_rdma = rdma_pairs.contains(&true);
     let identity = Identity {
         rank,
         size,
         token: config.token(),
     };
-    // The mesh's links to the ranks that are not ring neighbours are TCP connections, each
-    // opened by the lower rank, after the ring's own ones.
+    let open = |connector: &mut dyn Connector,
+                wants: &[Want],
+                transport: Transport,
+                exchange: &mut SideExchange<'_>| {
+        let published: Vec<Value> = infos
+            .iter()
+            .map(|i| i.published(transport).blob.clone())
+            .collect();
+        connector.open(Request {
+            me: &identity,
+            wants,
+            published: &published,
+            exchange,
+            required: config.transport == transport,
+            deadline,
+        })
+    };
+
+    let rdma_wants: Vec<Want> = [
+        (rdma_pairs[left], left, End::Left),
+        (rdma_pairs[rank], right, End::Right),
+    ]
+    .into_iter()
+    .filter(|(wanted, _, _)| *wanted)
+    .map(|(_, peer, end)| Want { peer, wires, end })
+    .collect();
+    let mut rdma_links = match any_rdma {
+        true => open(&mut rdma, &rdma_wants, Transport::Rdma, &mut exchange)?,
+        false => Vec::new(),
+    };
+    drop(rdma);
+    let mut rdma_left = take(&mut rdma_links, &rdma_wants, End::Left, left);
+    let mut rdma_right = take(&mut rdma_links, &rdma_wants, End::Right, right);
+    let transport_to = |peer: usize, rdma: &Option<Vec<Box<dyn Link>>>| {
+        if shares_memory(rank, peer) {
+            Transport::Shm
+        } else if rdma.is_some() {
+            Transport::Rdma
+        } else {
+            Transport::Tcp
+        }
+    };
+    let to_left = transport_to(left, &rdma_left);
+    let to_right = transport_to(right, &rdma_right);
+    let all_here = (0..size).all(|r| r == rank || shares_memory(rank, r));
+
+    // TCP: the ring's links not taken by another transport, and the mesh's.
     let hosts: std::collections::HashSet<&str> = infos.iter().map(|i| i.host.as_str()).collect();
-    geometry.mesh = uses_mesh(
-        config.topology,
-        size,
-        hosts.len() == size,
-        rdma_pairs.contains(&true),
-    );
+    geometry.mesh = uses_mesh(config.topology, size, hosts.len() == size, any_rdma);
     let mesh_peers: Vec<usize> = geometry
         .non_neighbours()
         .filter(|_| geometry.mesh)
         .collect();
-    let connect_to: Vec<_> = (to_right == Transport::Tcp)
-        .then(|| (right, infos[right].tcp, me.wires))
-        .into_iter()
-        .chain(
-            mesh_peers
-                .iter()
-                .filter(|&&p| p > rank)
-                .map(|&p| (p, infos[p].tcp, 1)),
-        )
+    let ring_wants = |transport: Transport| {
+        [(to_left, left, End::Left), (to_right, right, End::Right)]
+            .into_iter()
+            .filter(move |(t, _, _)| *t == transport)
+            .map(move |(_, peer, end)| Want { peer, wires, end })
+    };
+    let tcp_wants: Vec<Want> = ring_wants(Transport::Tcp)
+        .chain(mesh_peers.iter().map(|&peer| Want {
+            peer,
+            wires: 1,
+            end: End::Other,
+        }))
         .collect();
-    let accept_from: Vec<_> = (to_left == Transport::Tcp)
-        .then_some((left, me.wires))
-        .into_iter()
-        .chain(mesh_peers.iter().filter(|&&p| p < rank).map(|&p| (p, 1)))
-        .collect();
-    let tcp_links = tcp::establish(&listener, &identity, &connect_to, &accept_from, deadline)?;
-    drop(listener);
-    let mut outgoing = tcp_links.outgoing.into_iter();
-    let mut incoming = tcp_links.incoming.into_iter();
-    let mut to_right_tcp = (to_right == Transport::Tcp)
-        .then(|| outgoing.next())
-        .flatten()
-        .into_iter()
-        .flatten();
-    let mut from_left = (to_left == Transport::Tcp)
-        .then(|| incoming.next())
-        .flatten()
-        .into_iter()
-        .flatten();
-    let mesh_channels = mesh_peers
-        .iter()
-        .map(|&p| {
-            let links = if p < rank {
-                incoming.next()
-            } else {
-                outgoing.next()
-            };
-            let link = links.into_iter().flatten().next().ok_or_else(|| {
-                Error::Bootstrap(format!("internal error: no mesh link to rank {p}"))
-            })?;
-            Ok(Channel::new(Box::new(link), p))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut tcp_links = open(&mut tcp, &tcp_wants, Transport::Tcp, &mut exchange)?;
+    drop(tcp);
 
-    // Shared memory: with every rank for the direct collectives, else with the neighbours on
-    // this host. A neighbour sends to this rank on its rings towards this rank.
-    let wires = me.wires;
-    let specs: Vec<PeerSpec> = (0..size)
-        .filter(|&p| p != rank && (all_here || (shares_memory(p) && (p == left || p == right))))
-        .map(|p| {
-            let mut reads = Vec::new();
-            if p == left && to_left == Transport::Shm {
-                reads.extend((0..wires).map(|w| wires + w));
-            }
-            if p == right && to_right == Transport::Shm {
-                reads.extend(0..wires);
-            }
-            PeerSpec {
-                rank: p,
-                name: infos[p].shm.clone().unwrap_or_default(),
-                reads,
-            }
-        })
-        .collect();
+    // Shared memory: with the neighbours on this host, and with every rank for the direct
+    // collectives when all are here.
     let here = infos.iter().filter(|i| i.host == me.host).count();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let wait = config.wait.unwrap_or_else(|| WaitPolicy::auto(here, cpus));
-    let shm = match (specs.is_empty(), shm_listener) {
-        (false, Some(l)) => {
-            let layout = Layout::new(wires, shm::RING_BYTES, shm::AREA_BYTES);
-            // A rank that spins first rarely sleeps, so the costly barrier before sleeping
-            // buys cheaper publishing for its peers (see `shm::Peer::wake`).
-            let asymmetric = !wait.spin.is_zero();
-            Some(shm::establish(
-                l, &identity, layout, &specs, asymmetric, deadline,
-            )?)
+    let shm_wants: Vec<Want> = ring_wants(Transport::Shm)
+        .chain(
+            geometry
+                .non_neighbours()
+                .filter(|_| all_here)
+                .map(|peer| Want {
+                    peer,
+                    wires: 0,
+                    end: End::Other,
+                }),
+        )
+        .collect();
+    let (mut shm_links, shared) = match &mut shm {
+        Some(connector) if !shm_wants.is_empty() => {
+            connector.offer_asymmetric_fences(!wait.spin.is_zero());
+            let opened = open(connector, &shm_wants, Transport::Shm, &mut exchange)?;
+            (opened, connector.take_shared())
         }
-        _ => None,
+        _ => (Vec::new(), None),
     };
 
-    let shm_ref = shm.as_ref();
-    let left_channels = channels(
-        left,
-        to_left,
-        shm_ref,
-        &mut from_left,
-        rdma_links.left,
-        (0, wires),
-        wires,
-    )?;
-    let right_channels = channels(
-        right,
-        to_right,
-        shm_ref,
-        &mut to_right_tcp,
-        rdma_links.right,
-        (wires, 0),
-        wires,
-    )?;
-    let mut channels = left_channels;
-    channels.extend(right_channels);
-    channels.extend(mesh_channels);
-    let board = shm.as_ref().filter(|_| all_here);
+    let mut side_links = |transport: Transport, end: End, peer: usize, rdma: &mut Option<_>| {
+        let links = match transport {
+            Transport::Shm => take(&mut shm_links, &shm_wants, end, peer),
+            Transport::Rdma => rdma.take(),
+            _ => take(&mut tcp_links, &tcp_wants, end, peer),
+        };
+        channels(links, peer, wires)
+    };
+    let mut channels_all = side_links(to_left, End::Left, left, &mut rdma_left)?;
+    channels_all.extend(side_links(to_right, End::Right, right, &mut rdma_right)?);
+    for &p in &mesh_peers {
+        let links = take(&mut tcp_links, &tcp_wants, End::Other, p);
+        channels_all.extend(channels(links, p, 1)?);
+    }
+    let liveness = Liveness::new(rank).map_err(|e| Error::io(rank, "liveness", e))?;
+    let board = shared.as_ref().filter(|_| all_here);
     let collectives = Collectives::new(
         geometry,
-        channels,
+        channels_all,
         Arc::clone(&liveness),
         // Known alike to every rank (unlike this rank's own links), so all choose alike.
-        rdma_pairs.contains(&true),
+        any_rdma,
         board.and_then(|s| Board::new(size, s)).map(Arc::new),
     );
     let mut peers = vec![(left, to_left)];
@@ -286,7 +309,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         .map_err(|e| Error::io(rank, "starting the heartbeat", e))?;
     Ok(Connected {
         collectives,
-        shm,
+        shm: shared,
         peers,
         wait,
         liveness,
@@ -294,39 +317,34 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     })
 }
 
-/// The `wires` channels to `peer` over `transport`: shared-memory links sending on this rank's
-/// rings `rings.0 + w` and receiving on the peer's rings `rings.1 + w`, the RDMA links, or the
-/// TCP links.
-fn channels(
-    peer: usize,
-    transport: Transport,
-    shm: Option<&Shm>,
-    tcp: &mut impl Iterator<Item = tcp::TcpLink>,
-    rdma: Vec<RdmaLink>,
-    rings: (usize, usize),
-    wires: usize,
-) -> Result<Vec<Channel>> {
-    let mut rdma = rdma.into_iter();
-    (0..wires)
-        .map(|w| {
-            let missing =
-                || Error::Bootstrap(format!("internal error: no link to rank {peer}, wire {w}"));
-            let link: Box<dyn Link> = match (
-                transport,
-                shm.and_then(|s| Some((s, s.peers[peer].as_ref()?))),
-            ) {
-                (Transport::Shm, Some((shm, p))) => Box::new(ShmLink::new(
-                    Arc::clone(&shm.local),
-                    Arc::clone(p),
-                    rings.0 + w,
-                    rings.1 + w,
-                )),
-                (Transport::Rdma, _) => Box::new(rdma.next().ok_or_else(missing)?),
-                _ => Box::new(tcp.next().ok_or_else(missing)?),
-            };
-            Ok(Channel::new(link, peer))
-        })
-        .collect()
+/// The RDMA device of each wire towards `peer`: the device matrix's, else the first active.
+fn device_names(config: &Config, peer: usize) -> DeviceNames {
+    match &config.devices {
+        Some(m) => m
+            .devices(config.rank, peer)
+            .iter()
+            .map(|d| Some(d.clone()))
+            .collect(),
+        None => vec![None; config.wire_count()],
+    }
+}
+
+/// The links opened for the want `(end, peer)` of `wants`.
+fn take(opened: &mut Opened, wants: &[Want], end: End, peer: usize) -> Option<Vec<Box<dyn Link>>> {
+    let i = wants.iter().position(|w| w.end == end && w.peer == peer)?;
+    opened.get_mut(i)?.take()
+}
+
+/// `wires` channels to `peer` over `links`.
+fn channels(links: Option<Vec<Box<dyn Link>>>, peer: usize, wires: usize) -> Result<Vec<Channel>> {
+    let links = links.unwrap_or_default();
+    if links.len() != wires {
+        return Err(Error::Bootstrap(format!(
+            "internal error: {} link(s) to rank {peer} where {wires} were wanted",
+            links.len()
+        )));
+    }
+    Ok(links.into_iter().map(|l| Channel::new(l, peer)).collect())
 }
 
 /// Whether a group builds the mesh's links: when asked to, or with `auto` where it pays. Small
@@ -346,27 +364,6 @@ fn uses_mesh(topology: Topology, size: usize, one_rank_per_host: bool, rdma: boo
 /// The most ranks for which `auto` builds the mesh: each rank opens `size − 3` more TCP
 /// connections, and a one-step exchange sends `size − 1` messages at once.
 const AUTO_MESH_MAX: usize = 16;
-
-/// All-gathers `mine` as JSON through the side channel.
-fn exchange<T: Serialize + DeserializeOwned>(
-    side: &mut SideChannel,
-    rank: usize,
-    mine: &T,
-    deadline: Instant,
-) -> Result<Vec<T>> {
-    let bytes = serde_json::to_vec(mine).map_err(|e| Error::Bootstrap(e.to_string()))?;
-    side.all_gather(&bytes, deadline)?
-        .iter()
-        .enumerate()
-        .map(|(r, b)| {
-            serde_json::from_slice(b).map_err(|e| {
-                Error::Bootstrap(format!(
-                    "rank {rank}: rank {r} published unreadable start-up data: {e}"
-                ))
-            })
-        })
-        .collect()
-}
 
 /// Checks that every rank uses the same settings.
 fn agree(rank: usize, me: &PeerInfo, infos: &[PeerInfo]) -> Result<()> {

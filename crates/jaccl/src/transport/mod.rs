@@ -30,6 +30,7 @@ use std::os::fd::BorrowedFd;
 
 use rustix::event::PollFd;
 
+pub(crate) mod connector;
 pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;

@@ -14,6 +14,9 @@ use rustix::event::PollFd;
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
+use serde_json::Value;
+
+use super::connector::{Connector, End, Opened, Request};
 use super::{Interest, Link, LinkError, Readiness};
 use crate::auth::{self, Admission, AuthError, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
@@ -174,24 +177,101 @@ fn classify(e: Errno) -> LinkError {
     }
 }
 
-/// The links of one set-up: `outgoing[i][w]` is wire `w` to `connect_to[i]`, and
-/// `incoming[i][w]` is wire `w` from `accept_from[i]`.
-pub(crate) struct Established {
-    pub(crate) outgoing: Vec<Vec<TcpLink>>,
-    pub(crate) incoming: Vec<Vec<TcpLink>>,
+/// TCP's part in a group's set-up: a listener on the address the side channel reaches this
+/// rank at, published to the peers; a connection is opened by the rank whose right
+/// neighbour (or, off the ring, the higher rank) the other is.
+pub(crate) struct TcpConnector {
+    listener: TcpListener,
+}
+
+impl TcpConnector {
+    /// Listens on an ephemeral port of `ip`.
+    ///
+    /// # Errors
+    /// The listener cannot be made.
+    pub(crate) fn new(ip: IpAddr) -> io::Result<TcpConnector> {
+        Ok(TcpConnector {
+            listener: TcpListener::bind((ip, 0))?,
+        })
+    }
+}
+
+/// The address a rank published, if it is one.
+fn address(blob: &Value) -> std::result::Result<SocketAddr, String> {
+    blob.as_str()
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| format!("it published no TCP address ({blob})"))
+}
+
+impl Connector for TcpConnector {
+    fn publish(&self) -> Value {
+        self.listener
+            .local_addr()
+            .map_or(Value::Null, |a| Value::String(a.to_string()))
+    }
+
+    fn unusable(&self, blob: &Value) -> Option<String> {
+        address(blob).err()
+    }
+
+    fn open(&mut self, request: Request<'_>) -> Result<Opened> {
+        let me = request.me;
+        let opens = |end: End, peer: usize| match end {
+            End::Right => true,
+            End::Left => false,
+            End::Other => peer > me.rank,
+        };
+        let mut connect_to = Vec::new();
+        let mut accept_from = Vec::new();
+        for want in request.wants {
+            if opens(want.end, want.peer) {
+                let published = request.published.get(want.peer).unwrap_or(&Value::Null);
+                let addr = address(published).map_err(|why| {
+                    Error::Bootstrap(format!("rank {}: rank {}: {why}", me.rank, want.peer))
+                })?;
+                connect_to.push((want.peer, addr, want.wires));
+            } else {
+                accept_from.push((want.peer, want.wires));
+            }
+        }
+        let (outgoing, incoming) = establish(
+            &self.listener,
+            me,
+            &connect_to,
+            &accept_from,
+            request.deadline,
+        )?;
+        let (mut outgoing, mut incoming) = (outgoing.into_iter(), incoming.into_iter());
+        let boxed = |links: Vec<TcpLink>| {
+            links
+                .into_iter()
+                .map(|l| Box::new(l) as Box<dyn Link>)
+                .collect()
+        };
+        Ok(request
+            .wants
+            .iter()
+            .map(|want| match opens(want.end, want.peer) {
+                true => outgoing.next().map(boxed),
+                false => incoming.next().map(boxed),
+            })
+            .collect())
+    }
 }
 
 /// Opens `wires` authenticated connections to each `(peer, address, wires)` of `connect_to`
 /// while accepting `wires` from each `(peer, wires)` of `accept_from` on `listener` (on
 /// another thread: every rank's handshakes as the connecting side need its neighbour to be
-/// accepting).
-pub(crate) fn establish(
+/// accepting). Returns the links: `outgoing[i][w]` is wire `w` to `connect_to[i]`, and
+/// `incoming[i][w]` wire `w` from `accept_from[i]`.
+#[allow(clippy::type_complexity)]
+fn establish(
     listener: &TcpListener,
     me: &Identity,
     connect_to: &[(usize, SocketAddr, usize)],
     accept_from: &[(usize, usize)],
     deadline: Instant,
-) -> Result<Established> {
+) -> Result<(Vec<Vec<TcpLink>>, Vec<Vec<TcpLink>>)> {
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io(me.rank, "data listener", e))?;
@@ -226,10 +306,7 @@ pub(crate) fn establish(
             .collect::<io::Result<_>>()
             .map_err(|e| Error::io(me.rank, "configuring a data connection", e))
     };
-    Ok(Established {
-        outgoing: to_links(outgoing)?,
-        incoming: to_links(incoming)?,
-    })
+    Ok((to_links(outgoing)?, to_links(incoming)?))
 }
 
 /// Opens and authenticates `wires` connections to each `(peer, address, wires)` of

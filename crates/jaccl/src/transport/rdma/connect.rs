@@ -1,11 +1,11 @@
-//! Start-up of RDMA between ring neighbours (the transport itself is `transport::rdma`).
+//! RDMA's part in a group's set-up, between ring neighbours ([`RdmaConnector`]).
 //!
 //! 1. Each rank that may use RDMA opens its devices (the device matrix's, else the first with
 //!    an active port), checks that the locked-memory limit lets it register its links, and
 //!    publishes, in the first exchange, whether it can, or why not ([`Availability`]).
 //! 2. From everyone's availability every rank works out the same set of neighbour pairs that
-//!    may use RDMA ([`candidates`]); `auto` leaves out pairs that share memory.
-//! 3. If there is any, the ranks exchange endpoints (one per wire and candidate side), connect
+//!    may use RDMA (`crate::connect`; `auto` leaves out pairs that share memory).
+//! 3. If there is any, the ranks exchange endpoints (one per wire and wanted side), connect
 //!    them, say hello over each, and exchange which hellos went through. A pair uses RDMA only
 //!    where both sides saw theirs; `auto` falls back to TCP elsewhere, `rdma` fails.
 
@@ -14,12 +14,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::bootstrap::SideChannel;
-use crate::config::{Config, Transport};
+use super::link::RdmaLink;
+use super::{Endpoint, EndpointInfo, Nic, memlock_shortfall};
 use crate::error::{Error, Result};
-use crate::transport::rdma::link::RdmaLink;
-use crate::transport::rdma::{Endpoint, EndpointInfo, Nic, memlock_shortfall};
+use crate::transport::Link;
+use crate::transport::connector::{Connector, End, Opened, Request, exchange_json};
 
 /// The longest the hellos of step 3 may take: a device that does not reach the peer shows as
 /// silence.
@@ -27,7 +28,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether a rank can use RDMA, as published in the first exchange.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) enum Availability {
+enum Availability {
     /// Its transport is `tcp` or `shm`.
     Off,
     /// It cannot, and why.
@@ -36,87 +37,119 @@ pub(super) enum Availability {
 }
 
 /// The devices of this rank towards its ring neighbours, one per wire.
-pub(super) struct Devices {
+struct Devices {
     left: Vec<Arc<Nic>>,
     right: Vec<Arc<Nic>>,
 }
 
-/// Opens the devices this rank would use towards `left` and `right`.
-pub(super) fn open_devices(
-    config: &Config,
-    (left, right): (usize, usize),
-    wires: usize,
-) -> (Availability, Option<Devices>) {
-    if !matches!(config.transport, Transport::Auto | Transport::Rdma) {
-        return (Availability::Off, None);
+/// The device to open for each wire: by name, or `None` for the first with an active port.
+pub(crate) type DeviceNames = Vec<Option<String>>;
+
+/// RDMA's part in a group's set-up: the devices this rank uses towards its ring neighbours.
+pub(crate) struct RdmaConnector {
+    availability: Availability,
+    devices: Option<Devices>,
+}
+
+impl RdmaConnector {
+    /// A connector for a rank that does not use RDMA (its transport is `tcp` or `shm`).
+    pub(crate) fn off() -> RdmaConnector {
+        RdmaConnector {
+            availability: Availability::Off,
+            devices: None,
+        }
     }
-    let mut opened: HashMap<Option<String>, Arc<Nic>> = HashMap::new();
-    let mut open_side = |peer: usize| -> std::result::Result<Vec<Arc<Nic>>, String> {
-        let names: Vec<Option<String>> = match &config.devices {
-            Some(m) => m
-                .devices(config.rank, peer)
-                .iter()
-                .map(|d| Some(d.clone()))
-                .collect(),
-            None => vec![None; wires],
+
+    /// Opens the devices towards the left and right neighbour (`left[w]`, `right[w]` for wire
+    /// w), loading libibverbs from `library`; a rank that cannot use RDMA says why.
+    pub(crate) fn open_devices(
+        library: Option<&str>,
+        left: DeviceNames,
+        right: DeviceNames,
+    ) -> RdmaConnector {
+        let mut opened: HashMap<Option<String>, Arc<Nic>> = HashMap::new();
+        let mut open_side = |names: DeviceNames| -> std::result::Result<Vec<Arc<Nic>>, String> {
+            names
+                .into_iter()
+                .map(|name| {
+                    if let Some(nic) = opened.get(&name) {
+                        return Ok(Arc::clone(nic));
+                    }
+                    let nic = Nic::open(library, name.as_deref())?;
+                    opened.insert(name, Arc::clone(&nic));
+                    Ok(nic)
+                })
+                .collect()
         };
-        names
-            .into_iter()
-            .map(|name| {
-                if let Some(nic) = opened.get(&name) {
-                    return Ok(Arc::clone(nic));
+        let opened = open_side(left).and_then(|l| Ok((l, open_side(right)?)));
+        let registrable =
+            |(l, r): (Vec<Arc<Nic>>, Vec<Arc<Nic>>)| match memlock_shortfall(l.len() + r.len()) {
+                Some(why) => Err(why),
+                None => Ok((l, r)),
+            };
+        match opened.and_then(registrable) {
+            Ok((left, right)) => RdmaConnector {
+                availability: Availability::Yes,
+                devices: Some(Devices { left, right }),
+            },
+            Err(why) => {
+                tracing::debug!(%why, "no RDMA");
+                RdmaConnector {
+                    availability: Availability::No(why),
+                    devices: None,
                 }
-                let nic = Nic::open(config.rdma_library.as_deref(), name.as_deref())?;
-                opened.insert(name, Arc::clone(&nic));
-                Ok(nic)
-            })
-            .collect()
-    };
-    let opened = open_side(left).and_then(|l| Ok((l, open_side(right)?)));
-    let registrable =
-        |(l, r): (Vec<Arc<Nic>>, Vec<Arc<Nic>>)| match memlock_shortfall(l.len() + r.len()) {
-            Some(why) => Err(why),
-            None => Ok((l, r)),
-        };
-    match opened.and_then(registrable) {
-        Ok((left, right)) => (Availability::Yes, Some(Devices { left, right })),
-        Err(why) => {
-            tracing::debug!(rank = config.rank, %why, "no RDMA");
-            (Availability::No(why), None)
+            }
         }
     }
 }
 
-/// For each ring pair `(p, p + 1)`, whether it may use RDMA: both ranks can, and (with `auto`)
-/// they do not share memory.
-///
-/// # Errors
-/// With `rdma`, a rank that cannot use it: every rank reports the same rank and reason.
-pub(super) fn candidates(
-    config: &Config,
-    available: &[&Availability],
-    shares_memory: impl Fn(usize, usize) -> bool,
-) -> Result<Vec<bool>> {
-    let size = available.len();
-    if config.transport == Transport::Rdma
-        && let Some((r, why)) = available.iter().enumerate().find_map(|(r, a)| match a {
-            Availability::No(why) => Some((r, why)),
-            _ => None,
-        })
-    {
-        return Err(Error::Unsupported(format!(
-            "rank {}: the rdma transport is unavailable on rank {r}: {why}",
-            config.rank
-        )));
+impl Connector for RdmaConnector {
+    fn publish(&self) -> Value {
+        serde_json::to_value(&self.availability).unwrap_or(Value::Null)
     }
-    Ok((0..size)
-        .map(|p| {
-            let q = (p + 1) % size;
-            let both = matches!(available[p], Availability::Yes)
-                && matches!(available[q], Availability::Yes);
-            both && (config.transport == Transport::Rdma || !shares_memory(p, q))
-        })
-        .collect())
+
+    fn unusable(&self, blob: &Value) -> Option<String> {
+        match serde_json::from_value::<Availability>(blob.clone()) {
+            Ok(Availability::Yes) => None,
+            Ok(Availability::No(why)) => Some(why),
+            Ok(Availability::Off) => Some("its transport is neither auto nor rdma".into()),
+            Err(e) => Some(format!("unreadable RDMA availability ({e})")),
+        }
+    }
+
+    fn open(&mut self, request: Request<'_>) -> Result<Opened> {
+        let me = request.me;
+        let wanted = |end: End| request.wants.iter().find(|w| w.end == end);
+        let (left, right) = (wanted(End::Left), wanted(End::Right));
+        let mut links = connect(
+            request.exchange,
+            (me.rank, me.size),
+            self.devices.as_ref(),
+            (left.is_some(), right.is_some()),
+            request.required,
+            request.deadline,
+        )?;
+        // The devices' last users are the links now.
+        self.devices = None;
+        let boxed = |links: Vec<RdmaLink>| {
+            links
+                .into_iter()
+                .map(|l| Box::new(l) as Box<dyn Link>)
+                .collect::<Vec<_>>()
+        };
+        Ok(request
+            .wants
+            .iter()
+            .map(|want| {
+                let side = match want.end {
+                    End::Left => &mut links.left,
+                    End::Right => &mut links.right,
+                    End::Other => return None,
+                };
+                side.take().map(boxed)
+            })
+            .collect())
+    }
 }
 
 /// A rank's endpoints towards its left and right neighbours (empty where it uses none), or
@@ -134,30 +167,28 @@ struct Outcome {
     right: std::result::Result<(), String>,
 }
 
-/// This rank's RDMA links: towards the left neighbour, then the right one, one per wire, or
-/// none where the pair does not use RDMA.
+/// This rank's RDMA links: towards the left neighbour, then the right one, one per wire;
+/// `None` where the pair does not use RDMA.
 #[derive(Default)]
-pub(super) struct Links {
-    pub(super) left: Vec<RdmaLink>,
-    pub(super) right: Vec<RdmaLink>,
+struct Links {
+    left: Option<Vec<RdmaLink>>,
+    right: Option<Vec<RdmaLink>>,
 }
 
-/// Step 3 of the module docs, for the pairs of `candidates` (at least one). Every rank calls
-/// it, with the same `candidates`.
+/// Step 3 of the module docs, for this rank's wanted sides `(left_pair, right_pair)`. Every
+/// rank calls it.
 ///
 /// # Errors
-/// Side-channel failures; with `rdma`, any pair that could not connect.
-pub(super) fn connect(
-    side: &mut SideChannel,
-    config: &Config,
+/// Exchange failures; with `required`, any pair that could not connect.
+fn connect(
+    exchange: &mut dyn crate::transport::connector::Exchange,
+    (rank, size): (usize, usize),
     devices: Option<&Devices>,
-    candidates: &[bool],
+    (left_pair, right_pair): (bool, bool),
+    required: bool,
     deadline: Instant,
 ) -> Result<Links> {
-    let (rank, size) = (config.rank, config.size);
     let left = (rank + size - 1) % size;
-    // My left side is pair `left`, my right side pair `rank`.
-    let (left_pair, right_pair) = (candidates[left], candidates[rank]);
     let make = |nics: Option<&Vec<Arc<Nic>>>,
                 wanted: bool|
      -> std::result::Result<Vec<Endpoint>, String> {
@@ -177,7 +208,7 @@ pub(super) fn connect(
         left: info(&mine_left),
         right: info(&mine_right),
     };
-    let offers: Vec<Offer> = super::exchange(side, rank, &offer, deadline)?;
+    let offers: Vec<Offer> = exchange_json(exchange, rank, &offer)?;
 
     // Connect each side to the neighbour's opposite side, then wait for the hellos.
     let connect_side = |mine: std::result::Result<Vec<Endpoint>, String>,
@@ -201,27 +232,27 @@ pub(super) fn connect(
             .collect()
     };
     let right = (rank + 1) % size;
-    let mut links = Links::default();
+    let (mut left_links, mut right_links) = (Vec::new(), Vec::new());
     let mut outcome = Outcome {
         left: Ok(()),
         right: Ok(()),
     };
     if left_pair {
         match connect_side(mine_left, &offers[left].right, left) {
-            Ok(l) => links.left = l,
+            Ok(l) => left_links = l,
             Err(why) => outcome.left = Err(why),
         }
     }
     if right_pair {
         match connect_side(mine_right, &offers[right].left, right) {
-            Ok(l) => links.right = l,
+            Ok(l) => right_links = l,
             Err(why) => outcome.right = Err(why),
         }
     }
     let hello_by = deadline.min(Instant::now() + HELLO_TIMEOUT);
     for (links, result, peer) in [
-        (&mut links.left, &mut outcome.left, left),
-        (&mut links.right, &mut outcome.right, right),
+        (&mut left_links, &mut outcome.left, left),
+        (&mut right_links, &mut outcome.right, right),
     ] {
         if result.is_ok()
             && let Err(why) = await_hellos(links, hello_by)
@@ -229,9 +260,9 @@ pub(super) fn connect(
             *result = Err(format!("with rank {peer}: {why}"));
         }
     }
-    let outcomes: Vec<Outcome> = super::exchange(side, rank, &outcome, deadline)?;
+    let outcomes: Vec<Outcome> = exchange_json(exchange, rank, &outcome)?;
 
-    // A pair uses RDMA where both of its sides succeeded.
+    // A pair uses RDMA where both of its sides succeeded (a side nobody wanted says Ok).
     let failure = |p: usize| -> Option<String> {
         let q = (p + 1) % size;
         let why = match (&outcomes[p].right, &outcomes[q].left) {
@@ -241,10 +272,10 @@ pub(super) fn connect(
         };
         Some(why)
     };
-    for p in (0..size).filter(|&p| candidates[p]) {
+    for p in 0..size {
         if let Some(why) = failure(p) {
             let q = (p + 1) % size;
-            if config.transport == Transport::Rdma {
+            if required {
                 return Err(Error::Bootstrap(format!(
                     "rank {rank}: ranks {p} and {q} cannot connect over RDMA: {why}"
                 )));
@@ -252,13 +283,10 @@ pub(super) fn connect(
             tracing::info!(rank, "ranks {p} and {q} use TCP, not RDMA: {why}");
         }
     }
-    if left_pair && failure(left).is_some() {
-        links.left.clear();
-    }
-    if right_pair && failure(rank).is_some() {
-        links.right.clear();
-    }
-    Ok(links)
+    Ok(Links {
+        left: (left_pair && failure(left).is_none()).then_some(left_links),
+        right: (right_pair && failure(rank).is_none()).then_some(right_links),
+    })
 }
 
 /// Waits until every link heard its peer's hello and its own was acknowledged.

@@ -23,8 +23,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::transport::shm::Mapping;
 
+mod connect;
 pub(crate) mod link;
 mod verbs;
+
+pub(crate) use connect::{DeviceNames, RdmaConnector};
 
 use link::{PeerRing, RECEIVE_ID, RECEIVES, RING_BYTES, RdmaLink, SENDS};
 use verbs::{Context, GidInfo, PortInfo, ProtectionDomain, QueuePair, Region, Verbs};

@@ -17,44 +17,35 @@
 //! when the last process mapping it exits, however it exits: nothing is ever left in `/dev/shm`
 //! or `/tmp`.
 
-use std::io::{self, IoSlice, IoSliceMut};
-use std::mem::MaybeUninit;
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering, compiler_fence, fence};
+use std::sync::atomic::{Ordering, compiler_fence, fence};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
-use rustix::net::{
-    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
-    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
-};
+use rustix::net::RecvFlags;
 use rustix::thread::{MembarrierCommand, MembarrierQuery, membarrier, membarrier_query};
-
-use crate::auth::Identity;
-use crate::auth::{self, Admission, Claim, Purpose};
-use crate::error::{Error, Result};
 
 mod board;
 pub(crate) mod link;
 mod segment;
+mod setup;
 mod sys;
 
 pub(crate) use board::{Board, INLINE_BYTES};
 pub(crate) use segment::Layout;
 use segment::{Mailbox, State};
+use setup::Listener;
+pub(crate) use setup::ShmConnector;
+#[cfg(feature = "fuzzing")]
+pub(crate) use setup::check_offer_bytes;
 pub(crate) use sys::Mapping;
 
 /// Bytes of each ring (one per neighbour, wire and direction): the most a sender may be ahead.
 pub(crate) const RING_BYTES: usize = 256 * 1024;
 /// Bytes of each of a rank's two areas: the most one round of a direct collective moves.
 pub(crate) const AREA_BYTES: usize = 1024 * 1024;
-
-/// Opens the second message of the handshake, which carries the segment and the doorbell.
-const OFFER_MAGIC: [u8; 4] = *b"JCSM";
-/// Magic, layout, and whether the sender fences asymmetrically ([`asymmetric_fences`]).
-const OFFER_LEN: usize = 4 + 24 + 1;
 
 /// Whether this process can use asymmetric fences: a rank about to sleep pays for a barrier on
 /// every CPU (`membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`) so that its peers can publish
@@ -64,7 +55,7 @@ const OFFER_LEN: usize = 4 + 24 + 1;
 /// (N=4: 57 µs against 15), hence offered only by ranks that spin before they sleep. Only
 /// processes that registered receive those barriers; registration lasts for the life of the
 /// process, so it is tried once.
-fn asymmetric_fences() -> bool {
+pub(crate) fn asymmetric_fences() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
         let needed = MembarrierQuery::GLOBAL_EXPEDITED | MembarrierQuery::REGISTER_GLOBAL_EXPEDITED;
@@ -291,358 +282,5 @@ impl Shm {
 impl Drop for Shm {
     fn drop(&mut self) {
         self.set_state(State::Closed);
-    }
-}
-
-/// Where this rank accepts its shared-memory peers: an abstract Unix socket (no file) with a
-/// random name.
-pub(crate) struct Listener {
-    fd: OwnedFd,
-    name: String,
-}
-
-impl Listener {
-    pub(crate) fn new() -> io::Result<Listener> {
-        let name = format!("jaccl-{}", random_hex(16));
-        let fd = seqpacket_socket()?;
-        rustix::net::bind(&fd, &SocketAddrUnix::new_abstract_name(name.as_bytes())?)?;
-        rustix::net::listen(&fd, 128)?;
-        rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK)?;
-        Ok(Listener { fd, name })
-    }
-
-    /// The name peers connect to.
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-/// A peer to share memory with, as start-up found it.
-#[derive(Debug, Clone)]
-pub(crate) struct PeerSpec {
-    pub(crate) rank: usize,
-    /// Its listener's name.
-    pub(crate) name: String,
-    /// Its rings this rank reads (it sends to this rank on them).
-    pub(crate) reads: Vec<usize>,
-}
-
-/// Creates this rank's segment and exchanges segments with every peer of `peers` before
-/// `deadline`: connecting to lower ranks while accepting higher ones on `listener` (on another
-/// thread). Every connection is authenticated first (`crate::auth`); strangers are dropped.
-/// With `asymmetric`, this rank offers asymmetric fences where the kernel allows them (see
-/// [`Peer::wake`]); each pair uses them only if both sides offer.
-pub(crate) fn establish(
-    listener: Listener,
-    me: &Identity,
-    layout: Layout,
-    peers: &[PeerSpec],
-    asymmetric: bool,
-    deadline: Instant,
-) -> Result<Shm> {
-    let fail = |what: String| Error::Bootstrap(format!("rank {}: shared memory: {what}", me.rank));
-    let (mut local, segment) =
-        Local::create(layout).map_err(|e| fail(format!("cannot create a segment: {e}")))?;
-    let offer = Offer {
-        layout,
-        segment: segment.as_fd(),
-        doorbell: local.doorbell.fd(),
-        asymmetric: asymmetric && asymmetric_fences(),
-    };
-    let stop = AtomicBool::new(false);
-    let (accepted, connected) = std::thread::scope(|s| {
-        let acceptor = s.spawn(|| accept_all(&listener, me, peers, &offer, deadline, &stop));
-        let connected: Result<Vec<Peer>> = peers
-            .iter()
-            .filter(|p| p.rank < me.rank)
-            .map(|spec| {
-                connect(me, spec, &offer, deadline)
-                    .map_err(|why| fail(format!("with rank {}: {why}", spec.rank)))
-            })
-            .collect();
-        if connected.is_err() {
-            stop.store(true, Ordering::Relaxed);
-        }
-        let accepted = acceptor
-            .join()
-            .unwrap_or_else(|_| Err(fail("the acceptor failed".into())));
-        (accepted, connected)
-    });
-    let mut found: Vec<Option<Arc<Peer>>> = (0..me.size).map(|_| None).collect();
-    for peer in connected?.into_iter().chain(accepted?) {
-        let rank = peer.rank;
-        found[rank] = Some(Arc::new(peer));
-    }
-    drop(segment);
-    local.fences_for_peers = found.iter().flatten().any(|p| p.asymmetric);
-    Ok(Shm {
-        local: Arc::new(local),
-        peers: found,
-    })
-}
-
-/// What this rank hands each peer.
-struct Offer<'a> {
-    layout: Layout,
-    segment: BorrowedFd<'a>,
-    doorbell: BorrowedFd<'a>,
-    asymmetric: bool,
-}
-
-impl Offer<'_> {
-    fn send(&self, socket: &OwnedFd) -> io::Result<()> {
-        let mut message = [0u8; OFFER_LEN];
-        message[..4].copy_from_slice(&OFFER_MAGIC);
-        message[4..OFFER_LEN - 1].copy_from_slice(&self.layout.encode());
-        message[OFFER_LEN - 1] = u8::from(self.asymmetric);
-        send_with_fds(socket, &message, &[self.segment, self.doorbell])
-    }
-
-    /// Hands this rank's segment over and takes the peer's, on an authenticated socket.
-    fn exchange(
-        &self,
-        spec: &PeerSpec,
-        socket: OwnedFd,
-        deadline: Instant,
-    ) -> std::result::Result<Peer, String> {
-        self.send(&socket)
-            .map_err(|e| format!("cannot hand over the segment: {e}"))?;
-        let (bytes, fds) =
-            recv_message(&socket, deadline).map_err(|e| format!("no segment came: {e}"))?;
-        let (segment, doorbell, asymmetric) = check_offer(self.layout, &bytes, fds)?;
-        let mut peer = map_peer(spec, self.layout, &segment, doorbell, socket)?;
-        peer.asymmetric = asymmetric && self.asymmetric;
-        Ok(peer)
-    }
-}
-
-/// Connects to a lower rank, authenticates, and exchanges segments.
-fn connect(
-    me: &Identity,
-    spec: &PeerSpec,
-    offer: &Offer<'_>,
-    deadline: Instant,
-) -> std::result::Result<Peer, String> {
-    let mut socket = seqpacket_socket().map_err(|e| e.to_string())?;
-    let addr =
-        SocketAddrUnix::new_abstract_name(spec.name.as_bytes()).map_err(|e| e.to_string())?;
-    rustix::net::connect(&socket, &addr)
-        .map_err(|e| format!("cannot connect to its socket @{}: {e}", spec.name))?;
-    let claim = Claim {
-        purpose: Purpose::Shm,
-        rank: me.rank,
-        size: me.size,
-        wire: 0,
-    };
-    auth::connect(&mut socket, &me.token, claim, deadline).map_err(|e| e.to_string())?;
-    offer.exchange(spec, socket, deadline)
-}
-
-/// Accepts every higher rank of `peers` on `listener`: authenticated, expected, and not yet
-/// connected; then exchanges segments with it.
-fn accept_all(
-    listener: &Listener,
-    me: &Identity,
-    peers: &[PeerSpec],
-    offer: &Offer<'_>,
-    deadline: Instant,
-    stop: &AtomicBool,
-) -> Result<Vec<Peer>> {
-    let mut missing: Vec<&PeerSpec> = peers.iter().filter(|s| s.rank > me.rank).collect();
-    let mut found = Vec::new();
-    if missing.is_empty() {
-        return Ok(found);
-    }
-    let done = auth::serve(
-        listener.fd.as_fd(),
-        || match rustix::net::accept_with(&listener.fd, SocketFlags::CLOEXEC) {
-            Ok(s) => Ok(Some((s, "a local process".to_string()))),
-            Err(Errno::AGAIN | Errno::INTR | Errno::CONNABORTED) => Ok(None),
-            Err(e) => Err(e.into()),
-        },
-        &me.token,
-        me.rank,
-        deadline,
-        Some(stop),
-        |claim, mut socket| {
-            let reply_by = deadline.min(crate::os::deadline_after(auth::HANDSHAKE_TIMEOUT));
-            let expected = missing
-                .iter()
-                .position(|s| s.rank == claim.rank)
-                .filter(|_| claim.purpose == Purpose::Shm && claim.size == me.size);
-            let Some(i) = expected else {
-                let why = format!(
-                    "not expecting rank {} here (or it is connected)",
-                    claim.rank
-                );
-                tracing::warn!(rank = me.rank, %why, "refused a shared-memory connection");
-                let _ = auth::verdict(&mut socket, Err(&why), reply_by);
-                return Ok(Admission::More);
-            };
-            let spec = missing.swap_remove(i);
-            auth::verdict(&mut socket, Ok(()), reply_by)
-                .map_err(|e| Error::io(me.rank, "admitting a shared-memory peer", e))?;
-            let peer = offer.exchange(spec, socket, deadline).map_err(|why| {
-                Error::Bootstrap(format!(
-                    "rank {}: shared memory with rank {}: {why}",
-                    me.rank, spec.rank
-                ))
-            })?;
-            found.push(peer);
-            Ok(if missing.is_empty() {
-                Admission::Done
-            } else {
-                Admission::More
-            })
-        },
-    )?;
-    if !done && !stop.load(Ordering::Relaxed) {
-        let ranks: Vec<String> = missing.iter().map(|s| s.rank.to_string()).collect();
-        return Err(Error::Bootstrap(format!(
-            "rank {}: shared memory: timed out waiting for rank(s) {} to connect",
-            me.rank,
-            ranks.join(", ")
-        )));
-    }
-    Ok(found)
-}
-
-/// Checks a peer's offer: its layout, a sealed segment of the right size, a doorbell; and
-/// whether it fences asymmetrically.
-fn check_offer(
-    layout: Layout,
-    bytes: &[u8],
-    mut fds: Vec<OwnedFd>,
-) -> std::result::Result<(OwnedFd, OwnedFd, bool), String> {
-    let asymmetric = check_offer_bytes(layout, bytes)?;
-    let (Some(doorbell), Some(segment), true) = (fds.pop(), fds.pop(), fds.is_empty()) else {
-        return Err("its offer did not carry a segment and a doorbell".into());
-    };
-    sys::check_segment(segment.as_fd(), layout.total())
-        .map_err(|why| format!("its segment is unusable: {why}"))?;
-    Ok((segment, doorbell, asymmetric))
-}
-
-/// Checks the bytes of a peer's offer: magic and layout; returns whether it fences
-/// asymmetrically.
-pub(crate) fn check_offer_bytes(layout: Layout, bytes: &[u8]) -> std::result::Result<bool, String> {
-    if bytes.len() != OFFER_LEN || bytes[..4] != OFFER_MAGIC {
-        return Err("malformed segment offer".into());
-    }
-    if bytes[4..OFFER_LEN - 1] != layout.encode() {
-        return Err("its segment layout differs (another jaccl version?)".into());
-    }
-    match bytes[OFFER_LEN - 1] {
-        0 => Ok(false),
-        1 => Ok(true),
-        _ => Err("malformed segment offer".into()),
-    }
-}
-
-/// Maps a checked peer segment: the main part, and the rings it sends to this rank.
-fn map_peer(
-    spec: &PeerSpec,
-    layout: Layout,
-    segment: &OwnedFd,
-    doorbell: OwnedFd,
-    socket: OwnedFd,
-) -> std::result::Result<Peer, String> {
-    let map_err = |e: io::Error| format!("cannot map its segment: {e}");
-    let main = Mapping::new(segment.as_fd(), 0, layout.main_len()).map_err(map_err)?;
-    let mut rings: Vec<Option<Mapping>> = (0..layout.rings).map(|_| None).collect();
-    for &i in &spec.reads {
-        let ring = Mapping::mirrored(segment.as_fd(), layout.ring(i), layout.ring_bytes);
-        rings[i] = Some(ring.map_err(map_err)?);
-    }
-    Ok(Peer {
-        rank: spec.rank,
-        main,
-        rings,
-        doorbell: Doorbell(doorbell),
-        socket,
-        asymmetric: false,
-    })
-}
-
-fn seqpacket_socket() -> io::Result<OwnedFd> {
-    Ok(rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?)
-}
-
-fn send_with_fds(socket: &OwnedFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-    let mut ancillary = SendAncillaryBuffer::new(&mut space);
-    if !ancillary.push(SendAncillaryMessage::ScmRights(fds)) {
-        return Err(io::Error::other("too many descriptors for one message"));
-    }
-    rustix::net::sendmsg(
-        socket,
-        &[IoSlice::new(bytes)],
-        &mut ancillary,
-        SendFlags::NOSIGNAL,
-    )?;
-    Ok(())
-}
-
-/// Receives one message and the descriptors it carries, waiting until `deadline`.
-fn recv_message(socket: &OwnedFd, deadline: Instant) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if !crate::os::wait_readable(socket.as_fd(), left)? {
-        return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
-    }
-    let mut buf = [0u8; 128];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
-    let msg = rustix::net::recvmsg(
-        socket,
-        &mut [IoSliceMut::new(&mut buf)],
-        &mut ancillary,
-        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
-    )?;
-    let mut fds = Vec::new();
-    for message in ancillary.drain() {
-        if let RecvAncillaryMessage::ScmRights(received) = message {
-            fds.extend(received);
-        }
-    }
-    if msg.bytes == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the connection closed",
-        ));
-    }
-    if msg
-        .flags
-        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
-    {
-        return Err(io::Error::other("an oversized message"));
-    }
-    Ok((buf[..msg.bytes].to_vec(), fds))
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    proptest! {
-        /// Offers with the valid magic, and often the valid layout, with random rest.
-        #[test]
-        fn offers_never_panic(rest in proptest::collection::vec(any::<u8>(), 0..40), valid in any::<bool>()) {
-            let layout = Layout::new(1, RING_BYTES, AREA_BYTES);
-            let mut b = OFFER_MAGIC.to_vec();
-            if valid {
-                b.extend_from_slice(&layout.encode());
-            }
-            b.extend(rest);
-            let outcome = check_offer_bytes(layout, &b);
-            let well_formed = valid && b.len() == OFFER_LEN && b[OFFER_LEN - 1] <= 1;
-            prop_assert_eq!(outcome.is_ok(), well_formed);
-        }
     }
 }

@@ -10,7 +10,7 @@ use crate::devices::DeviceMatrix;
 use crate::error::{Error, Result};
 
 impl Config {
-    /// Reads the configuration from the environment; see the [module docs](self) for the
+    /// Reads the configuration from the environment; see the [module docs](crate::config) for the
     /// variables and their precedence.
     ///
     /// # Errors

@@ -5,6 +5,20 @@
 //! are contiguous across the ring's end, and the reduction reads them in place) and publishes
 //! the new head. Tails and heads only grow (64-bit byte counts), so "something changed since I
 //! last looked" is a comparison, which is what [`Link::arm`] checks before a rank sleeps.
+//!
+//! Who writes what, and what the reader checks (a peer is an authenticated member of the job,
+//! but a bug or a hostile member must not make this rank panic or touch memory outside its
+//! mappings):
+//! - a ring's **tail** is written by its sender only; the receiver checks that it never goes
+//!   back and is never more than a ring ahead of the receiver's own head
+//!   ([`ShmLink::readable`]);
+//! - a ring's **head** is written by its receiver only; the sender checks that it never goes
+//!   back and never passes the sender's own tail ([`ShmLink::room`]);
+//! - the ring's **bytes** are written by the sender only, before it publishes the tail; the
+//!   receiver reads at most what the checked tail covers, at offsets it computes itself.
+//!
+//! A value that breaks these rules makes the link [`LinkError::Broken`], which the call reports
+//! as `Error::Protocol` naming the peer.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +43,8 @@ pub(crate) struct ShmLink {
     /// `try_send` last found the ring full: readiness means "moved since".
     stalled_tail: u64,
     stalled_head: u64,
+    /// The peer's head as last checked: it may never go back.
+    seen_head: u64,
     /// Why the peer is gone, once [`Link::arm`] found out.
     gone: Option<String>,
 }
@@ -48,6 +64,7 @@ impl ShmLink {
             head: 0,
             stalled_tail: 0,
             stalled_head: 0,
+            seen_head: 0,
             gone: None,
         }
     }
@@ -61,6 +78,32 @@ impl ShmLink {
     ) -> (&'a AtomicU64, &'a AtomicU64) {
         let (tail, head) = local.layout.ring_cursors(ring);
         (main.atomic_u64(tail), main.atomic_u64(head))
+    }
+
+    /// Bytes the peer published and this rank has not consumed: `tail` (the peer's) less this
+    /// rank's head, checked.
+    fn readable(&self, tail: u64) -> Result<usize, LinkError> {
+        match tail.checked_sub(self.head) {
+            Some(n) if n <= self.cap => Ok(n as usize),
+            _ => Err(LinkError::Broken(format!(
+                "the peer's ring tail {tail} is outside 0..={} bytes past this rank's head {}",
+                self.cap, self.head
+            ))),
+        }
+    }
+
+    /// Room in this rank's outgoing ring, given the `head` its reader (the peer) published.
+    fn room(&self, head: u64) -> Result<usize, LinkError> {
+        match self.tail.checked_sub(head) {
+            Some(used) if used <= self.cap && head >= self.seen_head => {
+                Ok((self.cap - used) as usize)
+            }
+            _ => Err(LinkError::Broken(format!(
+                "the peer's ring head {head} is outside {}..={} (it read bytes this rank never \
+                 sent, or went back)",
+                self.seen_head, self.tail
+            ))),
+        }
     }
 
     /// The error for a peer that will never read or write again.
@@ -79,7 +122,8 @@ impl Link for ShmLink {
         }
         let (tail_word, head_word) = Self::cursors(&self.local, &self.local.main, self.tx);
         let head = head_word.load(Ordering::Acquire);
-        let room = (self.cap - (self.tail - head)) as usize;
+        let room = self.room(head)?;
+        self.seen_head = head;
         if room == 0 {
             self.stalled_head = head;
             return Ok(0);
@@ -118,7 +162,7 @@ impl Link for ShmLink {
                 return Err(e);
             }
         }
-        let available = (tail - self.head) as usize;
+        let available = self.readable(tail)?;
         let offered = available.min(max);
         let used = match (&self.peer.rings[self.rx], offered) {
             (_, 0) | (None, _) => 0,

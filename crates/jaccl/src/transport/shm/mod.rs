@@ -28,6 +28,8 @@ use rustix::net::RecvFlags;
 use rustix::thread::{MembarrierCommand, MembarrierQuery, membarrier, membarrier_query};
 
 mod board;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod harness;
 pub(crate) mod link;
 mod segment;
 mod setup;

@@ -8,7 +8,9 @@
 //!
 //! Every line of the control page has one writer: the mailbox and the tails are the owner's,
 //! a ring's head is its reader's (the peer). Page 0 and the areas are mapped as one
-//! [`Mapping`]; each ring separately, mirrored.
+//! [`Mapping`]; each ring separately, mirrored. What readers check of each value is written
+//! next to it: [`Mailbox`], and the ring cursors in `super::link`. A segment's size is checked
+//! (and sealed) before it is mapped, so no offset computed from this layout can fall outside.
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -103,6 +105,13 @@ pub(crate) enum State {
 /// Line 1 changes rarely, so peers keep it cached: `state` ([`State`]), `sleeping` (non-zero
 /// while the owner may be asleep on its doorbell, read by every waker), and rank 0's store
 /// hints (for the call after call `c`, the slot of `c`'s parity).
+///
+/// Every field is written by the owner only. What a reader does with a value the owner wrote
+/// (a buggy or hostile peer can write anything): the stamp and the state are only compared;
+/// the call description is parsed with `Header::from_words`, which rejects unknown ids, and
+/// compared with this rank's own; `sleeping` is compared with zero; a hint is only tested
+/// bit by bit to pick a kind of store. No value from a mailbox becomes an index, a length or
+/// an offset: offsets into the areas and the inline data come from this rank's own call.
 #[derive(Clone, Copy)]
 pub(crate) struct Mailbox<'a>(&'a Mapping);
 

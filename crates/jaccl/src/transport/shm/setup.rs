@@ -55,12 +55,12 @@ impl Listener {
 
 /// A peer to share memory with, as start-up found it.
 #[derive(Debug, Clone)]
-struct PeerSpec {
-    pub(crate) rank: usize,
+pub(super) struct PeerSpec {
+    pub(super) rank: usize,
     /// Its listener's name.
-    pub(crate) name: String,
+    pub(super) name: String,
     /// Its rings this rank reads (it sends to this rank on them).
-    pub(crate) reads: Vec<usize>,
+    pub(super) reads: Vec<usize>,
 }
 
 /// Creates this rank's segment and exchanges segments with every peer of `peers` before
@@ -193,7 +193,7 @@ fn accept_all(
         listener.fd.as_fd(),
         || match rustix::net::accept_with(&listener.fd, SocketFlags::CLOEXEC) {
             Ok(s) => Ok(Some((s, "a local process".to_string()))),
-            Err(Errno::AGAIN | Errno::INTR | Errno::CONNABORTED) => Ok(None),
+            Err(Errno::AGAIN) => Ok(None),
             Err(e) => Err(e.into()),
         },
         &me.token,
@@ -276,7 +276,7 @@ pub(crate) fn check_offer_bytes(layout: Layout, bytes: &[u8]) -> std::result::Re
 }
 
 /// Maps a checked peer segment: the main part, and the rings it sends to this rank.
-fn map_peer(
+pub(super) fn map_peer(
     spec: &PeerSpec,
     layout: Layout,
     segment: &OwnedFd,

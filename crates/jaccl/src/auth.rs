@@ -20,11 +20,12 @@
 //! that fails is closed without a word (and logged with `tracing`): a refusal reveals nothing.
 //! Only an authenticated peer is told why it is refused (a wrong size, a taken rank).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -391,7 +392,10 @@ pub(crate) fn verdict(
 
 /// How long a connection may take to authenticate: a stranger holds no more than this.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-/// Handshakes served at once; connections beyond are closed at once (members retry).
+/// Handshakes served at once. When one more connection comes, the oldest unauthenticated one
+/// is cut to make room: a member's handshake takes milliseconds, so under a flood the oldest
+/// are strangers' (idle connections that would otherwise hold their place for
+/// [`HANDSHAKE_TIMEOUT`]), and a member that is cut all the same retries.
 const MAX_HANDSHAKES: usize = 64;
 
 /// What [`serve`]'s admission step decided.
@@ -404,11 +408,14 @@ pub(crate) enum Admission {
 
 /// Accepts connections on `listener` until `admit` says [`Admission::Done`] (true) or
 /// `deadline` passes (false). Each connection is authenticated on its own thread (at most
-/// [`HANDSHAKE_TIMEOUT`]), so an idle or slow stranger holds up nobody; failures are dropped and
-/// logged. Authenticated connections reach `admit`, on the calling thread, in the order they
-/// finish; `admit` sends the verdict, and its error ends start-up (only members, who
-/// authenticated, can cause one). Setting `stop` ends it early (false).
-pub(crate) fn serve<S: Messages + Send + 'static>(
+/// [`HANDSHAKE_TIMEOUT`], and at most [`MAX_HANDSHAKES`] at once, the oldest cut to make
+/// room), so an idle or slow stranger holds up nobody; failures are dropped and logged.
+/// `accept_one` returns `Ok(None)` when nothing is pending; its errors are retried as
+/// accept(2) says ([`crate::os::accept_failure`]), with back-off when the process or the system
+/// is out of descriptors or memory. Authenticated connections reach `admit`, on the calling
+/// thread, in the order they finish; `admit` sends the verdict, and its error ends start-up
+/// (only members, who authenticated, can cause one). Setting `stop` ends it early (false).
+pub(crate) fn serve<S: Messages + AsFd + Send + 'static>(
     listener: BorrowedFd<'_>,
     mut accept_one: impl FnMut() -> io::Result<Option<(S, String)>>,
     token: &JobToken,
@@ -419,60 +426,90 @@ pub(crate) fn serve<S: Messages + Send + 'static>(
 ) -> Result<bool> {
     let wake =
         Arc::new(crate::os::event_counter().map_err(|e| Error::io(rank, "serving handshakes", e))?);
-    let (tx, rx) = mpsc::channel::<(Claim, S)>();
-    let busy = Arc::new(AtomicUsize::new(0));
+    type Finished<S> = (u64, Option<(Claim, S)>);
+    let (tx, rx) = mpsc::channel::<Finished<S>>();
+    // Handshakes in progress, oldest first: their number, and a descriptor that cuts them.
+    let mut pending: VecDeque<(u64, OwnedFd)> = VecDeque::new();
+    let mut started = 0u64;
+    let mut backoff = crate::os::RetryDelay::new();
+    let mut resting_until: Option<Instant> = None;
     loop {
-        while let Ok((claim, conn)) = rx.try_recv() {
-            if let Admission::Done = admit(claim, conn)? {
+        while let Ok((id, finished)) = rx.try_recv() {
+            pending.retain(|(i, _)| *i != id);
+            if let Some((claim, conn)) = finished
+                && let Admission::Done = admit(claim, conn)?
+            {
                 return Ok(true);
             }
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let now = Instant::now();
+        let left = deadline.saturating_duration_since(now);
         if left.is_zero() || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             return Ok(false);
         }
-        let mut fds = [
-            PollFd::new(&listener, PollFlags::IN),
-            PollFd::new(&*wake, PollFlags::IN),
-        ];
-        // With a stop flag, look at it every 100 ms.
-        let left = match stop {
+        // With a stop flag, look at it every 100 ms; while resting, do not accept.
+        let mut limit = match stop {
             Some(_) => left.min(Duration::from_millis(100)),
             None => left,
         };
-        crate::os::poll(&mut fds, left)
+        let listening = resting_until.is_none_or(|t| now >= t);
+        if let Some(t) = resting_until.filter(|_| !listening) {
+            limit = limit.min(t - now);
+        }
+        let mut fds = [
+            PollFd::new(&*wake, PollFlags::IN),
+            PollFd::new(&listener, PollFlags::IN),
+        ];
+        let watched = if listening { 2 } else { 1 };
+        crate::os::poll(&mut fds[..watched], limit)
             .map_err(|e| Error::io(rank, "waiting for connections", e))?;
         crate::os::drain(&*wake);
-        if !fds[0].revents().contains(PollFlags::IN) {
+        if !listening || !fds[1].revents().contains(PollFlags::IN) {
             continue;
         }
-        let Some((mut conn, from)) =
-            accept_one().map_err(|e| Error::io(rank, "accepting a connection", e))?
-        else {
+        let (mut conn, from) = match accept_one() {
+            Ok(Some(accepted)) => {
+                backoff = crate::os::RetryDelay::new();
+                resting_until = None;
+                accepted
+            }
+            Ok(None) => continue,
+            Err(e) => match crate::os::accept_failure(&e) {
+                crate::os::AcceptFailure::Retry => continue,
+                crate::os::AcceptFailure::BackOff => {
+                    tracing::warn!(rank, error = %e, "cannot accept a connection now: backing off");
+                    resting_until = Some(Instant::now() + backoff.next());
+                    continue;
+                }
+                crate::os::AcceptFailure::Fatal => {
+                    return Err(Error::io(rank, "accepting a connection", e));
+                }
+            },
+        };
+        if pending.len() >= MAX_HANDSHAKES
+            && let Some((_, oldest)) = pending.pop_front()
+        {
+            tracing::info!(rank, "too many handshakes at once: cutting the oldest");
+            let _ = rustix::net::shutdown(&oldest, rustix::net::Shutdown::Both);
+        }
+        let Ok(cut) = conn.as_fd().try_clone_to_owned() else {
+            tracing::warn!(rank, %from, "out of descriptors: closing a new connection");
             continue;
         };
-        if busy.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
-            tracing::warn!(rank, %from, "too many handshakes at once: closing a connection");
-            continue;
-        }
-        busy.fetch_add(1, Ordering::Relaxed);
-        let (token, tx, wake, busy) = (
-            token.clone(),
-            tx.clone(),
-            Arc::clone(&wake),
-            Arc::clone(&busy),
-        );
+        let id = started;
+        started += 1;
+        pending.push_back((id, cut));
+        let (token, tx, wake) = (token.clone(), tx.clone(), Arc::clone(&wake));
         let until = deadline.min(deadline_after(HANDSHAKE_TIMEOUT));
         std::thread::spawn(move || {
-            match accept(&mut conn, &token, until) {
-                Ok(claim) => {
-                    let _ = tx.send((claim, conn));
-                }
+            let finished = match accept(&mut conn, &token, until) {
+                Ok(claim) => Some((claim, conn)),
                 Err(why) => {
                     tracing::info!(rank, %from, %why, "dropped an unauthenticated connection");
+                    None
                 }
-            }
-            busy.fetch_sub(1, Ordering::Relaxed);
+            };
+            let _ = tx.send((id, finished));
             crate::os::signal(&*wake);
         });
     }

@@ -10,7 +10,7 @@
 //! order. Every read and write has a deadline.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::time::Instant;
 
@@ -208,7 +208,7 @@ fn coordinate(
     deadline: Instant,
 ) -> Result<SideChannel> {
     let bind = bind_address(addr, everywhere);
-    let listener = listen(bind).map_err(|e| {
+    let listener = crate::os::listen_tcp(bind).map_err(|e| {
         Error::Bootstrap(format!(
             "rank 0: cannot listen on the coordinator address {bind}: {e}"
         ))
@@ -367,19 +367,6 @@ fn attend(cfg: &Config, addr: SocketAddr, deadline: Instant) -> Result<SideChann
             )));
         }
     }
-}
-
-fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(128)?;
-    socket.set_nonblocking(true)?;
-    Ok(socket.into())
 }
 
 fn write_frame(stream: &mut TcpStream, payload: &[u8], deadline: Instant) -> io::Result<()> {

@@ -70,6 +70,27 @@ pub(crate) fn wait_readable(fd: BorrowedFd<'_>, limit: Duration) -> io::Result<b
     }
 }
 
+/// How many connections a listener queues before the kernel drops new ones: enough for a
+/// flood of strangers not to crowd out the members while they are accepted.
+const BACKLOG: i32 = 1024;
+
+/// A non-blocking TCP listener on `addr` (port 0: an ephemeral one).
+///
+/// # Errors
+/// The address cannot be bound.
+pub(crate) fn listen_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
 /// Accepts a pending TCP connection on a non-blocking `listener`, if there is one: the stream
 /// (blocking) and the peer's address.
 ///
@@ -90,6 +111,46 @@ pub(crate) fn accept_tcp(listener: &TcpListener) -> io::Result<Option<(TcpStream
             Ok(None)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// What to do after accept(2) failed, as its man page says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcceptFailure {
+    /// Try again at once: nothing was pending, a signal came, or the error was the pending
+    /// connection's (it was aborted or its network failed before it was accepted).
+    Retry,
+    /// The process or the system is out of descriptors, buffers or memory: wait a moment.
+    BackOff,
+    /// The listener itself is broken.
+    Fatal,
+}
+
+/// How to treat `e`, an error of accept(2): Linux passes the pending connection's network
+/// errors on (`ECONNABORTED`, `EPROTO`, `ENETDOWN`, `ENOPROTOOPT`, `EHOSTDOWN`, `ENONET`,
+/// `EHOSTUNREACH`, `EOPNOTSUPP`, `ENETUNREACH`, to be treated like `EAGAIN`), and running out
+/// of descriptors (`EMFILE`, `ENFILE`) or memory (`ENOBUFS`, `ENOMEM`) passes.
+pub(crate) fn accept_failure(e: &io::Error) -> AcceptFailure {
+    use rustix::io::Errno;
+    match Errno::from_io_error(e) {
+        Some(
+            Errno::AGAIN
+            | Errno::INTR
+            | Errno::CONNABORTED
+            | Errno::PROTO
+            | Errno::NETDOWN
+            | Errno::NOPROTOOPT
+            | Errno::HOSTDOWN
+            | Errno::NONET
+            | Errno::HOSTUNREACH
+            | Errno::OPNOTSUPP
+            | Errno::NETUNREACH,
+        ) => AcceptFailure::Retry,
+        Some(Errno::MFILE | Errno::NFILE | Errno::NOBUFS | Errno::NOMEM) => AcceptFailure::BackOff,
+        _ if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
+            AcceptFailure::Retry
+        }
+        _ => AcceptFailure::Fatal,
     }
 }
 
@@ -155,14 +216,20 @@ impl RetryDelay {
         RetryDelay(Duration::from_millis(10))
     }
 
+    /// The next pause (10 ms, doubling up to half a second), without sleeping.
+    pub(crate) fn next(&mut self) -> Duration {
+        let pause = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_millis(500));
+        pause
+    }
+
     /// Sleeps before the next attempt; false (without sleeping) once `deadline` has passed.
     pub(crate) fn pause(&mut self, deadline: Instant) -> bool {
         let left = remaining(deadline);
         if left.is_zero() {
             return false;
         }
-        std::thread::sleep(self.0.min(left));
-        self.0 = (self.0 * 2).min(Duration::from_millis(500));
+        std::thread::sleep(self.next().min(left));
         true
     }
 }
@@ -182,5 +249,24 @@ mod tests {
         assert!(wait_readable(fd.as_fd(), Duration::from_secs(5)).unwrap());
         drain(&fd);
         assert!(!wait_readable(fd.as_fd(), Duration::ZERO).unwrap());
+    }
+
+    #[test]
+    fn accept_errors_are_retried_as_the_man_page_says() {
+        let of = |e: rustix::io::Errno| accept_failure(&e.into());
+        use rustix::io::Errno;
+        for e in [
+            Errno::CONNABORTED,
+            Errno::PROTO,
+            Errno::NETUNREACH,
+            Errno::AGAIN,
+        ] {
+            assert_eq!(of(e), AcceptFailure::Retry, "{e}");
+        }
+        for e in [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM] {
+            assert_eq!(of(e), AcceptFailure::BackOff, "{e}");
+        }
+        assert_eq!(of(Errno::BADF), AcceptFailure::Fatal);
+        assert_eq!(of(Errno::INVAL), AcceptFailure::Fatal);
     }
 }

@@ -512,6 +512,11 @@ fn child() {
             let (tcp, unix) = stranger(Duration::from_secs(6));
             Ok(format!("stranger reached {tcp} tcp {unix} unix"))
         }
+        "flood" => {
+            let coordinator: u16 = std::env::var("FLOOD_COORDINATOR").unwrap().parse().unwrap();
+            let counts = flood(coordinator, FLOOD, Duration::from_secs(30));
+            Ok(format!("flooded {counts:?}"))
+        }
         other => panic!("unknown child mode {other}"),
     };
     match outcome {
@@ -574,6 +579,80 @@ fn stranger(how_long: Duration) -> (usize, usize) {
         std::thread::sleep(Duration::from_millis(20));
     }
     (tcp, unix)
+}
+
+/// Connections of each kind (idle, garbage) a flood opens to each port it floods.
+const FLOOD: usize = 1000;
+
+/// A flood of strangers: `each` idle connections (saying nothing) and `each` connections that
+/// send garbage, to the coordinator's port and to the first data port that appears, held open
+/// and opened again as soon as the other side closes one, as fast as it can, for at most
+/// `how_long` (it prints `FLOODING` once it holds them all at the coordinator). Returns, per
+/// port flooded, (port, connections opened).
+fn flood(coordinator: u16, each: usize, how_long: Duration) -> Vec<(u16, usize)> {
+    use std::io::Write;
+    use std::net::TcpStream;
+    // 4 × `each` descriptors and some: root may raise its own limit.
+    let want = (4 * each + 256) as u64;
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(want),
+            maximum: Some(want.max(1 << 16)),
+        },
+    );
+    let open = |s: &TcpStream| {
+        let mut b = [0u8; 1];
+        let _ = s.set_nonblocking(true);
+        matches!(
+            rustix::net::recv(s, &mut b, rustix::net::RecvFlags::PEEK),
+            Err(rustix::io::Errno::AGAIN)
+        )
+    };
+    let until = Instant::now() + how_long;
+    let mut ports = vec![coordinator];
+    // Per port: its idle and garbage connections, and how many were opened.
+    let mut held: Vec<(u16, Vec<TcpStream>, Vec<TcpStream>, usize)> = Vec::new();
+    let mut announced = false;
+    while Instant::now() < until {
+        if ports.len() == 1
+            && let Some(data) = listening_tcp_ports()
+                .into_iter()
+                .find(|&p| p != coordinator)
+        {
+            ports.push(data);
+        }
+        for &port in &ports {
+            if !held.iter().any(|h| h.0 == port) {
+                held.push((port, Vec::new(), Vec::new(), 0));
+            }
+            let (_, idle, garbage, opened) = held.iter_mut().find(|h| h.0 == port).unwrap();
+            idle.retain(open);
+            garbage.retain(open);
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let timeout = Duration::from_millis(100);
+            for _ in 0..64 {
+                if idle.len() < each
+                    && let Ok(s) = TcpStream::connect_timeout(&addr, timeout)
+                {
+                    idle.push(s);
+                    *opened += 1;
+                }
+                if garbage.len() < each
+                    && let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout)
+                {
+                    let _ = s.write_all(b"\x16\x03\x01 not jaccl at all \xff\xfe garbage");
+                    garbage.push(s);
+                    *opened += 1;
+                }
+            }
+        }
+        if !announced && held.first().is_some_and(|h| h.3 >= 2 * each) {
+            println!("FLOODING");
+            announced = true;
+        }
+    }
+    held.iter().map(|h| (h.0, h.3)).collect()
 }
 
 /// A hello with jaccl's magic and version, claiming rank 1 of 4, with a made-up nonce.
@@ -699,6 +778,61 @@ fn strangers_at_every_port_during_start_up_do_not_stop_the_job() {
         counts.len() == 2 && counts[0] > 0 && counts[1] > 0,
         "{}",
         got[size]
+    );
+}
+
+/// Runs the 4 ranks of a job in `ns` whose coordinator listens on `port`: rank 0 first, then,
+/// once `meanwhile` returns, the others. Returns how long those took to form the group with
+/// rank 0 and sum, and every rank's line.
+fn timed_job(ns: &Netns, port: u16, meanwhile: impl FnOnce()) -> (Duration, Vec<String>) {
+    let size = 4;
+    let (tx, rx) = mpsc::channel();
+    let coordinator = format!("127.0.0.1:{port}");
+    let token = random_token();
+    let env = |r| rank_env(r, size, &coordinator, &token);
+    let mut children = vec![spawn_child_in(Some(&ns.0), "sum", &env(0), 0, &tx)];
+    meanwhile();
+    let started = Instant::now();
+    children.extend((1..size).map(|r| spawn_child_in(Some(&ns.0), "sum", &env(r), r, &tx)));
+    let got = results(&mut children, &rx, Duration::from_secs(60));
+    (started.elapsed(), got)
+}
+
+#[test]
+fn a_flood_of_idle_and_garbage_connections_delays_start_up_by_less_than_5_s() {
+    if !namespaces_available() {
+        return;
+    }
+    let ns = Netns::new("flood");
+    let port = 20_000 + (random_u64() % 10_000) as u16;
+    let pause = || std::thread::sleep(Duration::from_millis(500));
+    let (normal, got) = timed_job(&ns, port, pause);
+    assert!(got.iter().all(|l| l == "sum 10 of 4"), "{got:?}");
+    // The flood: 1000 idle and 1000 garbage connections at the coordinator, held, before the
+    // other ranks come; then as many at the first data port that listens, during start-up.
+    let port = port + 1;
+    let (tx, rx) = mpsc::channel();
+    let env = [("FLOOD_COORDINATOR".to_string(), port.to_string())];
+    let mut flooder = spawn_child_in(Some(&ns.0), "flood", &env, 0, &tx);
+    let wait_for_flood = || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Ok((_, line)) =
+            rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            if line.contains("FLOODING") {
+                return;
+            }
+        }
+        panic!("the flood did not reach the coordinator");
+    };
+    let (flooded, got) = timed_job(&ns, port, wait_for_flood);
+    let _ = flooder.kill();
+    let _ = flooder.wait();
+    eprintln!("start-up of ranks 1-3 with rank 0: {normal:?} alone, {flooded:?} flooded");
+    assert!(got.iter().all(|l| l == "sum 10 of 4"), "{got:?}");
+    assert!(
+        flooded < normal + Duration::from_secs(5),
+        "flooded start-up took {flooded:?}, {normal:?} without the flood"
     );
 }
 

@@ -191,7 +191,7 @@ impl TcpConnector {
     /// The listener cannot be made.
     pub(crate) fn new(ip: IpAddr) -> io::Result<TcpConnector> {
         Ok(TcpConnector {
-            listener: TcpListener::bind((ip, 0))?,
+            listener: crate::os::listen_tcp(SocketAddr::new(ip, 0))?,
         })
     }
 }
@@ -272,9 +272,6 @@ fn establish(
     accept_from: &[(usize, usize)],
     deadline: Instant,
 ) -> Result<(Vec<Vec<TcpLink>>, Vec<Vec<TcpLink>>)> {
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io(me.rank, "data listener", e))?;
     let stop = AtomicBool::new(false);
     let (incoming, outgoing) = std::thread::scope(|s| {
         let acceptor = s.spawn(|| accept_all(listener, me, accept_from, deadline, &stop));

@@ -7,6 +7,7 @@
 //! released.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use jaccl::{Dtype, ReduceOp};
@@ -18,12 +19,19 @@ mod memory;
 use memory::Memory;
 
 /// A jaccl group (`jaccl::Group`), for the package's `jaccl.Group`.
+///
+/// The group itself is behind a mutex that a running call holds (with the GIL released);
+/// what the getters answer is copied out when the group forms, so that no getter ever waits
+/// for that mutex while holding the GIL, which a running call takes back now and then.
 #[pyclass(module = "jaccl._native", frozen)]
 struct Group {
     /// `None` once closed.
     inner: Mutex<Option<jaccl::Group>>,
     rank: usize,
     size: usize,
+    transport: Vec<(usize, String)>,
+    topology: Option<String>,
+    closed: AtomicBool,
     /// What a signal handler raised while a call waited (Ctrl-C: `KeyboardInterrupt`).
     interrupt: Arc<Mutex<Option<PyErr>>>,
 }
@@ -53,6 +61,13 @@ fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
     Ok(Group {
         rank: group.rank(),
         size: group.size(),
+        transport: group
+            .transport()
+            .into_iter()
+            .map(|(p, t)| (p, t.to_string()))
+            .collect(),
+        topology: group.topology().map(|t| t.to_string()),
+        closed: AtomicBool::new(false),
         inner: Mutex::new(Some(group)),
         interrupt,
     })
@@ -72,28 +87,33 @@ impl Group {
 
     /// `[(peer, transport name)]`, as `jaccl::Group::transport` (empty once closed).
     #[getter]
-    fn transport(&self) -> PyResult<Vec<(usize, String)>> {
-        let peers = self.lock()?.as_ref().map(jaccl::Group::transport);
-        let peers = peers.unwrap_or_default().into_iter();
-        Ok(peers.map(|(p, t)| (p, t.to_string())).collect())
+    fn transport(&self) -> Vec<(usize, String)> {
+        match self.closed.load(Ordering::Acquire) {
+            true => Vec::new(),
+            false => self.transport.clone(),
+        }
     }
 
     /// `ring`, `mesh`, or `None` for a group of one (or once closed).
     #[getter]
-    fn topology(&self) -> PyResult<Option<String>> {
-        let topology = self.lock()?.as_ref().and_then(jaccl::Group::topology);
-        Ok(topology.map(|t| t.to_string()))
+    fn topology(&self) -> Option<String> {
+        match self.closed.load(Ordering::Acquire) {
+            true => None,
+            false => self.topology.clone(),
+        }
     }
 
     /// Whether [`Group::close`] was called.
     #[getter]
-    fn closed(&self) -> PyResult<bool> {
-        Ok(self.lock()?.is_none())
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Leaves the group: says goodbye to the peers and closes the connections (the other
     /// ranks' next calls fail with `PeerLost`). Later calls raise; closing again does nothing.
+    /// Waits, with the GIL released, for a call running on another thread to end.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.closed.store(true, Ordering::Release);
         py.detach(|| {
             let group = self.lock()?.take();
             drop(group);
@@ -112,12 +132,11 @@ impl Group {
     ) -> PyResult<()> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
         match input {
-            Some(input) if input.overlaps(output) => Err(overlap(py)),
-            Some(input) => self.run(py, |g| {
-                g.all_reduce_raw(input.bytes(), output.bytes_mut(), dtype, op)
+            Some(input) => self.run_on(py, &[input], output, |g, i, o| {
+                g.all_reduce_raw(i[0], o, dtype, op)
             }),
-            None => self.run(py, |g| {
-                g.all_reduce_raw_in_place(output.bytes_mut(), dtype, op)
+            None => self.run_on(py, &[], output, |g, _, o| {
+                g.all_reduce_raw_in_place(o, dtype, op)
             }),
         }
     }
@@ -130,11 +149,8 @@ impl Group {
         dtype: &str,
     ) -> PyResult<()> {
         let dtype = parse_dtype(py, dtype)?;
-        if input.overlaps(output) {
-            return Err(overlap(py));
-        }
-        self.run(py, |g| {
-            g.all_gather_raw(input.bytes(), output.bytes_mut(), dtype)
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.all_gather_raw(i[0], o, dtype)
         })
     }
 
@@ -147,22 +163,21 @@ impl Group {
         op: &str,
     ) -> PyResult<()> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
-        if input.overlaps(output) {
-            return Err(overlap(py));
-        }
-        self.run(py, |g| {
-            g.reduce_scatter_raw(input.bytes(), output.bytes_mut(), dtype, op)
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.reduce_scatter_raw(i[0], o, dtype, op)
         })
     }
 
     fn send(&self, py: Python<'_>, data: Memory, dst: usize, dtype: &str) -> PyResult<()> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run(py, |g| g.send_raw(data.bytes(), dst, dtype))
+        self.run_on(py, &[data], Memory::EMPTY, |g, i, _| {
+            g.send_raw(i[0], dst, dtype)
+        })
     }
 
     fn recv(&self, py: Python<'_>, out: Memory, src: usize, dtype: &str) -> PyResult<()> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run(py, |g| g.recv_raw(out.bytes_mut(), src, dtype))
+        self.run_on(py, &[], out, |g, _, o| g.recv_raw(o, src, dtype))
     }
 
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
@@ -176,6 +191,32 @@ impl Group {
         self.inner
             .lock()
             .map_err(|_| PyRuntimeError::new_err("a jaccl call panicked earlier in this group"))
+    }
+
+    /// Runs `f` on the group with the GIL released, over the bytes of the call's arrays
+    /// (`inputs` read, `output` written; they may not overlap); its error becomes a
+    /// `jaccl.errors` exception.
+    #[allow(unsafe_code)]
+    fn run_on(
+        &self,
+        py: Python<'_>,
+        inputs: &[Memory],
+        output: Memory,
+        f: impl FnOnce(&mut jaccl::Group, &[&[u8]], &mut [u8]) -> jaccl::Result<()> + Send,
+    ) -> PyResult<()> {
+        if inputs.iter().any(|i| i.overlaps(output)) {
+            return Err(overlap(py));
+        }
+        // SAFETY: the package passes the `(address, length)` of C-contiguous arrays that it
+        // keeps referenced until this native call returns, the output writable (all checked
+        // in python/jaccl/__init__.py), and no input overlaps the output (checked above); the
+        // slices die with this call. Another thread writing one of them meanwhile is the
+        // caller's data race, as the package's documentation says.
+        let (inputs, output) = unsafe {
+            let inputs: Vec<&[u8]> = inputs.iter().map(|m| m.bytes()).collect();
+            (inputs, output.bytes_mut())
+        };
+        self.run(py, |g| f(g, &inputs, output))
     }
 
     /// Runs `f` on the group with the GIL released; its error becomes a `jaccl.errors`
@@ -247,7 +288,11 @@ fn to_python(py: Python<'_>, e: &jaccl::Error) -> PyErr {
         E::Io { rank, .. } => ("IoError", Some(*rank), None, None),
         _ => ("Error", None, None, None),
     };
-    exception(py, class, msg, rank, peer, op)
+    let made = exception(py, class, msg, rank, peer, op);
+    if let Some(code) = e.raw_os_error() {
+        let _ = made.value(py).setattr("errno", code);
+    }
+    made
 }
 
 /// An instance of `jaccl.errors.<class>` with its `rank`, `peer` and `op` attributes.

@@ -1,4 +1,5 @@
-//! The caller's arrays as byte slices: the one place of the bindings that needs `unsafe`.
+//! The caller's arrays as byte slices: with the one call that takes them (`Group::run_on` in
+//! lib.rs), the only `unsafe` of the bindings.
 //!
 //! The Python package (python/jaccl/__init__.py) passes each array as `(address, length)`: the
 //! data pointer and byte count of a C-contiguous numpy array that it keeps referenced until the
@@ -14,6 +15,9 @@ use pyo3::FromPyObject;
 pub(crate) struct Memory(usize, usize);
 
 impl Memory {
+    /// No bytes (the output of a call that writes none).
+    pub(crate) const EMPTY: Memory = Memory(0, 0);
+
     /// The number of bytes.
     pub(crate) fn len(self) -> usize {
         self.1
@@ -28,25 +32,33 @@ impl Memory {
     }
 
     /// The bytes, for reading.
-    pub(crate) fn bytes<'a>(self) -> &'a [u8] {
+    ///
+    /// # Safety
+    /// `self` must be the `(address, length)` of a live, C-contiguous array that stays
+    /// referenced, and that nothing writes, for all of `'a` (the package keeps each array
+    /// referenced until the native call that uses it returns).
+    pub(crate) unsafe fn bytes<'a>(self) -> &'a [u8] {
         if self.1 == 0 {
             return &[];
         }
-        // SAFETY: by the module's contract, `self.0` is a live array of `self.1` bytes held by
-        // the package until the native call (the slice's only user) returns; u8 needs no
-        // alignment and every byte is valid.
+        // SAFETY: by the caller's contract, `self.0` is a live array of `self.1` bytes that
+        // stays referenced and unwritten for `'a`; u8 needs no alignment and every byte is
+        // valid.
         unsafe { std::slice::from_raw_parts(self.0 as *const u8, self.1) }
     }
 
-    /// The bytes, for writing. Callers make sure no other slice of the call overlaps them
-    /// ([`Memory::overlaps`]).
-    pub(crate) fn bytes_mut<'a>(self) -> &'a mut [u8] {
+    /// The bytes, for writing.
+    ///
+    /// # Safety
+    /// As [`Memory::bytes`], and the array must be writable, and no other slice of its bytes
+    /// may live during `'a` (callers check [`Memory::overlaps`] against the other buffers of
+    /// the call).
+    pub(crate) unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
         if self.1 == 0 {
             return &mut [];
         }
-        // SAFETY: as in `bytes`, and the package checked that the array is writable; the
-        // native functions take a mutable slice only of ranges no other slice of the same
-        // call overlaps, so it is not aliased.
+        // SAFETY: as in `bytes`, and by the caller's contract the array is writable and no
+        // other slice of these bytes lives for `'a`, so it is not aliased.
         unsafe { std::slice::from_raw_parts_mut(self.0 as *mut u8, self.1) }
     }
 }

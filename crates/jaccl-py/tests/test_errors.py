@@ -215,3 +215,54 @@ report(total.tolist())
     )
     for r in results:
         assert r == [[True, True], [2.0, 2.0, 2.0]]
+
+
+def test_getters_from_another_thread_during_calls_never_wait_for_them(run):
+    # A thread reading the group's getters in a loop while the main thread all-reduces: the
+    # getters must not take the lock a running call holds while they hold the GIL.
+    results = run(
+        2,
+        """
+import threading, datetime
+g = jaccl.init(timeout=datetime.timedelta(seconds=30), liveness=datetime.timedelta(seconds=2))
+stop, seen = threading.Event(), [0]
+def poke():
+    while not stop.is_set():
+        repr(g); g.transport; g.closed; g.topology
+        seen[0] += 1
+t = threading.Thread(target=poke)
+t.start()
+x = np.ones(1 << 14, np.float32)
+for _ in range(200):
+    g.all_sum(x)
+stop.set()
+t.join(30)
+report([not t.is_alive(), seen[0] > 0, float(g.all_sum(x)[0])])
+""",
+    )
+    assert results == [[[True, True, 2.0]]] * 2
+
+
+def test_exceptions_are_also_the_builtin_ones_they_are_like():
+    import jaccl
+
+    assert issubclass(jaccl.Timeout, TimeoutError)
+    assert issubclass(jaccl.PeerLost, ConnectionError)
+    assert issubclass(jaccl.IoError, OSError)
+    assert issubclass(jaccl.InvalidArgument, ValueError)
+    for cls in (jaccl.Timeout, jaccl.PeerLost, jaccl.IoError):
+        assert issubclass(cls, jaccl.Error)
+
+
+def test_durations_may_be_timedeltas():
+    import datetime
+
+    import jaccl
+
+    with jaccl.init(timeout=datetime.timedelta(seconds=30)) as g:
+        assert g.size == 1
+    try:
+        jaccl.init(timeout=datetime.timedelta(0))
+        raise AssertionError("a zero timeout was accepted")
+    except jaccl.ConfigError as e:
+        assert "JACCL_TIMEOUT" in str(e), e

@@ -11,9 +11,12 @@ Inputs are C-contiguous numpy arrays of bool, int8-64, uint8-64, float16, bfloat
 (``ml_dtypes``), float32, float64 or complex64; PyTorch CPU tensors; or any object with the
 buffer protocol or DLPack. Without ``out=`` a result is a new numpy array; with ``out=`` it is
 written there (``out=x`` works in place) and nothing is allocated. Data moves with the GIL
-released. Failures raise the exceptions of :mod:`jaccl.errors`.
+released, straight from and into the arrays' memory: another thread that writes an array
+while a call uses it is a data race (the results are undefined), as with any library that
+releases the GIL. Failures raise the exceptions of :mod:`jaccl.errors`.
 """
 
+import datetime
 import threading
 from typing import Any, List, Optional, Tuple
 
@@ -58,7 +61,9 @@ def init(**settings: Any) -> "Group":
     (``rank``, ``size``, ``coordinator``, ``transport``, ``topology``, ``wires``, ``timeout``,
     ``startup_timeout``, ``liveness``, ``job_token``, ``wait``, ``host_id``, ``ibv_devices``);
     they take precedence over the environment, which gives the rest (``jaccl launch``,
-    torchrun, mpirun, srun). With nothing set, the group has one rank.
+    torchrun, mpirun, srun). Durations are a ``datetime.timedelta``, seconds (``30``,
+    ``2.5``), or a string as the variables take (``"500ms"``, ``"5m"``, ``"off"``). With nothing
+    set, the group has one rank.
 
     Raises :class:`ConfigError` for an unknown or unreadable setting, :class:`BootstrapError`
     when the group cannot be formed.
@@ -92,7 +97,16 @@ def init(**settings: Any) -> "Group":
 def _setting(value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
+    if isinstance(value, datetime.timedelta):
+        return _seconds(value)
     return str(value)
+
+
+def _seconds(duration: Any) -> str:
+    """A duration (``timedelta``, or seconds as a number) as jaccl reads one: seconds."""
+    if isinstance(duration, datetime.timedelta):
+        duration = duration.total_seconds()
+    return repr(float(duration))
 
 
 class Group:

@@ -22,12 +22,14 @@ class Error(Exception):
     op: Optional[str] = None
 
 
-class PeerLost(Error):
-    """A peer's process ended, its connection closed, or it stopped answering (liveness)."""
+class PeerLost(Error, ConnectionError):
+    """A peer's process ended, its connection closed, or it stopped answering (liveness). Also
+    a :class:`ConnectionError`."""
 
 
-class Timeout(Error):
-    """No progress for the operation timeout (``JACCL_TIMEOUT``)."""
+class Timeout(Error, TimeoutError):
+    """No progress for the operation timeout (``JACCL_TIMEOUT``). Also a
+    :class:`TimeoutError`."""
 
 
 class Mismatch(Error):
@@ -64,8 +66,9 @@ class Unsupported(Error):
     """The request cannot be served here (e.g. RDMA without a device)."""
 
 
-class IoError(Error):
-    """The operating system refused something jaccl needed."""
+class IoError(Error, OSError):
+    """The operating system refused something jaccl needed. Also an :class:`OSError`;
+    ``errno`` is the operating system's error code where there is one."""
 
 
 __all__ = [

@@ -155,14 +155,14 @@ impl Connector for RdmaConnector {
 /// A rank's endpoints towards its left and right neighbours (empty where it uses none), or
 /// why it could not make them.
 #[derive(Debug, Serialize, Deserialize)]
-struct Offer {
-    left: std::result::Result<Vec<EndpointInfo>, String>,
-    right: std::result::Result<Vec<EndpointInfo>, String>,
+pub(super) struct Offer {
+    pub(super) left: std::result::Result<Vec<EndpointInfo>, String>,
+    pub(super) right: std::result::Result<Vec<EndpointInfo>, String>,
 }
 
 /// Whether a rank's hellos went through, per side (`Err`: why not).
 #[derive(Debug, Serialize, Deserialize)]
-struct Outcome {
+pub(super) struct Outcome {
     left: std::result::Result<(), String>,
     right: std::result::Result<(), String>,
 }

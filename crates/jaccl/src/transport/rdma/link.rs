@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use rustix::event::PollFd;
 
 use super::verbs::{
-    Completion, QueuePair, Region, Verbs, WC_RETRY_EXC_ERR, WC_RNR_RETRY_EXC_ERR, WC_SUCCESS,
+    Completion, QueuePair, Verbs, WC_RETRY_EXC_ERR, WC_RNR_RETRY_EXC_ERR, WC_SUCCESS,
     WC_WR_FLUSH_ERR, Write,
 };
 use crate::transport::{Interest, Link, LinkError, Readiness};
@@ -75,6 +75,91 @@ mod imm {
 // One report covers what reaching either threshold takes (more waits for the next report).
 const _: () = assert!(RING_BYTES as u64 <= imm::MAX_BYTES && RECEIVES / 4 <= imm::MAX_RECEIVES);
 
+/// A link's byte and message counts, and what the peer's immediate data may change in them.
+/// Every count only grows; the peer's words (a data length, a report of consumed bytes and
+/// reposted receives) are checked against them before they count, so no value of the peer's
+/// can make a count overflow, pass the ring, or grant credits the peer does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Bytes of each ring.
+    pub(crate) cap: u64,
+    /// Bytes posted, and bytes whose writes completed (staging before it may be reused).
+    pub(crate) tail: u64,
+    pub(crate) written: u64,
+    /// Bytes the peer reported consumed: its ring has room up to `peer_head + cap`.
+    pub(crate) peer_head: u64,
+    /// Receives the peer has posted for messages from this side.
+    pub(crate) credits: usize,
+    /// Bytes landed in the incoming ring, and bytes consumed.
+    pub(crate) arrived: u64,
+    pub(crate) head: u64,
+}
+
+/// What a checked message from the peer was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Incoming {
+    /// Bytes that landed in the incoming ring (counted).
+    Data,
+    /// The peer is closing the link.
+    Goodbye,
+    /// How far it consumed and how many receives it reposted (counted).
+    Report,
+}
+
+impl Counts {
+    /// Nothing sent or received yet, over rings of `cap` bytes; the peer has posted
+    /// [`RECEIVES`] receives.
+    pub(crate) fn new(cap: u64) -> Counts {
+        Counts {
+            cap,
+            tail: 0,
+            written: 0,
+            peer_head: 0,
+            credits: RECEIVES,
+            arrived: 0,
+            head: 0,
+        }
+    }
+
+    /// Counts a message of the peer's with immediate data `imm`.
+    ///
+    /// # Errors
+    /// [`LinkError::Broken`] for a message without immediate data, a length of 0 or past what
+    /// the ring holds beyond this side's head, or a report of more bytes than were sent or
+    /// more receives than exist.
+    pub(crate) fn receive(&mut self, imm: Option<u32>) -> Result<Incoming, LinkError> {
+        let Some(imm) = imm else {
+            return Err(broken("a message without immediate data"));
+        };
+        if imm & imm::CONTROL == 0 {
+            let len = u64::from(imm);
+            // `arrived - head` is at most `cap`: the sum cannot overflow.
+            if len == 0 || self.arrived - self.head + len > self.cap {
+                return Err(broken(&format!("the peer wrote {len} bytes past the ring")));
+            }
+            self.arrived += len;
+            Ok(Incoming::Data)
+        } else if imm & imm::GOODBYE != 0 {
+            Ok(Incoming::Goodbye)
+        } else {
+            let (receives, bytes) = imm::report(imm);
+            if bytes > self.tail - self.peer_head || receives > RECEIVES - self.credits {
+                return Err(broken("the peer reported more than was sent"));
+            }
+            self.peer_head += bytes;
+            self.credits += receives;
+            Ok(Incoming::Report)
+        }
+    }
+}
+
+/// The immediate data of a control message reporting `receives` reposted receives and
+/// `bytes` consumed (for tests and the fuzz target, which play the peer).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn report_imm(receives: usize, bytes: u64) -> u32 {
+    imm::control(receives, bytes)
+}
+
 /// Where this link writes: the peer's incoming ring.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PeerRing {
@@ -91,30 +176,16 @@ enum Failure {
     Broken(String),
 }
 
-/// One wire to one peer over RDMA. Field order matters: the queue pair is destroyed before
-/// the regions it reads and writes are released.
+/// One wire to one peer over RDMA: a queue pair with its staging ring (outgoing, local access
+/// only) and the ring the peer writes (incoming), which it owns.
 pub(crate) struct RdmaLink {
     qp: QueuePair,
-    /// Staging for outgoing bytes (local access only).
-    outgoing: Region,
-    /// Where the peer writes (remote write).
-    incoming: Region,
     verbs: Arc<Verbs>,
     peer_ring: PeerRing,
-    cap: u64,
-    /// Bytes posted, and bytes whose writes completed (staging before it may be reused).
-    tail: u64,
-    written: u64,
-    /// Bytes the peer reported consumed: its ring has room up to `peer_head + cap`.
-    peer_head: u64,
-    /// Receives the peer has posted for messages from this side.
-    credits: usize,
+    counts: Counts,
     /// Posted sends not yet completed, in order: each one's id and the tail after it.
     sends: VecDeque<(u64, u64)>,
     next_id: u64,
-    /// Bytes landed in the incoming ring, and bytes consumed.
-    arrived: u64,
-    head: u64,
     /// What the peer was last told: consumed bytes, and receives reposted since.
     reported_head: u64,
     reposted: usize,
@@ -126,31 +197,18 @@ pub(crate) struct RdmaLink {
 }
 
 impl RdmaLink {
-    /// A link over `qp` (connected, with [`RECEIVES`] receives posted), sending from
-    /// `outgoing` into `peer_ring` and receiving in `incoming`, both rings of `cap` bytes.
-    pub(crate) fn new(
-        qp: QueuePair,
-        outgoing: Region,
-        incoming: Region,
-        verbs: Arc<Verbs>,
-        peer_ring: PeerRing,
-    ) -> RdmaLink {
-        let cap = incoming.len() as u64;
+    /// A link over `qp` (connected, with [`RECEIVES`] receives posted), sending from its
+    /// outgoing region into `peer_ring` and receiving in its incoming one, both rings of the
+    /// same size.
+    pub(crate) fn new(qp: QueuePair, verbs: Arc<Verbs>, peer_ring: PeerRing) -> RdmaLink {
+        let cap = qp.incoming().len() as u64;
         RdmaLink {
             qp,
-            outgoing,
-            incoming,
             verbs,
             peer_ring,
-            cap,
-            tail: 0,
-            written: 0,
-            peer_head: 0,
-            credits: RECEIVES,
+            counts: Counts::new(cap),
             sends: VecDeque::new(),
             next_id: 0,
-            arrived: 0,
-            head: 0,
             reported_head: 0,
             reposted: 0,
             stalled_arrived: 0,
@@ -183,7 +241,6 @@ impl RdmaLink {
         self.qp
             .post_write(Write {
                 wr_id: id,
-                local: &self.outgoing,
                 offset: offset as usize,
                 len,
                 remote_addr: self.peer_ring.addr + offset,
@@ -192,8 +249,8 @@ impl RdmaLink {
             })
             .map_err(LinkError::Io)?;
         self.next_id += 1;
-        self.credits -= 1;
-        self.sends.push_back((id, self.tail + len as u64));
+        self.counts.credits -= 1;
+        self.sends.push_back((id, self.counts.tail + len as u64));
         Ok(())
     }
 
@@ -219,7 +276,7 @@ impl RdmaLink {
         match &self.failure {
             // Bytes that landed before the failure are still offered; `try_recv` reports it
             // once they are consumed.
-            Some(_) if self.arrived > self.head => Ok(()),
+            Some(_) if self.counts.arrived > self.counts.head => Ok(()),
             Some(Failure::Closed(why)) => Err(LinkError::Closed(why.clone())),
             Some(Failure::Broken(why)) => Err(LinkError::Broken(why.clone())),
             None => Ok(()),
@@ -253,33 +310,20 @@ impl RdmaLink {
             if id != c.wr_id {
                 return Err(broken("writes completed out of order"));
             }
-            self.written = tail;
+            self.counts.written = tail;
             return Ok(());
         }
         self.qp
             .post_receives(1, RECEIVE_ID)
             .map_err(LinkError::Io)?;
         self.reposted += 1;
-        let Some(imm) = c.imm else {
-            return Err(broken("a message without immediate data"));
-        };
-        if imm & imm::CONTROL == 0 {
-            let len = u64::from(imm);
-            if len == 0 || self.arrived + len - self.head > self.cap {
-                return Err(broken(&format!("the peer wrote {len} bytes past the ring")));
+        match self.counts.receive(c.imm)? {
+            Incoming::Data => {}
+            Incoming::Goodbye => {
+                self.failure
+                    .get_or_insert(Failure::Closed("the peer left the group".into()));
             }
-            self.arrived += len;
-        } else if imm & imm::GOODBYE != 0 {
-            self.failure
-                .get_or_insert(Failure::Closed("the peer left the group".into()));
-        } else {
-            let (receives, bytes) = imm::report(imm);
-            if self.peer_head + bytes > self.tail || self.credits + receives > RECEIVES {
-                return Err(broken("the peer reported more than was sent"));
-            }
-            self.peer_head += bytes;
-            self.credits += receives;
-            self.heard = true;
+            Incoming::Report => self.heard = true,
         }
         Ok(())
     }
@@ -289,14 +333,19 @@ impl RdmaLink {
     /// (Never for receives alone: each report reposts one on the other side, and two idle
     /// sides would then bounce reports back and forth.)
     fn report(&mut self, now: bool) -> Result<(), LinkError> {
-        let consumed = self.head - self.reported_head;
-        let due = self.reposted >= RECEIVES / 4 || consumed >= self.cap / 4 || now && consumed > 0;
-        if !due || self.credits == 0 || self.sends.len() >= SENDS {
+        let consumed = self.counts.head - self.reported_head;
+        let due =
+            self.reposted >= RECEIVES / 4 || consumed >= self.counts.cap / 4 || now && consumed > 0;
+        if !due || self.counts.credits == 0 || self.sends.len() >= SENDS {
             return Ok(());
         }
         let receives = self.reposted.min(imm::MAX_RECEIVES);
         let bytes = consumed.min(imm::MAX_BYTES);
-        self.post(self.tail % self.cap, 0, imm::control(receives, bytes))?;
+        self.post(
+            self.counts.tail % self.counts.cap,
+            0,
+            imm::control(receives, bytes),
+        )?;
         self.reposted -= receives;
         self.reported_head += bytes;
         Ok(())
@@ -304,13 +353,13 @@ impl RdmaLink {
 
     /// Whether a data message may be posted now.
     fn can_send(&self) -> bool {
-        self.room() > 0 && self.credits > RESERVED && self.sends.len() < SENDS
+        self.room() > 0 && self.counts.credits > RESERVED && self.sends.len() < SENDS
     }
 
     /// Bytes that may be written now: room in the peer's ring and in the staging ring.
     fn room(&self) -> u64 {
-        let peer = self.cap - (self.tail - self.peer_head);
-        let staging = self.cap - (self.tail - self.written);
+        let peer = self.counts.cap - (self.counts.tail - self.counts.peer_head);
+        let staging = self.counts.cap - (self.counts.tail - self.counts.written);
         peer.min(staging)
     }
 }
@@ -331,20 +380,21 @@ impl Link for RdmaLink {
             return Ok(0);
         }
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        let start = self.tail % self.cap;
+        let start = self.counts.tail % self.counts.cap;
         // A message never crosses the end of the ring: the device writes only the first of
         // the receiver's two copies.
         let len = (total as u64)
             .min(self.room())
             .min(MAX_MESSAGE as u64)
-            .min(self.cap - start) as usize;
+            .min(self.counts.cap - start) as usize;
         if len == 0 {
             return Ok(0);
         }
         let mut at = 0;
         for part in parts {
             let n = part.len().min(len - at);
-            self.outgoing
+            self.qp
+                .outgoing()
                 .memory()
                 .write(start as usize + at, &part[..n]);
             at += n;
@@ -353,7 +403,7 @@ impl Link for RdmaLink {
             }
         }
         self.post(start, len, len as u32)?;
-        self.tail += len as u64;
+        self.counts.tail += len as u64;
         Ok(len)
     }
 
@@ -363,22 +413,23 @@ impl Link for RdmaLink {
         consume: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Result<usize, LinkError> {
         let progress = self.progress();
-        let available = (self.arrived - self.head).min(max as u64) as usize;
+        let available = (self.counts.arrived - self.counts.head).min(max as u64) as usize;
         if available == 0 {
             progress?;
             return Ok(0);
         }
-        let start = (self.head % self.cap) as usize;
+        let start = (self.counts.head % self.counts.cap) as usize;
         let used = self
-            .incoming
+            .qp
+            .incoming()
             .memory()
             .with_bytes(start, available, |bytes| consume(bytes))
             .min(available);
         if used == 0 {
-            self.stalled_arrived = self.arrived;
+            self.stalled_arrived = self.counts.arrived;
             return Ok(0);
         }
-        self.head += used as u64;
+        self.counts.head += used as u64;
         if self.failure.is_none() {
             self.report(false)?;
         }
@@ -398,7 +449,9 @@ impl Link for RdmaLink {
         let progressed = self.progress().and_then(|()| self.report(true));
         let ready = progressed.is_err()
             || self.failure.is_some()
-            || interest.read && self.arrived != self.stalled_arrived && self.arrived > self.head
+            || interest.read
+                && self.counts.arrived != self.stalled_arrived
+                && self.counts.arrived > self.counts.head
             || interest.write && self.can_send();
         Ok(if ready {
             Readiness::Ready
@@ -424,11 +477,14 @@ impl Drop for RdmaLink {
     /// Says goodbye, so that a peer waiting on this link fails at once instead of waiting for
     /// liveness, and waits briefly for it to leave before the queue pair is destroyed.
     fn drop(&mut self) {
-        if self.failure.is_some() || self.credits == 0 || self.sends.len() >= SENDS {
+        if self.failure.is_some() || self.counts.credits == 0 || self.sends.len() >= SENDS {
             return;
         }
         let goodbye = imm::CONTROL | imm::GOODBYE;
-        if self.post(self.tail % self.cap, 0, goodbye).is_err() {
+        if self
+            .post(self.counts.tail % self.counts.cap, 0, goodbye)
+            .is_err()
+        {
             return;
         }
         let deadline = Instant::now() + GOODBYE_GRACE;

@@ -327,8 +327,6 @@ fn layer(ethernet: bool) -> &'static str {
 /// A queue pair and its rings, not yet connected.
 pub(crate) struct Endpoint {
     qp: QueuePair,
-    outgoing: Region,
-    incoming: Region,
     nic: Arc<Nic>,
     psn: u32,
 }
@@ -341,8 +339,6 @@ impl Endpoint {
     /// cause.
     pub(crate) fn new(nic: &Arc<Nic>) -> Result<Endpoint, String> {
         let name = nic.name();
-        let qp = QueuePair::new(&nic.pd, SENDS, RECEIVES)
-            .map_err(|e| format!("{name}: cannot create a queue pair: {e}"))?;
         let memory = |mirrored| {
             Mapping::private(RING_BYTES, mirrored)
                 .map_err(|e| format!("cannot allocate {RING_BYTES} bytes: {e}"))
@@ -362,12 +358,12 @@ impl Endpoint {
         // consumer; the device writes only the first copy (no write crosses the end).
         let incoming = register(memory(true)?, true)?;
         let outgoing = register(memory(false)?, false)?;
+        let qp = QueuePair::new(&nic.pd, SENDS, RECEIVES, outgoing, incoming)
+            .map_err(|e| format!("{name}: cannot create a queue pair: {e}"))?;
         let mut psn = [0u8; 4];
         getrandom::fill(&mut psn).map_err(|e| format!("no randomness: {e}"))?;
         Ok(Endpoint {
             qp,
-            outgoing,
-            incoming,
             nic: Arc::clone(nic),
             psn: u32::from_le_bytes(psn) & 0x00ff_ffff,
         })
@@ -389,8 +385,8 @@ impl Endpoint {
                 .collect(),
             ethernet: ethernet(&self.nic.info),
             mtu: self.nic.info.active_mtu,
-            ring: self.incoming.addr(),
-            rkey: self.incoming.rkey(),
+            ring: self.qp.incoming().addr(),
+            rkey: self.qp.incoming().rkey(),
             ring_bytes: RING_BYTES,
         }
     }
@@ -413,9 +409,16 @@ impl Endpoint {
         self.qp
             .post_receives(RECEIVES, RECEIVE_ID)
             .map_err(|e| fail("posting receives", e))?;
+        let gid_index = u8::try_from(self.nic.gid.index).map_err(|_| {
+            format!(
+                "{name}: GID index {} is above 255, more than a connection can name; choose a \
+                 port whose GID table puts the address lower",
+                self.nic.gid.index
+            )
+        })?;
         let local = verbs::Local {
             port: self.nic.port,
-            gid_index: u8::try_from(self.nic.gid.index).unwrap_or(0),
+            gid_index,
             mtu: self.nic.info.active_mtu.min(remote.mtu),
             psn: self.psn,
         };
@@ -435,11 +438,40 @@ impl Endpoint {
             rkey: remote.rkey,
         };
         let verbs = Arc::clone(self.nic.context.verbs());
-        let mut link = RdmaLink::new(self.qp, self.outgoing, self.incoming, verbs, peer_ring);
+        let mut link = RdmaLink::new(self.qp, verbs, peer_ring);
         link.greet()
             .map_err(|e| format!("{name}: saying hello: {e}"))?;
         Ok(link)
     }
+}
+
+/// Reads RDMA's start-up messages as a rank would (the fuzz target `startup`): endpoint
+/// offers, checked against an endpoint of this rank's, and outcomes.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_offers(bytes: &[u8]) {
+    let mine = EndpointInfo {
+        device: "rxe0".into(),
+        qp: 17,
+        psn: 1,
+        lid: 0,
+        gid: "00000000000000000000ffff0a00020f".into(),
+        ethernet: true,
+        mtu: 3,
+        ring: 1 << 20,
+        rkey: 5,
+        ring_bytes: RING_BYTES,
+    };
+    if let Ok(offers) = serde_json::from_slice::<Vec<connect::Offer>>(bytes) {
+        for offer in &offers {
+            for endpoints in [&offer.left, &offer.right].into_iter().flatten() {
+                for theirs in endpoints {
+                    let _ = mine.mismatch(theirs);
+                    let _ = parse_gid(&theirs.gid);
+                }
+            }
+        }
+    }
+    let _ = serde_json::from_slice::<Vec<connect::Outcome>>(bytes);
 }
 
 fn parse_gid(hex: &str) -> Option<[u8; 16]> {

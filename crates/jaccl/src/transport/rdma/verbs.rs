@@ -80,13 +80,18 @@ struct GidEntry {
 #[repr(C)]
 struct ContextOps {
     _before_poll_cq: [usize; 11],
-    poll_cq: Option<unsafe extern "C" fn(*mut Cq, c_int, *mut WorkCompletion) -> c_int>,
-    req_notify_cq: Option<unsafe extern "C" fn(*mut Cq, c_int) -> c_int>,
+    poll_cq: Option<PollCq>,
+    req_notify_cq: Option<ReqNotifyCq>,
     _before_post_send: [usize; 12],
-    post_send: Option<unsafe extern "C" fn(*mut Qp, *mut SendWr, *mut *mut SendWr) -> c_int>,
-    post_recv: Option<unsafe extern "C" fn(*mut Qp, *mut RecvWr, *mut *mut RecvWr) -> c_int>,
+    post_send: Option<PostSend>,
+    post_recv: Option<PostRecv>,
     _after_post_recv: [usize; 5],
 }
+
+type PollCq = unsafe extern "C" fn(*mut Cq, c_int, *mut WorkCompletion) -> c_int;
+type ReqNotifyCq = unsafe extern "C" fn(*mut Cq, c_int) -> c_int;
+type PostSend = unsafe extern "C" fn(*mut Qp, *mut SendWr, *mut *mut SendWr) -> c_int;
+type PostRecv = unsafe extern "C" fn(*mut Qp, *mut RecvWr, *mut *mut RecvWr) -> c_int;
 
 /// The start of `struct ibv_context`.
 #[repr(C)]
@@ -718,9 +723,9 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: the MR was registered by `new`; queue pairs that used it are destroyed first
-        // (their owners drop them first, see link.rs), and a write still arriving afterwards
-        // fails at the device instead of reaching memory.
+        // SAFETY: the MR was registered by `new`; the queue pair that used it owns it and is
+        // destroyed first (`QueuePair`), and a write still arriving afterwards fails at the
+        // device instead of reaching memory.
         unsafe { (self.pd.context.verbs.fns.dereg_mr)(self.mr.as_ptr()) };
     }
 }
@@ -906,11 +911,10 @@ const RNR_RETRY: u8 = 7;
 /// 12: 0.64 ms between such retries.
 const MIN_RNR_TIMER: u8 = 12;
 
-/// An RDMA write with immediate data: `len` bytes of `local` from `offset` (none when `len` is
-/// 0) to `remote_addr` under `rkey`.
-pub(crate) struct Write<'a> {
+/// An RDMA write with immediate data: `len` bytes of the queue pair's outgoing region from
+/// `offset` (none when `len` is 0) to `remote_addr` under `rkey`.
+pub(crate) struct Write {
     pub(crate) wr_id: u64,
-    pub(crate) local: &'a Region,
     pub(crate) offset: usize,
     pub(crate) len: usize,
     pub(crate) remote_addr: u64,
@@ -918,10 +922,15 @@ pub(crate) struct Write<'a> {
     pub(crate) imm: u32,
 }
 
-/// A reliable-connected queue pair with its own completion queue for both directions.
+/// A reliable-connected queue pair with its own completion queue for both directions, and the
+/// two regions its work touches: the outgoing one its writes read, the incoming one the peer
+/// writes. It owns them, so by type no posted request outlives the memory it names: they are
+/// deregistered only after the queue pair is destroyed (fields drop after `Drop::drop`).
 pub(crate) struct QueuePair {
     ptr: NonNull<Qp>,
-    /// Destroyed after the queue pair (fields drop after `Drop::drop`).
+    outgoing: Region,
+    incoming: Region,
+    /// Destroyed after the queue pair.
     cq: CompletionQueue,
     pd: Arc<ProtectionDomain>,
 }
@@ -938,6 +947,8 @@ impl QueuePair {
         pd: &Arc<ProtectionDomain>,
         send_depth: usize,
         recv_depth: usize,
+        outgoing: Region,
+        incoming: Region,
     ) -> io::Result<QueuePair> {
         let depth = |n: usize| u32::try_from(n).map_err(|_| io::Error::other("queue too deep"));
         let cq = CompletionQueue::new(&pd.context, send_depth + recv_depth)?;
@@ -961,9 +972,21 @@ impl QueuePair {
         let ptr = unsafe { (pd.context.verbs.fns.create_qp)(pd.ptr.as_ptr(), &mut attr) };
         Ok(QueuePair {
             ptr: non_null(ptr)?,
+            outgoing,
+            incoming,
             cq,
             pd: Arc::clone(pd),
         })
+    }
+
+    /// The region this queue pair's writes read from.
+    pub(crate) fn outgoing(&self) -> &Region {
+        &self.outgoing
+    }
+
+    /// The region the peer writes into.
+    pub(crate) fn incoming(&self) -> &Region {
+        &self.incoming
     }
 
     pub(crate) fn qp_num(&self) -> u32 {
@@ -1050,10 +1073,10 @@ impl QueuePair {
     ///
     /// # Errors
     /// The send queue is full or the queue pair is in error.
-    pub(crate) fn post_write(&mut self, write: Write<'_>) -> io::Result<()> {
+    pub(crate) fn post_write(&mut self, write: Write) -> io::Result<()> {
+        let local = &self.outgoing;
         let Write {
             wr_id,
-            local,
             offset,
             len,
             remote_addr,
@@ -1129,8 +1152,8 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        // SAFETY: the queue pair was created by `new`; its queue and domain are still alive
-        // (fields of self, dropped after this).
+        // SAFETY: the queue pair was created by `new`; its regions, queue and domain are still
+        // alive (fields of self, dropped after this).
         unsafe { (self.pd.context.verbs.fns.destroy_qp)(self.ptr.as_ptr()) };
     }
 }
@@ -1439,6 +1462,191 @@ mod tests {
             .map(|((expr, rust), c)| format!("{expr}: C says {c}, this file {rust}"))
             .collect();
         assert_eq!(c_values.len(), layout.len());
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// A C type's ABI as the signature check compares it: `i4` (signed, 4 bytes), `u8`,
+    /// `p` (any pointer), `v` (nothing); a function pointer is `ret(arg,arg,...)`.
+    trait Abi {
+        fn abi() -> String;
+    }
+
+    macro_rules! int_abi {
+        ($($t:ty),*) => {$(
+            impl Abi for $t {
+                fn abi() -> String {
+                    let sign = if <$t>::MIN == 0 { "u" } else { "i" };
+                    format!("{sign}{}", size_of::<$t>())
+                }
+            }
+        )*};
+    }
+    int_abi!(i8, i16, i32, i64, u8, u16, u32, u64, usize);
+
+    impl<T> Abi for *mut T {
+        fn abi() -> String {
+            "p".into()
+        }
+    }
+
+    impl<T> Abi for *const T {
+        fn abi() -> String {
+            "p".into()
+        }
+    }
+
+    impl Abi for () {
+        fn abi() -> String {
+            "v".into()
+        }
+    }
+
+    impl<F: Abi> Abi for Option<F> {
+        fn abi() -> String {
+            F::abi()
+        }
+    }
+
+    macro_rules! fn_abi {
+        ($($a:ident),*) => {
+            impl<R: Abi, $($a: Abi),*> Abi for unsafe extern "C" fn($($a),*) -> R {
+                fn abi() -> String {
+                    let args: Vec<String> = vec![$($a::abi()),*];
+                    format!("{}({})", R::abi(), args.join(","))
+                }
+            }
+        };
+    }
+    fn_abi!(A);
+    fn_abi!(A, B);
+    fn_abi!(A, B, C);
+    fn_abi!(A, B, C, D);
+    fn_abi!(A, B, C, D, E);
+    fn_abi!(A, B, C, D, E, F);
+
+    /// Every function this file calls, as a C++ expression of its function pointer type (the
+    /// declaration of verbs.h), and this file's type of it.
+    fn signatures() -> Vec<(&'static str, String)> {
+        type FieldType<T> = Option<T>;
+        vec![
+            ("decltype(&ibv_get_device_list){}", GetDeviceList::abi()),
+            ("decltype(&ibv_free_device_list){}", FreeDeviceList::abi()),
+            ("decltype(&ibv_get_device_name){}", GetDeviceName::abi()),
+            ("decltype(&ibv_open_device){}", OpenDevice::abi()),
+            ("decltype(&ibv_close_device){}", CloseDevice::abi()),
+            ("decltype(&ibv_query_port){}", QueryPort::abi()),
+            ("decltype(&_ibv_query_gid_ex){}", QueryGidEx::abi()),
+            ("decltype(&ibv_alloc_pd){}", AllocPd::abi()),
+            ("decltype(&ibv_dealloc_pd){}", DeallocPd::abi()),
+            ("decltype(&ibv_reg_mr){}", RegMr::abi()),
+            ("decltype(&ibv_dereg_mr){}", DeregMr::abi()),
+            (
+                "decltype(&ibv_create_comp_channel){}",
+                CreateCompChannel::abi(),
+            ),
+            (
+                "decltype(&ibv_destroy_comp_channel){}",
+                DestroyCompChannel::abi(),
+            ),
+            ("decltype(&ibv_create_cq){}", CreateCq::abi()),
+            ("decltype(&ibv_destroy_cq){}", DestroyCq::abi()),
+            ("decltype(&ibv_get_cq_event){}", GetCqEvent::abi()),
+            ("decltype(&ibv_ack_cq_events){}", AckCqEvents::abi()),
+            ("decltype(&ibv_create_qp){}", CreateQp::abi()),
+            ("decltype(&ibv_modify_qp){}", ModifyQp::abi()),
+            ("decltype(&ibv_destroy_qp){}", DestroyQp::abi()),
+            ("decltype(&ibv_wc_status_str){}", WcStatusStr::abi()),
+            (
+                "decltype(ibv_context_ops::poll_cq){}",
+                <FieldType<PollCq>>::abi(),
+            ),
+            (
+                "decltype(ibv_context_ops::req_notify_cq){}",
+                <FieldType<ReqNotifyCq>>::abi(),
+            ),
+            (
+                "decltype(ibv_context_ops::post_send){}",
+                <FieldType<PostSend>>::abi(),
+            ),
+            (
+                "decltype(ibv_context_ops::post_recv){}",
+                <FieldType<PostRecv>>::abi(),
+            ),
+        ]
+    }
+
+    /// Compiles a C++ program that describes each function of [`signatures`] as verbs.h
+    /// declares it (return and argument types: size, signedness, pointer), and compares with
+    /// this file's function pointer types. Needs g++ and libibverbs-dev (CI installs both);
+    /// skipped, saying so, where they are missing, unless JACCL_REQUIRE_ALL=1.
+    #[test]
+    fn function_pointer_types_match_verbs_h() {
+        let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
+        let compiler = Command::new("g++").arg("--version").output().is_ok();
+        if !header.exists() || !compiler {
+            assert!(
+                std::env::var("JACCL_REQUIRE_ALL").is_err(),
+                "verbs.h and g++ are required (JACCL_REQUIRE_ALL is set)"
+            );
+            eprintln!("skipped: needs {} and g++", header.display());
+            return;
+        }
+        let signatures = signatures();
+        let mut cpp = String::from(
+            r#"#include <infiniband/verbs.h>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+template <class T> std::string abi() {
+  if constexpr (std::is_void_v<T>) return "v";
+  else if constexpr (std::is_pointer_v<T>) return "p";
+  else if constexpr (std::is_enum_v<T>) return "u" + std::to_string(sizeof(T));
+  else if constexpr (std::is_integral_v<T>)
+    return std::string(std::is_signed_v<T> ? "i" : "u") + std::to_string(sizeof(T));
+  else return "?";
+}
+template <class R, class... A> std::string sig(R (*)(A...)) {
+  std::string s = abi<R>() + "(";
+  const char *sep = "";
+  ((s += sep, s += abi<A>(), sep = ","), ...);
+  return s + ")";
+}
+int main() {
+"#,
+        );
+        for (expr, _) in &signatures {
+            cpp += &format!("  std::printf(\"%s\\n\", sig({expr}).c_str());\n");
+        }
+        cpp += "}\n";
+        let dir = std::env::temp_dir().join(format!("jaccl-verbs-sigs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, exe) = (dir.join("sigs.cpp"), dir.join("sigs"));
+        std::fs::write(&src, cpp).unwrap();
+        let built = Command::new("g++")
+            .args(["-std=c++17", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .unwrap();
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let out = Command::new(&exe).output().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let declared: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(declared.len(), signatures.len());
+        let wrong: Vec<String> = signatures
+            .iter()
+            .zip(&declared)
+            .filter(|((_, rust), c)| rust != *c)
+            .map(|((expr, rust), c)| format!("{expr}: verbs.h says {c}, this file {rust}"))
+            .collect();
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 

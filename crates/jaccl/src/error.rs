@@ -147,23 +147,81 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(String),
     /// An operating-system error that is not a lost peer.
-    #[error("rank {rank}: I/O error: {source}")]
+    #[error("rank {rank}: I/O error: {context}: {source}")]
     Io {
         /// The rank reporting the error.
         rank: usize,
-        /// The underlying error, with context in its message.
+        /// What failed (`listening for data connections`, `all_reduce: poll`...).
+        context: String,
+        /// The operating system's error as it was reported (its kind, its code:
+        /// [`Error::raw_os_error`]).
         #[source]
         source: Arc<io::Error>,
     },
 }
 
 impl Error {
-    /// Wraps an I/O error with a context message (`what` failed on `rank`).
+    /// Wraps an I/O error with what failed (`what`, on `rank`), keeping the error itself.
     pub(crate) fn io(rank: usize, what: impl fmt::Display, err: io::Error) -> Error {
         Error::Io {
             rank,
-            source: Arc::new(io::Error::new(err.kind(), format!("{what}: {err}"))),
+            context: what.to_string(),
+            source: Arc::new(err),
         }
+    }
+
+    /// The rank that reports the error, for the errors that happen in a group (`None` for
+    /// start-up, configuration and argument errors, whose messages name the rank where known).
+    pub fn rank(&self) -> Option<usize> {
+        match self {
+            Error::PeerLost { rank, .. }
+            | Error::Timeout { rank, .. }
+            | Error::Mismatch { rank, .. }
+            | Error::Deadlock { rank, .. }
+            | Error::Protocol { rank, .. }
+            | Error::Interrupted { rank, .. }
+            | Error::Io { rank, .. } => Some(*rank),
+            _ => None,
+        }
+    }
+
+    /// The other rank the error is about: the one lost, the one that disagrees, the one that
+    /// broke the protocol.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            Error::PeerLost { peer, .. }
+            | Error::Mismatch { peer, .. }
+            | Error::Protocol { peer, .. } => Some(*peer),
+            _ => None,
+        }
+    }
+
+    /// The operation that was running.
+    pub fn op(&self) -> Option<Op> {
+        match self {
+            Error::PeerLost { op, .. }
+            | Error::Timeout { op, .. }
+            | Error::Mismatch { op, .. }
+            | Error::Deadlock { op, .. }
+            | Error::Protocol { op, .. }
+            | Error::Interrupted { op, .. } => Some(*op),
+            _ => None,
+        }
+    }
+
+    /// The operating system's error of an [`Error::Io`], as it was reported (also its
+    /// [`std::error::Error::source`], as an `Arc<io::Error>`).
+    pub fn io_error(&self) -> Option<&io::Error> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The operating system's error code of an [`Error::Io`] (`ENOMEM` from registering RDMA
+    /// memory, `EMFILE`...), where it has one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.io_error().and_then(io::Error::raw_os_error)
     }
 
     /// The message of a `Config` error without its prefix (for re-wording), else the whole.
@@ -187,3 +245,39 @@ pub(crate) fn left_the_group(rank: usize) -> String {
 
 /// `Result` with jaccl's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn io_errors_keep_their_code_and_source_and_accessors_name_the_ranks() {
+        let e = Error::io(3, "listening", io::Error::from_raw_os_error(24));
+        assert_eq!(e.raw_os_error(), Some(24));
+        assert_eq!(e.rank(), Some(3));
+        let source = e.source().and_then(|s| s.downcast_ref::<Arc<io::Error>>());
+        assert_eq!(source.and_then(|s| s.raw_os_error()), Some(24));
+        assert!(e.io_error().is_some());
+        assert!(
+            e.to_string().starts_with("rank 3: I/O error: listening: "),
+            "{e}"
+        );
+        let lost = Error::PeerLost {
+            rank: 1,
+            peer: 2,
+            op: Op::Barrier,
+            cause: "gone".into(),
+        };
+        assert_eq!(
+            (lost.rank(), lost.peer(), lost.op()),
+            (Some(1), Some(2), Some(Op::Barrier))
+        );
+        let config = Error::Config("x".into());
+        assert_eq!(
+            (config.rank(), config.peer(), config.op()),
+            (None, None, None)
+        );
+    }
+}

@@ -103,6 +103,18 @@ else
   [[ -z "${JACCL_REQUIRE_ALL:-}" ]] || exit 1
 fi
 
+# Fuzzing and AddressSanitizer, on the nightly toolchain (the library itself builds on
+# stable): every fuzz target for 30 s from its corpus (scripts/fuzz.sh; a longer run:
+# scripts/fuzz.sh 3600), and the shared-memory and engine tests under ASan
+# (scripts/sanitize.sh).
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  scripts/fuzz.sh 30
+  scripts/sanitize.sh
+else
+  echo "test.sh: SKIPPED fuzzing and the sanitizer run: they need the nightly toolchain" >&2
+  [[ -z "${JACCL_REQUIRE_ALL:-}" ]] || exit 1
+fi
+
 # ../shared/rdma-vm boots a small VM with a Soft-RoCE device (rxe0): cargo builds here, the VM
 # runs each test binary (cargo's runner), with JACCL_REQUIRE_RDMA=1 so that a missing device is
 # a failure. There: the suites over RDMA (JACCL_TEST_NETS=rdma), `auto` across two pretend

@@ -84,48 +84,10 @@ pub use half;
 pub use num_complex;
 pub use wait::WaitPolicy;
 
-/// Entry points of the fuzz targets in `fuzz/`: every parser of bytes that come from a peer.
-/// Enabled by the `fuzzing` feature; not a stable API.
+/// Entry points of the fuzz targets in `fuzz/` (the `fuzzing` feature; not a stable API).
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
-pub mod fuzzing {
-    /// Parses `bytes` as a connection's hello (every connection's first message) and as an
-    /// operation header.
-    pub fn data_connection(bytes: &[u8]) {
-        if let Some(b) = bytes.first_chunk::<{ crate::auth::HELLO_LEN }>() {
-            let _ = crate::auth::Claim::parse(b);
-        }
-        if let Some(b) = bytes.first_chunk::<{ crate::wire::HEADER_LEN }>()
-            && let Ok(header) = crate::wire::Header::decode(b)
-        {
-            let _ = header.mismatch(&header);
-            let _ = header.to_string();
-        }
-    }
-
-    /// Parses `bytes` as what a shared-memory peer hands over: the bytes of a segment offer,
-    /// and a call description published in its mailbox.
-    pub fn shared_memory(bytes: &[u8]) {
-        use crate::transport::shm::{self, Layout};
-        let layout = Layout::new(1, shm::RING_BYTES, shm::AREA_BYTES);
-        let _ = shm::check_offer_bytes(layout, bytes);
-        if let Some(b) = bytes.first_chunk::<16>() {
-            let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
-            if let Ok(header) = crate::wire::Header::from_words([word(0), word(8)], 1) {
-                let _ = header.mismatch(&header);
-                let _ = header.to_string();
-            }
-        }
-    }
-
-    /// Parses `bytes` as every side-channel message after the handshake (all-gather
-    /// results, heartbeat messages).
-    pub fn side_channel(bytes: &[u8]) {
-        let expected = bytes.first().map_or(0, |&b| usize::from(b));
-        let _ = crate::bootstrap::decode_list(bytes, expected);
-        let _ = crate::liveness::decode(&mut bytes.to_vec());
-    }
-}
+pub mod fuzzing;
 
 /// What this machine offers jaccl's transports, for diagnostics (`jaccl doctor`).
 pub mod probe {

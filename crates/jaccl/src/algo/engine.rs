@@ -55,6 +55,12 @@ pub(crate) type PeerAhead = Box<dyn Fn() -> bool + Send>;
 /// The most a pass reads ahead from one channel, so a fast peer cannot keep a pass going.
 const READ_AHEAD_PER_PASS: usize = 4 << 20;
 
+/// The most a channel holds read ahead of the calls that will consume it: what ranks that
+/// send before they receive (in a cycle) may have in flight to this one. A peer that sends
+/// more waits until this rank receives (its bytes stay in the transport), so no peer can make
+/// a rank buffer more, whatever it sends.
+const READ_AHEAD_MAX: usize = 64 << 20;
+
 impl Channel {
     pub(crate) fn new(link: Box<dyn Link>, peer: usize) -> Channel {
         Channel {
@@ -118,13 +124,14 @@ impl Channel {
         Ok(used)
     }
 
-    /// Reads up to `limit` bytes the peer has sent into the read-ahead buffer, without blocking.
-    /// Returns how many arrived.
+    /// Reads up to `limit` bytes the peer has sent into the read-ahead buffer (which holds at
+    /// most [`READ_AHEAD_MAX`]), without blocking. Returns how many arrived.
     fn read_ahead(&mut self, limit: usize) -> std::result::Result<usize, LinkError> {
         if self.early_pos > 0 {
             self.early.drain(..self.early_pos);
             self.early_pos = 0;
         }
+        let limit = limit.min(READ_AHEAD_MAX.saturating_sub(self.early.len()));
         let mut total = 0;
         while total < limit {
             let early = &mut self.early;

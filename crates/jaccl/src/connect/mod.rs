@@ -317,6 +317,32 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     })
 }
 
+/// Reads what ranks published at start-up as every rank would: the settings, and each
+/// transport's blob as its connector reads it (the fuzz target `startup`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_published(bytes: &[u8]) {
+    let Ok(infos) = serde_json::from_slice::<Vec<PeerInfo>>(bytes) else {
+        return;
+    };
+    let Some(me) = infos.first() else {
+        return;
+    };
+    let _ = agree(0, me, &infos);
+    let made = crate::fuzzing::connectors();
+    let rdma = RdmaConnector::off();
+    let some = &infos[..infos.len().min(8)];
+    for a in some {
+        for b in some {
+            let pairs = |c: &dyn Connector, t: Transport| c.pairs(a.published(t), b.published(t));
+            if let Some(tcp) = &made.tcp {
+                let _ = pairs(tcp, Transport::Tcp);
+            }
+            let _ = pairs(&made.shm, Transport::Shm);
+            let _ = pairs(&rdma, Transport::Rdma);
+        }
+    }
+}
+
 /// The RDMA device of each wire towards `peer`: the device matrix's, else the first active.
 fn device_names(config: &Config, peer: usize) -> DeviceNames {
     match &config.devices {

@@ -150,6 +150,18 @@ pub(crate) enum BenchOp {
     AllGather,
     /// Reduce-scatter; size = the input of each rank (size / ranks comes out).
     ReduceScatter,
+    /// Broadcast from --root; size = the message.
+    Broadcast,
+    /// Reduce to --root; size = the message on each rank.
+    Reduce,
+    /// Gather to --root; size = the root's output (size / ranks from each rank).
+    Gather,
+    /// Scatter from --root; size = the root's input (size / ranks to each rank).
+    Scatter,
+    /// All-to-all; size = each rank's input (size / ranks to each rank).
+    AllToAll,
+    /// All-gather of uneven blocks (sizes drawn from --seed, some empty); size = the output.
+    AllGatherV,
     /// Every rank sends size bytes to its right neighbour and receives from its left.
     SendRecv,
     /// Barrier; one row, no data.
@@ -162,6 +174,12 @@ impl BenchOp {
             BenchOp::AllReduce => "all-reduce",
             BenchOp::AllGather => "all-gather",
             BenchOp::ReduceScatter => "reduce-scatter",
+            BenchOp::Broadcast => "broadcast",
+            BenchOp::Reduce => "reduce",
+            BenchOp::Gather => "gather",
+            BenchOp::Scatter => "scatter",
+            BenchOp::AllToAll => "all-to-all",
+            BenchOp::AllGatherV => "all-gather-v",
             BenchOp::SendRecv => "send-recv",
             BenchOp::Barrier => "barrier",
         }
@@ -172,14 +190,43 @@ impl BenchOp {
         let n = n as f64;
         match self {
             BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
-            BenchOp::AllGather | BenchOp::ReduceScatter => (n - 1.0) / n,
-            BenchOp::SendRecv => 1.0,
+            BenchOp::AllGather
+            | BenchOp::ReduceScatter
+            | BenchOp::Gather
+            | BenchOp::Scatter
+            | BenchOp::AllToAll
+            | BenchOp::AllGatherV => (n - 1.0) / n,
+            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::SendRecv => 1.0,
             BenchOp::Barrier => 0.0,
         }
     }
 
     pub(crate) fn reduces(self) -> bool {
-        matches!(self, BenchOp::AllReduce | BenchOp::ReduceScatter)
+        matches!(
+            self,
+            BenchOp::AllReduce | BenchOp::ReduceScatter | BenchOp::Reduce
+        )
+    }
+
+    /// Whether the operation has a root (`--root`).
+    pub(crate) fn rooted(self) -> bool {
+        matches!(
+            self,
+            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::Gather | BenchOp::Scatter
+        )
+    }
+
+    /// Whether a size is cut into a block per rank, so it needs an element per rank.
+    pub(crate) fn per_rank(self) -> bool {
+        matches!(
+            self,
+            BenchOp::AllGather
+                | BenchOp::ReduceScatter
+                | BenchOp::Gather
+                | BenchOp::Scatter
+                | BenchOp::AllToAll
+                | BenchOp::AllGatherV
+        )
     }
 }
 
@@ -196,9 +243,16 @@ pub(crate) struct BenchArgs {
     /// Element type: bool, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64, c64.
     #[arg(long, default_value = "f32", value_parser = clap::value_parser!(Dtype))]
     pub(crate) dtype: Dtype,
-    /// Reduction of all-reduce and reduce-scatter: sum, max or min.
+    /// Reduction of all-reduce, reduce-scatter and reduce: sum, max, min, prod, avg, band,
+    /// bor, bxor.
     #[arg(long, default_value = "sum", value_parser = clap::value_parser!(ReduceOp))]
     pub(crate) reduce: ReduceOp,
+    /// The root of broadcast, reduce, gather and scatter.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) root: usize,
+    /// Seed of all-gather-v's block sizes.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
     /// Smallest size in bytes (8, 64K, 32M...) [default: 8, or one element per rank if more].
     #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
     pub(crate) min_bytes: Option<usize>,
@@ -272,5 +326,7 @@ mod tests {
         assert_eq!(BenchOp::AllGather.bus_factor(4), 0.75);
         assert_eq!(BenchOp::ReduceScatter.bus_factor(2), 0.5);
         assert_eq!(BenchOp::SendRecv.bus_factor(8), 1.0);
+        assert_eq!(BenchOp::Broadcast.bus_factor(8), 1.0);
+        assert_eq!(BenchOp::AllToAll.bus_factor(4), 0.75);
     }
 }

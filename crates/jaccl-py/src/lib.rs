@@ -29,7 +29,8 @@ struct Group {
     inner: Mutex<Option<jaccl::Group>>,
     rank: usize,
     size: usize,
-    transport: Vec<(usize, String)>,
+    /// Refreshed after every call (links made on first use add peers); never held long.
+    transport: Mutex<Vec<(usize, String)>>,
     topology: Option<String>,
     closed: AtomicBool,
     /// What a signal handler raised while a call waited (Ctrl-C: `KeyboardInterrupt`).
@@ -61,11 +62,7 @@ fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
     Ok(Group {
         rank: group.rank(),
         size: group.size(),
-        transport: group
-            .transport()
-            .into_iter()
-            .map(|(p, t)| (p, t.to_string()))
-            .collect(),
+        transport: Mutex::new(transports(&group)),
         topology: group.topology().map(|t| t.to_string()),
         closed: AtomicBool::new(false),
         inner: Mutex::new(Some(group)),
@@ -90,7 +87,7 @@ impl Group {
     fn transport(&self) -> Vec<(usize, String)> {
         match self.closed.load(Ordering::Acquire) {
             true => Vec::new(),
-            false => self.transport.clone(),
+            false => self.transport.lock().map(|t| t.clone()).unwrap_or_default(),
         }
     }
 
@@ -168,6 +165,115 @@ impl Group {
         })
     }
 
+    fn broadcast(&self, py: Python<'_>, data: Memory, dtype: &str, root: usize) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run_on(py, &[], data, |g, _, d| g.broadcast_raw(d, dtype, root))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        dtype: &str,
+        op: &str,
+        root: usize,
+    ) -> PyResult<()> {
+        let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.reduce_raw(i[0], o, dtype, op, root)
+        })
+    }
+
+    fn gather(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        dtype: &str,
+        root: usize,
+    ) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.gather_raw(i[0], o, dtype, root)
+        })
+    }
+
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        dtype: &str,
+        root: usize,
+    ) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.scatter_raw(i[0], o, dtype, root)
+        })
+    }
+
+    fn all_to_all(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        dtype: &str,
+    ) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.all_to_all_raw(i[0], o, dtype)
+        })
+    }
+
+    /// Counts in elements.
+    fn all_to_all_v(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        send_counts: Vec<usize>,
+        output: Memory,
+        recv_counts: Vec<usize>,
+        dtype: &str,
+    ) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.all_to_all_v_raw(i[0], &send_counts, o, &recv_counts, dtype)
+        })
+    }
+
+    /// Counts in elements.
+    fn all_gather_v(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        counts: Vec<usize>,
+        dtype: &str,
+    ) -> PyResult<()> {
+        let dtype = parse_dtype(py, dtype)?;
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.all_gather_v_raw(i[0], o, &counts, dtype)
+        })
+    }
+
+    /// Counts in elements.
+    fn reduce_scatter_v(
+        &self,
+        py: Python<'_>,
+        input: Memory,
+        output: Memory,
+        counts: Vec<usize>,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
+        let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
+        self.run_on(py, &[input], output, |g, i, o| {
+            g.reduce_scatter_v_raw(i[0], o, &counts, dtype, op)
+        })
+    }
+
     fn send(&self, py: Python<'_>, data: Memory, dst: usize, dtype: &str) -> PyResult<()> {
         let dtype = parse_dtype(py, dtype)?;
         self.run_on(py, &[data], Memory::EMPTY, |g, i, _| {
@@ -226,7 +332,15 @@ impl Group {
         py: Python<'_>,
         f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<()> + Send,
     ) -> PyResult<()> {
-        let result = py.detach(|| Ok(self.lock()?.as_mut().map(f)));
+        let result = py.detach(|| {
+            let mut group = self.lock()?;
+            let result = group.as_mut().map(f);
+            // A call may have made links (to a rank it first talked to).
+            if let (Some(g), Ok(mut transport)) = (group.as_ref(), self.transport.lock()) {
+                *transport = transports(g);
+            }
+            Ok(result)
+        });
         let closed = || {
             let why = format!("rank {}: the group is closed", self.rank);
             exception(py, "Error", why, Some(self.rank), None, None)
@@ -246,6 +360,12 @@ impl Group {
             })
         })
     }
+}
+
+/// `[(peer, transport name)]` of `g`.
+fn transports(g: &jaccl::Group) -> Vec<(usize, String)> {
+    let peers = g.transport().into_iter();
+    peers.map(|(p, t)| (p, t.to_string())).collect()
 }
 
 fn parse_dtype(py: Python<'_>, name: &str) -> PyResult<Dtype> {

@@ -149,7 +149,13 @@ bad = {
     "non-contiguous": lambda: g.all_sum(np.ones(16, np.float32)[::2]),
     "unsupported dtype": lambda: g.all_sum(np.ones(4, np.complex128)),
     "object": lambda: g.all_sum([1, 2, 3]),
-    "op": lambda: g.all_reduce(x, op="prod"),
+    "op": lambda: g.all_reduce(x, op="median"),
+    "bitwise on floats": lambda: g.all_reduce(x, op="band"),
+    "avg of bools": lambda: g.all_reduce(np.ones(3, np.bool_), op="avg"),
+    "root out of range": lambda: g.broadcast(x, root=2),
+    "counts of another size": lambda: g.all_gather_v(x, [8]),
+    "counts that do not add up": lambda: g.all_to_all_v(x, [4, 3], [4, 4]),
+    "all_to_all blocks": lambda: g.all_to_all(np.ones(3, np.float32)),
     "gather out": lambda: g.all_gather(x, out=np.zeros((3, 8), np.float32)),
     "scatter blocks": lambda: g.reduce_scatter(np.ones(3, np.float32)),
     "send to self": lambda: g.send(x, g.rank),
@@ -188,21 +194,24 @@ for length in (0, 1, 5000, 300_001):
     else:
         g.recv(got, left); g.send(mine, right)
     assert (got == np.arange(length, dtype=np.int32) * (left + 1)).all()
-if g.topology == "mesh":
-    # Every ordered pair, in one global order.
-    for a in range(n):
-        for b in range(n):
-            if a == b:
-                continue
-            data = np.full(100, a * 10 + b, np.int16)
-            if g.rank == a:
-                g.send(data, b)
-            elif g.rank == b:
-                assert (g.recv(np.empty(100, np.int16), a) == data).all()
-report(g.topology)
+# Every ordered pair, in one global order, on either topology (links to ranks that are not
+# neighbours are made on first use without the mesh).
+for a in range(n):
+    for b in range(n):
+        if a == b:
+            continue
+        data = np.full(100, a * 10 + b, np.int16)
+        if g.rank == a:
+            g.send(data, b)
+        elif g.rank == b:
+            assert (g.recv(np.empty(100, np.int16), a) == data).all()
+report([g.topology, sorted(p for p, _ in g.transport)])
 """
-    assert run(4, code.format(settings="")) == [["ring"]] * 4
-    assert run(4, code.format(settings='topology="mesh", transport="tcp"')) == [["mesh"]] * 4
+    everyone = lambda r: sorted(set(range(4)) - {r})  # noqa: E731
+    got = run(4, code.format(settings='transport="tcp"'))
+    assert got == [[["ring", everyone(r)]] for r in range(4)], got
+    got = run(4, code.format(settings='topology="mesh", transport="tcp"'))
+    assert got == [[["mesh", everyone(r)]] for r in range(4)], got
 
 
 def test_dlpack_and_buffer_inputs(run):

@@ -6,7 +6,7 @@
 //! ```text
 //! connecting side                                   accepting side
 //!   hello: magic, version, claim (purpose, rank,
-//!          size, wire), nonce C (32 random bytes)  ─►
+//!          size, wire, group), nonce C (32 bytes) ─►
 //!                                                  ◄─ nonce S, HMAC(key, "S" ‖ hello ‖ S)
 //!   checks the accepting side knows the key
 //!   HMAC(key, "C" ‖ hello ‖ S)                      ─►
@@ -155,6 +155,8 @@ pub(crate) enum Purpose {
     Data = 2,
     /// A shared-memory peer handing over its segment.
     Shm = 3,
+    /// A TCP data connection made on first use: to a rank off the ring (`crate::connect::late`).
+    Late = 4,
 }
 
 /// Who the connecting side says it is, and what for. Authenticated by the handshake.
@@ -164,13 +166,15 @@ pub(crate) struct Claim {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) wire: usize,
+    /// The group the connection serves, by its id (0: the group `init` made).
+    pub(crate) group: u64,
 }
 
 const MAGIC: [u8; 4] = *b"JCAU";
 const NONCE: usize = 32;
 const TAG: usize = 32;
 /// Length of the connecting side's hello.
-pub(crate) const HELLO_LEN: usize = 4 + 2 + 1 + 1 + 4 + 4 + 2 + 2 + NONCE;
+pub(crate) const HELLO_LEN: usize = 4 + 2 + 1 + 1 + 4 + 4 + 2 + 2 + 8 + NONCE;
 const CHALLENGE_LEN: usize = NONCE + TAG;
 /// The longest refusal reason sent.
 const MAX_REASON: usize = 1024;
@@ -184,7 +188,8 @@ impl Claim {
         b[8..12].copy_from_slice(&to_u32(self.rank).to_le_bytes());
         b[12..16].copy_from_slice(&to_u32(self.size).to_le_bytes());
         b[16..18].copy_from_slice(&u16::try_from(self.wire).unwrap_or(u16::MAX).to_le_bytes());
-        b[20..].copy_from_slice(nonce);
+        b[20..28].copy_from_slice(&self.group.to_le_bytes());
+        b[28..].copy_from_slice(nonce);
         b
     }
 
@@ -203,6 +208,7 @@ impl Claim {
             1 => Purpose::Side,
             2 => Purpose::Data,
             3 => Purpose::Shm,
+            4 => Purpose::Late,
             other => return Err(format!("unknown purpose {other}")),
         };
         Ok(Claim {
@@ -210,6 +216,7 @@ impl Claim {
             rank: u32_at(b, 8) as usize,
             size: u32_at(b, 12) as usize,
             wire: usize::from(u16::from_le_bytes([b[16], b[17]])),
+            group: u64::from_le_bytes(b[20..28].try_into().unwrap_or_default()),
         })
     }
 }
@@ -535,6 +542,7 @@ mod tests {
             rank: 3,
             size: 8,
             wire: 1,
+            group: 7,
         }
     }
 

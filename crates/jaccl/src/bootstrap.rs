@@ -324,6 +324,7 @@ fn attend(cfg: &Config, addr: SocketAddr, deadline: Instant) -> Result<SideChann
         rank,
         size: cfg.size,
         wire: 0,
+        group: 0,
     };
     let fail = |why: String| Error::Bootstrap(format!("rank {rank}: {why}"));
     let mut delay = RetryDelay::new();

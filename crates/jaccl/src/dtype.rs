@@ -145,9 +145,23 @@ impl FromStr for Dtype {
     }
 }
 
-/// The reduction of an all-reduce or reduce-scatter.
+/// How a reduction (all-reduce, reduce-scatter, reduce...) combines the ranks' elements.
+///
+/// | op | integers | `bool` | floats (`f16`, `bf16`, `f32`, `f64`) | `Complex32` |
+/// |---|---|---|---|---|
+/// | `Sum` | wrapping sum | OR | sum | sum |
+/// | `Max`, `Min` | | OR, AND | NaN propagates; `-0 < +0` | (re, im) lexicographic |
+/// | `Prod` | wrapping product | AND | product | complex product |
+/// | `Avg` | wrapping sum ÷ ranks, rounded toward zero | — | sum ÷ ranks | sum ÷ ranks |
+/// | `BitAnd`, `BitOr`, `BitXor` | bitwise | AND, OR, XOR | — | — |
+///
+/// A dash is [`crate::Error::InvalidArgument`] ([`ReduceOp::applies_to`]). `f16` and `bf16`
+/// are computed in `f32` and rounded back after each step. `Avg` sums in the fixed order every
+/// reduction uses, then each rank divides the same sum by the number of ranks, so every rank
+/// gets the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum ReduceOp {
     /// Sum; integers wrap, `bool` acts as OR.
     Sum = 0,
@@ -155,18 +169,56 @@ pub enum ReduceOp {
     Max = 1,
     /// Minimum; floats propagate NaN, complex numbers compare (re, im), `bool` acts as AND.
     Min = 2,
+    /// Product; integers wrap, `bool` acts as AND.
+    Prod = 3,
+    /// The sum divided by the number of ranks (integers: rounded toward zero). Not for `bool`.
+    Avg = 4,
+    /// Bitwise AND of integers (`bool`: AND). Not for floats or complex numbers.
+    BitAnd = 5,
+    /// Bitwise OR of integers (`bool`: OR). Not for floats or complex numbers.
+    BitOr = 6,
+    /// Bitwise XOR of integers (`bool`: XOR). Not for floats or complex numbers.
+    BitXor = 7,
 }
 
 impl ReduceOp {
-    /// All three reductions.
-    pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min];
+    /// Every reduction, in id order.
+    pub const ALL: [ReduceOp; 8] = [
+        ReduceOp::Sum,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Prod,
+        ReduceOp::Avg,
+        ReduceOp::BitAnd,
+        ReduceOp::BitOr,
+        ReduceOp::BitXor,
+    ];
 
-    /// `sum`, `max` or `min`.
+    /// `sum`, `max`, `min`, `prod`, `avg`, `band`, `bor` or `bxor`.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Avg => "avg",
+            ReduceOp::BitAnd => "band",
+            ReduceOp::BitOr => "bor",
+            ReduceOp::BitXor => "bxor",
+        }
+    }
+
+    /// Whether this reduction is defined for `dtype` (the table of [`ReduceOp`]).
+    pub fn applies_to(self, dtype: Dtype) -> bool {
+        let integer = !matches!(
+            dtype,
+            Dtype::Float16 | Dtype::BFloat16 | Dtype::Float32 | Dtype::Float64 | Dtype::Complex64
+        );
+        match self {
+            ReduceOp::Sum | ReduceOp::Prod => true,
+            ReduceOp::Max | ReduceOp::Min => true,
+            ReduceOp::Avg => dtype != Dtype::Bool,
+            ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor => integer,
         }
     }
 
@@ -184,15 +236,28 @@ impl fmt::Display for ReduceOp {
 impl FromStr for ReduceOp {
     type Err = String;
 
+    /// The names of [`ReduceOp::name`], and `product`, `mean`, `bitand`, `bitor`, `bitxor`
+    /// (case-insensitive).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "sum" => Ok(ReduceOp::Sum),
-            "max" => Ok(ReduceOp::Max),
-            "min" => Ok(ReduceOp::Min),
-            _ => Err(format!(
-                "unknown reduction '{s}' (expected sum, max or min)"
-            )),
-        }
+        let lower = s.to_ascii_lowercase();
+        let alias = match lower.as_str() {
+            "product" => "prod",
+            "mean" | "average" => "avg",
+            "bitand" => "band",
+            "bitor" => "bor",
+            "bitxor" => "bxor",
+            other => other,
+        };
+        ReduceOp::ALL
+            .into_iter()
+            .find(|op| op.name() == alias)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ReduceOp::ALL.iter().map(|op| op.name()).collect();
+                format!(
+                    "unknown reduction '{s}' (expected one of {})",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -277,6 +342,16 @@ mod tests {
         assert_eq!(Dtype::Float32 as u8, 11);
         assert_eq!(Dtype::Complex64 as u8, 13);
         assert!("float128".parse::<Dtype>().is_err());
+        for op in ReduceOp::ALL {
+            assert_eq!(ReduceOp::from_id(op as u8), Some(op));
+            assert_eq!(op.name().parse::<ReduceOp>(), Ok(op));
+        }
+        assert_eq!("PRODUCT".parse::<ReduceOp>(), Ok(ReduceOp::Prod));
+        assert!("xor".parse::<ReduceOp>().is_err());
+        assert!(!ReduceOp::BitXor.applies_to(Dtype::Float32));
+        assert!(ReduceOp::BitXor.applies_to(Dtype::Bool));
+        assert!(!ReduceOp::Avg.applies_to(Dtype::Bool));
+        assert!(ReduceOp::Avg.applies_to(Dtype::Int8));
     }
 
     #[test]

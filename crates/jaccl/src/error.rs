@@ -23,6 +23,24 @@ pub enum Op {
     Recv,
     /// `barrier`.
     Barrier,
+    /// `broadcast`.
+    Broadcast,
+    /// `reduce`.
+    Reduce,
+    /// `gather`.
+    Gather,
+    /// `scatter`.
+    Scatter,
+    /// `all_to_all`.
+    AllToAll,
+    /// `all_to_all_v`.
+    AllToAllV,
+    /// `all_gather_v`.
+    AllGatherV,
+    /// `reduce_scatter_v`.
+    ReduceScatterV,
+    /// `split` and `subgroup`: forming a sub-group.
+    Split,
 }
 
 impl Op {
@@ -36,6 +54,15 @@ impl Op {
             Op::Send => "send",
             Op::Recv => "recv",
             Op::Barrier => "barrier",
+            Op::Broadcast => "broadcast",
+            Op::Reduce => "reduce",
+            Op::Gather => "gather",
+            Op::Scatter => "scatter",
+            Op::AllToAll => "all_to_all",
+            Op::AllToAllV => "all_to_all_v",
+            Op::AllGatherV => "all_gather_v",
+            Op::ReduceScatterV => "reduce_scatter_v",
+            Op::Split => "split",
         }
     }
 }

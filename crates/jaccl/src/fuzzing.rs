@@ -63,6 +63,7 @@ pub fn data_connection(bytes: &[u8]) {
         reduce: ReduceOp::Sum,
         sender: 1,
         count: 1024,
+        root: 0,
     };
     for chunk in bytes.chunks(crate::wire::HEADER_LEN) {
         if let Some(b) = chunk.first_chunk::<{ crate::wire::HEADER_LEN }>()
@@ -93,7 +94,7 @@ pub fn startup(bytes: &[u8]) {
 /// description in its mailbox.
 pub fn shared_memory(bytes: &[u8]) {
     use crate::transport::shm::{self, Layout};
-    let layout = Layout::new(1, shm::RING_BYTES, shm::AREA_BYTES);
+    let layout = Layout::new(1, 4, shm::RING_BYTES, shm::AREA_BYTES);
     let _ = shm::check_offer_bytes(layout, bytes);
     let mut input = Input(bytes);
     let words = [input.u64(), input.u64()];
@@ -195,7 +196,24 @@ pub fn engine(bytes: &[u8]) {
     let mesh = input.byte() & 1 == 1;
     let dtype = Dtype::ALL[usize::from(input.byte()) % Dtype::ALL.len()];
     let reduce = ReduceOp::ALL[usize::from(input.byte()) % ReduceOp::ALL.len()];
-    let op = input.byte() % 6;
+    let ops = [
+        Op::AllReduce,
+        Op::AllGather,
+        Op::ReduceScatter,
+        Op::Send,
+        Op::Recv,
+        Op::Barrier,
+        Op::Broadcast,
+        Op::Reduce,
+        Op::Gather,
+        Op::Scatter,
+        Op::AllToAll,
+        Op::AllToAllV,
+        Op::AllGatherV,
+        Op::ReduceScatterV,
+    ];
+    let op = ops[usize::from(input.byte()) % ops.len()];
+    let root = usize::from(input.byte()) % size;
     let count = usize::from(input.u16() % 4096);
     let chunk = 1 + usize::from(input.u16() % 9000);
     let room = usize::from(input.u16()) * 16;
@@ -205,7 +223,7 @@ pub fn engine(bytes: &[u8]) {
         wires,
         mesh,
     };
-    let channels = 2 * wires + geometry.non_neighbours().filter(|_| mesh).count();
+    let links = 2 * wires + geometry.non_neighbours().count();
     let peer_of = |c: usize| match c {
         c if c < wires => geometry.left(),
         c if c < 2 * wires => geometry.right(),
@@ -214,7 +232,7 @@ pub fn engine(bytes: &[u8]) {
             .nth(c - 2 * wires)
             .unwrap_or(geometry.left()),
     };
-    let channels: Vec<Channel> = (0..channels)
+    let channels: Vec<Channel> = (0..links)
         .map(|c| {
             let link = FuzzLink {
                 incoming: input.piece().to_vec(),
@@ -228,40 +246,57 @@ pub fn engine(bytes: &[u8]) {
     let Ok(liveness) = Liveness::new(rank) else {
         return;
     };
-    let mut collectives = Collectives::new(geometry, channels, liveness, false, None);
+    let mut collectives = Collectives::new(geometry, channels, liveness, false, None, None);
     let elem = dtype.size();
     let call = Call {
         rank,
-        op: [
-            Op::AllReduce,
-            Op::AllGather,
-            Op::ReduceScatter,
-            Op::Send,
-            Op::Recv,
-            Op::Barrier,
-        ][usize::from(op)],
+        op,
         dtype,
         reduce,
         count,
+        root,
         timeout: Duration::from_secs(1),
         wait: WaitPolicy::SLEEP,
     };
-    let reducer = Reducer::new(dtype, reduce);
+    let Some(reducer) = Reducer::new(dtype, reduce) else {
+        return;
+    };
     let data = vec![0x3cu8; count * elem * size];
     let mut out = vec![0u8; count * elem * size];
-    let peer = peer_of(usize::from(input.byte()) % (2 * wires));
+    let one = count * elem;
+    let peer = peer_of(usize::from(input.byte()) % links);
+    // Uneven counts from the input, adding up to at most `size × count`.
+    let counts: Vec<usize> = (0..size)
+        .map(|_| usize::from(input.byte()) * count / 255)
+        .collect();
+    let c = &mut collectives;
     let _ = match op {
-        0 => collectives.all_reduce(
-            Some(&data[..count * elem]),
-            &mut out[..count * elem],
-            &reducer,
-            &call,
-        ),
-        1 => collectives.all_gather(&data[..count * elem], &mut out, &call),
-        2 => collectives.reduce_scatter(&data, &mut out[..count * elem], &reducer, &call),
-        3 => collectives.send(&data[..count * elem], peer, &call),
-        4 => collectives.recv(&mut out[..count * elem], peer, &call),
-        _ => collectives.barrier(&call),
+        Op::AllReduce => c.all_reduce(Some(&data[..one]), &mut out[..one], &reducer, &call),
+        Op::AllGather => c.all_gather(&data[..one], &mut out, &call),
+        Op::ReduceScatter => c.reduce_scatter(&data, &mut out[..one], &reducer, &call),
+        Op::Send => c.send(&data[..one], peer, &call),
+        Op::Recv => c.recv(&mut out[..one], peer, &call),
+        Op::Broadcast => c.broadcast(&mut out[..one], &call),
+        Op::Reduce => c.reduce(&data[..one], &mut out[..one], &reducer, &call),
+        Op::Gather => c.gather(&data[..one], &mut out, &call),
+        Op::Scatter => c.scatter(&data, &mut out[..one], &call),
+        Op::AllToAll => c.all_to_all(&data, &mut out, elem, &call),
+        Op::AllToAllV => {
+            let total = counts.iter().sum::<usize>() * elem;
+            let (input, output) = (&data[..total], &mut out[..total]);
+            c.all_to_all_v(input, &counts, output, &counts, elem, &call)
+        }
+        Op::AllGatherV => {
+            let total = counts.iter().sum::<usize>() * elem;
+            let mine = &data[..counts[rank] * elem];
+            c.all_gather_v(mine, &mut out[..total], &counts, elem, &call)
+        }
+        Op::ReduceScatterV => {
+            let total = counts.iter().sum::<usize>() * elem;
+            let mine = &mut out[..counts[rank] * elem];
+            c.reduce_scatter_v(&data[..total], mine, &counts, &reducer, &call)
+        }
+        _ => c.barrier(&call),
     };
 }
 

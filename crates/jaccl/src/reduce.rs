@@ -23,41 +23,77 @@ pub(crate) struct Reducer {
     elem: usize,
     accumulate: fn(&mut [u8], &[u8]),
     combine: fn(&mut [u8], &[u8], &[u8]),
+    /// What turns the reduction over all ranks into the result (`Avg`: divide by the ranks).
+    finish: Option<fn(&mut [u8], usize)>,
 }
 
 impl Reducer {
-    /// The kernels of `op` over `dtype`.
-    pub(crate) fn new(dtype: Dtype, op: ReduceOp) -> Reducer {
-        macro_rules! pick {
+    /// The kernels of `op` over `dtype`; `None` where `op` does not apply to `dtype`
+    /// ([`ReduceOp::applies_to`]).
+    pub(crate) fn new(dtype: Dtype, op: ReduceOp) -> Option<Reducer> {
+        if !op.applies_to(dtype) {
+            return None;
+        }
+        macro_rules! arithmetic {
             ($t:ty) => {
                 match op {
                     ReduceOp::Sum => Reducer::of::<$t, SumOp>(),
                     ReduceOp::Max => Reducer::of::<$t, MaxOp>(),
                     ReduceOp::Min => Reducer::of::<$t, MinOp>(),
+                    ReduceOp::Prod => Reducer::of::<$t, ProdOp>(),
+                    ReduceOp::Avg => Reducer {
+                        finish: Some(divide::<$t>),
+                        ..Reducer::of::<$t, SumOp>()
+                    },
+                    _ => return None,
                 }
             };
         }
-        match dtype {
-            Dtype::Bool => match op {
-                ReduceOp::Sum | ReduceOp::Max => Reducer::of::<u8, OrOp>(),
-                ReduceOp::Min => Reducer::of::<u8, AndOp>(),
-            },
-            Dtype::Int8 => pick!(i8),
-            Dtype::Int16 => pick!(i16),
-            Dtype::Int32 => pick!(i32),
-            Dtype::Int64 => pick!(i64),
-            Dtype::UInt8 => pick!(u8),
-            Dtype::UInt16 => pick!(u16),
-            Dtype::UInt32 => pick!(u32),
-            Dtype::UInt64 => pick!(u64),
-            Dtype::Float16 if op == ReduceOp::Sum => Reducer::half_sum::<f16>(),
-            Dtype::BFloat16 if op == ReduceOp::Sum => Reducer::half_sum::<bf16>(),
-            Dtype::Float16 => pick!(f16),
-            Dtype::BFloat16 => pick!(bf16),
-            Dtype::Float32 => pick!(f32),
-            Dtype::Float64 => pick!(f64),
-            Dtype::Complex64 => pick!(Complex32),
+        macro_rules! integer {
+            ($t:ty) => {
+                match op {
+                    ReduceOp::BitAnd => Reducer::of::<$t, AndOp>(),
+                    ReduceOp::BitOr => Reducer::of::<$t, OrOp>(),
+                    ReduceOp::BitXor => Reducer::of::<$t, XorOp>(),
+                    _ => arithmetic!($t),
+                }
+            };
         }
+        // f16/bf16 sums (and so averages) convert whole blocks to f32; the rest go element by
+        // element.
+        macro_rules! half {
+            ($t:ty) => {
+                match op {
+                    ReduceOp::Sum => Reducer::half_sum::<$t>(),
+                    ReduceOp::Avg => Reducer {
+                        finish: Some(divide::<$t>),
+                        ..Reducer::half_sum::<$t>()
+                    },
+                    _ => arithmetic!($t),
+                }
+            };
+        }
+        Some(match dtype {
+            Dtype::Bool => match op {
+                ReduceOp::Sum | ReduceOp::Max | ReduceOp::BitOr => Reducer::of::<u8, BoolOr>(),
+                ReduceOp::Min | ReduceOp::Prod | ReduceOp::BitAnd => Reducer::of::<u8, BoolAnd>(),
+                ReduceOp::BitXor => Reducer::of::<u8, BoolXor>(),
+                _ => return None,
+            },
+            Dtype::Int8 => integer!(i8),
+            Dtype::Int16 => integer!(i16),
+            Dtype::Int32 => integer!(i32),
+            Dtype::Int64 => integer!(i64),
+            Dtype::UInt8 => integer!(u8),
+            Dtype::UInt16 => integer!(u16),
+            Dtype::UInt32 => integer!(u32),
+            Dtype::UInt64 => integer!(u64),
+            Dtype::Float16 => half!(f16),
+            Dtype::BFloat16 => half!(bf16),
+            Dtype::Float32 => arithmetic!(f32),
+            Dtype::Float64 => arithmetic!(f64),
+            Dtype::Complex64 => arithmetic!(Complex32),
+        })
     }
 
     fn of<T: Pod, O: Combine<T>>() -> Reducer {
@@ -65,6 +101,7 @@ impl Reducer {
             elem: size_of::<T>(),
             accumulate: accumulate::<T, O>,
             combine: combine::<T, O>,
+            finish: None,
         }
     }
 
@@ -77,6 +114,15 @@ impl Reducer {
             elem: size_of::<H>(),
             accumulate: half_sum_accumulate::<H>,
             combine: half_sum_combine::<H>,
+            finish: None,
+        }
+    }
+
+    /// Turns `data`, the reduction over all `ranks`, into the result (`Avg` divides it by
+    /// `ranks`; the other reductions are their result already).
+    pub(crate) fn finish(&self, data: &mut [u8], ranks: usize) {
+        if let Some(finish) = self.finish {
+            finish(data, ranks);
         }
     }
 
@@ -104,20 +150,33 @@ trait Combine<T> {
 struct SumOp;
 struct MaxOp;
 struct MinOp;
-/// `bool` sum and max: logical OR of bytes, normalised to 0/1.
-struct OrOp;
-/// `bool` min: logical AND of bytes, normalised to 0/1.
+struct ProdOp;
+/// Bitwise AND, OR and XOR of integers.
 struct AndOp;
+struct OrOp;
+struct XorOp;
+/// `bool` sum, max and OR: logical OR of bytes, normalised to 0/1.
+struct BoolOr;
+/// `bool` min, product and AND: logical AND of bytes, normalised to 0/1.
+struct BoolAnd;
+/// `bool` XOR of bytes, normalised to 0/1.
+struct BoolXor;
 
-impl Combine<u8> for OrOp {
+impl Combine<u8> for BoolOr {
     fn apply(a: u8, b: u8) -> u8 {
         u8::from(a != 0 || b != 0)
     }
 }
 
-impl Combine<u8> for AndOp {
+impl Combine<u8> for BoolAnd {
     fn apply(a: u8, b: u8) -> u8 {
         u8::from(a != 0 && b != 0)
+    }
+}
+
+impl Combine<u8> for BoolXor {
+    fn apply(a: u8, b: u8) -> u8 {
+        u8::from((a != 0) != (b != 0))
     }
 }
 
@@ -132,9 +191,89 @@ macro_rules! integer_ops {
         impl Combine<$t> for MinOp {
             fn apply(a: $t, b: $t) -> $t { a.min(b) }
         }
+        impl Combine<$t> for ProdOp {
+            fn apply(a: $t, b: $t) -> $t { a.wrapping_mul(b) }
+        }
+        impl Combine<$t> for AndOp {
+            fn apply(a: $t, b: $t) -> $t { a & b }
+        }
+        impl Combine<$t> for OrOp {
+            fn apply(a: $t, b: $t) -> $t { a | b }
+        }
+        impl Combine<$t> for XorOp {
+            fn apply(a: $t, b: $t) -> $t { a ^ b }
+        }
     )*};
 }
 integer_ops!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+/// Division of an element by the number of ranks (`Avg`).
+trait Divide: Copy {
+    fn divide(self, ranks: usize) -> Self;
+}
+
+macro_rules! integer_divide {
+    ($($t:ty),*) => {$(
+        impl Divide for $t {
+            // Rounded toward zero. A count of ranks past the type's range divides to 0.
+            fn divide(self, ranks: usize) -> Self {
+                match <$t>::try_from(ranks) {
+                    Ok(n) if n != 0 => self.wrapping_div(n),
+                    _ => 0,
+                }
+            }
+        }
+    )*};
+}
+integer_divide!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+impl Divide for f32 {
+    fn divide(self, ranks: usize) -> Self {
+        self / ranks as f32
+    }
+}
+
+impl Divide for f64 {
+    fn divide(self, ranks: usize) -> Self {
+        self / ranks as f64
+    }
+}
+
+macro_rules! half_divide {
+    ($($t:ty),*) => {$(
+        impl Divide for $t {
+            fn divide(self, ranks: usize) -> Self {
+                <$t>::from_f32(self.to_f32() / ranks as f32)
+            }
+        }
+        impl Combine<$t> for ProdOp {
+            fn apply(a: $t, b: $t) -> $t { <$t>::from_f32(a.to_f32() * b.to_f32()) }
+        }
+    )*};
+}
+half_divide!(f16, bf16);
+
+impl Divide for Complex32 {
+    fn divide(self, ranks: usize) -> Self {
+        self / ranks as f32
+    }
+}
+
+/// Divides every element of `data` by `ranks`.
+fn divide<T: Pod + Divide>(data: &mut [u8], ranks: usize) {
+    let bytes = whole_elements::<T>(data.len());
+    let data = &mut data[..bytes];
+    if let Ok(values) = bytemuck::try_cast_slice_mut::<u8, T>(data) {
+        for v in values {
+            *v = v.divide(ranks);
+        }
+        return;
+    }
+    for chunk in data.chunks_exact_mut(size_of::<T>()) {
+        let value: T = bytemuck::pod_read_unaligned(chunk);
+        chunk.copy_from_slice(bytemuck::bytes_of(&value.divide(ranks)));
+    }
+}
 
 /// What max/min need of a floating-point type.
 trait Float: Copy {
@@ -195,6 +334,24 @@ impl Combine<f32> for SumOp {
 impl Combine<f64> for SumOp {
     fn apply(a: f64, b: f64) -> f64 {
         a + b
+    }
+}
+
+impl Combine<f32> for ProdOp {
+    fn apply(a: f32, b: f32) -> f32 {
+        a * b
+    }
+}
+
+impl Combine<f64> for ProdOp {
+    fn apply(a: f64, b: f64) -> f64 {
+        a * b
+    }
+}
+
+impl Combine<Complex32> for ProdOp {
+    fn apply(a: Complex32, b: Complex32) -> Complex32 {
+        a * b
     }
 }
 
@@ -355,7 +512,7 @@ mod tests {
     }
 
     fn reduce<T: Pod + crate::dtype::Element>(op: ReduceOp, a: &[T], b: &[T]) -> Vec<T> {
-        let r = Reducer::new(T::DTYPE, op);
+        let r = Reducer::new(T::DTYPE, op).expect("op applies");
         let mut acc = bytes(a);
         r.accumulate(&mut acc, &bytes(b));
         let mut out = vec![0u8; acc.len()];
@@ -374,11 +531,11 @@ mod tests {
 
     #[test]
     fn bool_is_or_and_and_normalises() {
-        let r = Reducer::new(Dtype::Bool, ReduceOp::Sum);
+        let r = Reducer::new(Dtype::Bool, ReduceOp::Sum).unwrap();
         let mut acc = vec![0u8, 0, 5, 9];
         r.accumulate(&mut acc, &[0, 3, 0, 1]);
         assert_eq!(acc, [0, 1, 1, 1]);
-        let r = Reducer::new(Dtype::Bool, ReduceOp::Min);
+        let r = Reducer::new(Dtype::Bool, ReduceOp::Min).unwrap();
         let mut acc = vec![0u8, 0, 5, 9];
         r.accumulate(&mut acc, &[0, 3, 0, 200]);
         assert_eq!(acc, [0, 0, 0, 1]);
@@ -461,7 +618,7 @@ mod tests {
         let a: Vec<f64> = (0..33).map(|i| i as f64 * 1.25).collect();
         let b: Vec<f64> = (0..33).map(|i| i as f64 * -0.5).collect();
         let expect = reduce(ReduceOp::Sum, &a, &b);
-        let r = Reducer::new(Dtype::Float64, ReduceOp::Sum);
+        let r = Reducer::new(Dtype::Float64, ReduceOp::Sum).unwrap();
         let mut dst = vec![0u8; 33 * 8 + 1];
         let mut src = vec![0u8; 33 * 8 + 1];
         dst[1..].copy_from_slice(&bytes(&a));
@@ -472,9 +629,82 @@ mod tests {
 
     #[test]
     fn partial_trailing_element_is_left_alone() {
-        let r = Reducer::new(Dtype::Int32, ReduceOp::Sum);
+        let r = Reducer::new(Dtype::Int32, ReduceOp::Sum).unwrap();
         let mut dst = vec![1u8, 0, 0, 0, 9, 9];
         r.accumulate(&mut dst, &[1, 0, 0, 0, 1, 1]);
         assert_eq!(dst, [2, 0, 0, 0, 9, 9]);
+    }
+
+    #[test]
+    fn products_and_bitwise_ops() {
+        assert_eq!(
+            reduce(ReduceOp::Prod, &[3i8, -2, 100], &[5, 7, 3]),
+            [15, -14, 44]
+        );
+        assert_eq!(
+            reduce(ReduceOp::Prod, &[1.5f32, -2.0], &[4.0, 0.25]),
+            [6.0, -0.5]
+        );
+        let h = reduce(ReduceOp::Prod, &[f16::from_f32(1.5)], &[f16::from_f32(3.0)]);
+        assert_eq!(h[0].to_f32(), 4.5);
+        let c = reduce(
+            ReduceOp::Prod,
+            &[Complex32::new(1.0, 2.0)],
+            &[Complex32::new(3.0, -1.0)],
+        );
+        assert_eq!(c, [Complex32::new(5.0, 5.0)]);
+        assert_eq!(reduce(ReduceOp::BitAnd, &[0b1100u16], &[0b1010]), [0b1000]);
+        assert_eq!(reduce(ReduceOp::BitOr, &[0b1100u16], &[0b1010]), [0b1110]);
+        assert_eq!(reduce(ReduceOp::BitXor, &[-1i64], &[5]), [!5]);
+        let r = Reducer::new(Dtype::Bool, ReduceOp::BitXor).unwrap();
+        let mut acc = vec![0u8, 0, 7, 7];
+        r.accumulate(&mut acc, &[0, 2, 0, 1]);
+        assert_eq!(acc, [0, 1, 1, 0]);
+    }
+
+    #[test]
+    fn average_divides_the_sum_and_integers_round_toward_zero() {
+        let avg = |op_dtype: Dtype, sum: Vec<u8>, ranks: usize| {
+            let r = Reducer::new(op_dtype, ReduceOp::Avg).unwrap();
+            let mut data = sum;
+            r.finish(&mut data, ranks);
+            data
+        };
+        let got = avg(Dtype::Int32, bytes(&[7i32, -7, 6]), 2);
+        assert_eq!(bytemuck::cast_slice::<u8, i32>(&got), [3, -3, 3]);
+        let got = avg(Dtype::UInt8, bytes(&[255u8]), 300);
+        assert_eq!(got, [0], "more ranks than the type holds divide to 0");
+        let got = avg(Dtype::Float32, bytes(&[3.0f32]), 4);
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&got), [0.75]);
+        let got = avg(Dtype::BFloat16, bytes(&[bf16::from_f32(6.0)]), 3);
+        assert_eq!(bytemuck::cast_slice::<u8, bf16>(&got)[0].to_f32(), 2.0);
+        // Unaligned data divides too.
+        let mut data = [0u8; 9];
+        data[1..].copy_from_slice(&bytes(&[10.0f64]));
+        Reducer::new(Dtype::Float64, ReduceOp::Avg)
+            .unwrap()
+            .finish(&mut data[1..], 4);
+        assert_eq!(&data[1..], &bytes(&[2.5f64])[..]);
+        // Sum, max... are their own result.
+        let mut data = bytes(&[6i32]);
+        Reducer::new(Dtype::Int32, ReduceOp::Sum)
+            .unwrap()
+            .finish(&mut data, 3);
+        assert_eq!(data, bytes(&[6i32]));
+    }
+
+    #[test]
+    fn ops_that_do_not_apply_have_no_kernels() {
+        for dtype in Dtype::ALL {
+            for op in ReduceOp::ALL {
+                assert_eq!(
+                    Reducer::new(dtype, op).is_some(),
+                    op.applies_to(dtype),
+                    "{op} {dtype}"
+                );
+            }
+        }
+        assert!(Reducer::new(Dtype::Float32, ReduceOp::BitAnd).is_none());
+        assert!(Reducer::new(Dtype::Bool, ReduceOp::Avg).is_none());
     }
 }

@@ -8,7 +8,7 @@ use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Op;
 
 /// Protocol version of data connections and the side channel. Bumped on any format change.
-pub(crate) const PROTOCOL_VERSION: u16 = 2;
+pub(crate) const PROTOCOL_VERSION: u16 = 3;
 
 const HEADER_MAGIC: [u8; 4] = *b"JCOP";
 
@@ -25,19 +25,35 @@ pub(crate) enum Kind {
     /// Both `send` and the matching `recv`.
     SendRecv = 4,
     Barrier = 5,
+    Broadcast = 6,
+    Reduce = 7,
+    Gather = 8,
+    Scatter = 9,
+    AllToAll = 10,
+    AllToAllV = 11,
+    AllGatherV = 12,
+    ReduceScatterV = 13,
 }
 
 impl Kind {
+    const ALL: [Kind; 13] = [
+        Kind::AllReduce,
+        Kind::AllGather,
+        Kind::ReduceScatter,
+        Kind::SendRecv,
+        Kind::Barrier,
+        Kind::Broadcast,
+        Kind::Reduce,
+        Kind::Gather,
+        Kind::Scatter,
+        Kind::AllToAll,
+        Kind::AllToAllV,
+        Kind::AllGatherV,
+        Kind::ReduceScatterV,
+    ];
+
     fn from_id(id: u8) -> Option<Kind> {
-        [
-            Kind::AllReduce,
-            Kind::AllGather,
-            Kind::ReduceScatter,
-            Kind::SendRecv,
-            Kind::Barrier,
-        ]
-        .into_iter()
-        .find(|k| *k as u8 == id)
+        Kind::ALL.into_iter().find(|k| *k as u8 == id)
     }
 
     pub(crate) fn of(op: Op) -> Kind {
@@ -46,7 +62,15 @@ impl Kind {
             Op::AllGather => Kind::AllGather,
             Op::ReduceScatter => Kind::ReduceScatter,
             Op::Send | Op::Recv => Kind::SendRecv,
-            Op::Barrier | Op::Init => Kind::Barrier,
+            Op::Barrier | Op::Init | Op::Split => Kind::Barrier,
+            Op::Broadcast => Kind::Broadcast,
+            Op::Reduce => Kind::Reduce,
+            Op::Gather => Kind::Gather,
+            Op::Scatter => Kind::Scatter,
+            Op::AllToAll => Kind::AllToAll,
+            Op::AllToAllV => Kind::AllToAllV,
+            Op::AllGatherV => Kind::AllGatherV,
+            Op::ReduceScatterV => Kind::ReduceScatterV,
         }
     }
 
@@ -57,7 +81,31 @@ impl Kind {
             Kind::ReduceScatter => "reduce_scatter",
             Kind::SendRecv => "send/recv",
             Kind::Barrier => "barrier",
+            Kind::Broadcast => "broadcast",
+            Kind::Reduce => "reduce",
+            Kind::Gather => "gather",
+            Kind::Scatter => "scatter",
+            Kind::AllToAll => "all_to_all",
+            Kind::AllToAllV => "all_to_all_v",
+            Kind::AllGatherV => "all_gather_v",
+            Kind::ReduceScatterV => "reduce_scatter_v",
         }
+    }
+
+    /// Whether the operation reduces (its header's reduction counts).
+    fn reduces(self) -> bool {
+        matches!(
+            self,
+            Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce | Kind::ReduceScatterV
+        )
+    }
+
+    /// Whether the operation has a root (its header's root counts).
+    fn rooted(self) -> bool {
+        matches!(
+            self,
+            Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter
+        )
     }
 }
 
@@ -73,9 +121,15 @@ pub(crate) struct Header {
     pub(crate) reduce: ReduceOp,
     /// The sending rank.
     pub(crate) sender: u32,
-    /// Elements in the caller's call (per-rank block for all-gather and reduce-scatter).
+    /// Elements in the caller's call (per-rank block for all-gather and reduce-scatter; for
+    /// the variable-size collectives a digest of every rank's counts).
     pub(crate) count: u64,
+    /// The root of a rooted collective (0 otherwise).
+    pub(crate) root: u32,
 }
+
+/// Counts of shared-memory call descriptions fit in 48 bits; the root takes the other 16.
+const WORD_COUNT_BITS: u32 = 48;
 
 impl Header {
     pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
@@ -87,6 +141,7 @@ impl Header {
         b[10] = self.reduce as u8;
         b[12..16].copy_from_slice(&self.sender.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..28].copy_from_slice(&self.root.to_le_bytes());
         b
     }
 
@@ -109,17 +164,23 @@ impl Header {
             reduce,
             sender: u32_at(b, 12),
             count: u64_at(b, 16),
+            root: u32_at(b, 24),
         })
     }
 
     /// The header as two words, as a shared-memory mailbox publishes it (the sender is the
-    /// mailbox's owner).
+    /// mailbox's owner; the count keeps its low 48 bits, the root its low 16: shared memory
+    /// joins ranks of one host, far fewer than 2^16, moving far fewer than 2^48 elements).
     pub(crate) fn to_words(self) -> [u64; 2] {
         let word = u64::from(self.seq)
             | u64::from(self.kind as u8) << 32
             | u64::from(self.dtype.id()) << 40
             | u64::from(self.reduce as u8) << 48;
-        [word, self.count]
+        let count = self.count & ((1 << WORD_COUNT_BITS) - 1);
+        [
+            word,
+            count | u64::from(self.root & 0xffff) << WORD_COUNT_BITS,
+        ]
     }
 
     /// Parses [`Header::to_words`] published by rank `sender`.
@@ -134,7 +195,8 @@ impl Header {
             reduce: ReduceOp::from_id(byte(48))
                 .ok_or_else(|| format!("unknown reduction id {}", byte(48)))?,
             sender,
-            count: words[1],
+            count: words[1] & ((1 << WORD_COUNT_BITS) - 1),
+            root: (words[1] >> WORD_COUNT_BITS) as u32,
         })
     }
 
@@ -143,7 +205,8 @@ impl Header {
         let same_call = self.kind == got.kind
             && self.dtype == got.dtype
             && self.reduce == got.reduce
-            && self.count == got.count;
+            && self.count == got.count
+            && self.root == got.root;
         if same_call && self.seq == got.seq {
             return None;
         }
@@ -163,20 +226,22 @@ impl Header {
 
 impl fmt::Display for Header {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = self.kind.name();
         match self.kind {
-            Kind::AllReduce | Kind::ReduceScatter => write!(
-                f,
-                "{}({}) of {} × {}",
-                self.kind.name(),
-                self.reduce,
-                self.count,
-                self.dtype
-            ),
-            Kind::Barrier => f.write_str("barrier"),
-            Kind::AllGather | Kind::SendRecv => {
-                write!(f, "{} of {} × {}", self.kind.name(), self.count, self.dtype)
-            }
+            Kind::Barrier => return f.write_str("barrier"),
+            k if k.reduces() => write!(f, "{name}({})", self.reduce)?,
+            _ => f.write_str(name)?,
         }
+        match self.kind {
+            Kind::AllToAllV | Kind::AllGatherV | Kind::ReduceScatterV => {
+                write!(f, " of {} (counts digest {:#x})", self.dtype, self.count)?;
+            }
+            _ => write!(f, " of {} × {}", self.count, self.dtype)?,
+        }
+        if self.kind.rooted() {
+            write!(f, " to or from root {}", self.root)?;
+        }
+        Ok(())
     }
 }
 
@@ -258,6 +323,7 @@ mod tests {
             reduce: ReduceOp::Max,
             sender: 3,
             count: 1 << 40,
+            root: 0,
         }
     }
 
@@ -283,14 +349,15 @@ mod tests {
             b[4..].copy_from_slice(&rest);
             if small_ids {
                 // Often valid ids, so mismatches and printing are reached too.
-                b[8] %= 6;
+                b[8] %= 14;
                 b[9] %= 14;
-                b[10] %= 3;
+                b[10] %= 8;
             }
             if let Ok(h) = Header::decode(&b) {
                 let _ = h.mismatch(&header());
                 let _ = h.to_string();
-                prop_assert_eq!(Header::from_words(h.to_words(), h.sender), Ok(h));
+                let small = Header { count: h.count >> 16, root: h.root & 0xffff, ..h };
+                prop_assert_eq!(Header::from_words(small.to_words(), h.sender), Ok(small));
             }
         }
 

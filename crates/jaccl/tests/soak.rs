@@ -1,5 +1,6 @@
-//! A soak: many random collectives (random rank count, transport, wires, element type,
-//! reduction, length, in place or not), each compared with the plain reference on every rank.
+//! A soak: many random collectives of every kind (random rank count, transport, wires, element
+//! type, reduction, root, length and uneven counts, in place or not), each compared with the
+//! plain reference on every rank.
 //! `JACCL_SOAK` sets the number of collectives (default 10,000, about 15 s); the full run is
 //! `JACCL_SOAK=100000 cargo test --release -p jaccl --test soak -- --nocapture`.
 //! `JACCL_SOAK_SEED` replays a run (the seed of each is printed).
@@ -7,9 +8,9 @@
 mod common;
 
 use common::*;
+use jaccl::Group;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Group, ReduceOp};
 use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
@@ -32,26 +33,28 @@ fn length(rng: &mut TestRng) -> usize {
 /// draws the same choices from `rng`.
 fn one<T: TestElem>(g: &mut Group, rng: &mut TestRng, step: usize) {
     let (rank, size) = (g.rank(), g.size());
-    let op = ReduceOp::ALL[rng.random_range(0..3)];
+    let ops = ops_of::<T>();
+    let op = ops[rng.random_range(0..ops.len())];
+    let root = rng.random_range(0..size);
     let len = length(rng);
     let what = format!(
         "step {step}: {} {op} len {len} rank {rank}/{size}",
         T::DTYPE
     );
-    match rng.random_range(0..5) {
+    match rng.random_range(0..12) {
         0 | 1 => {
             let ins = inputs::<T>(size, len, op);
-            let expect = bits(&reference_reduce(&ins, op));
+            let expect = bits_for(op, &reference_reduce(&ins, op));
             if rng.random_bool(0.5) {
                 let mut data = ins[rank].clone();
                 g.all_reduce_in_place(&mut data, op)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert_eq!(bits(&data), expect, "in place {what}");
+                assert_eq!(bits_for(op, &data), expect, "in place {what}");
             } else {
                 let mut out = vec![T::default(); len];
                 g.all_reduce(&ins[rank], &mut out, op)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert_eq!(bits(&out), expect, "{what}");
+                assert_eq!(bits_for(op, &out), expect, "{what}");
             }
         }
         2 => {
@@ -61,6 +64,97 @@ fn one<T: TestElem>(g: &mut Group, rng: &mut TestRng, step: usize) {
                 .unwrap_or_else(|e| panic!("all_gather {what}: {e}"));
             assert_eq!(bits(&out), bits(&ins.concat()), "all_gather {what}");
         }
+        5 => {
+            let mut data: Vec<T> = (0..len).map(|i| T::value(rank, i, op)).collect();
+            g.broadcast(&mut data, root)
+                .unwrap_or_else(|e| panic!("broadcast {what}: {e}"));
+            let expect: Vec<T> = (0..len).map(|i| T::value(root, i, op)).collect();
+            assert_eq!(bits(&data), bits(&expect), "broadcast {what} root {root}");
+        }
+        6 => {
+            let ins = inputs::<T>(size, len, op);
+            let mut out = vec![T::default(); if rank == root { len } else { 0 }];
+            g.reduce(&ins[rank], &mut out, op, root)
+                .unwrap_or_else(|e| panic!("reduce {what}: {e}"));
+            if rank == root {
+                let expect = bits_for(op, &reference_reduce(&ins, op));
+                assert_eq!(bits_for(op, &out), expect, "reduce {what} root {root}");
+            }
+        }
+        7 => {
+            let ins = inputs::<T>(size, len, op);
+            let mut out = vec![T::default(); if rank == root { size * len } else { 0 }];
+            g.gather(&ins[rank], &mut out, root)
+                .unwrap_or_else(|e| panic!("gather {what}: {e}"));
+            if rank == root {
+                assert_eq!(bits(&out), bits(&ins.concat()), "gather {what} root {root}");
+            }
+        }
+        8 => {
+            let all = inputs::<T>(size, len, op).concat();
+            let input = if rank == root {
+                all.clone()
+            } else {
+                Vec::new()
+            };
+            let mut out = vec![T::default(); len];
+            g.scatter(&input, &mut out, root)
+                .unwrap_or_else(|e| panic!("scatter {what}: {e}"));
+            assert_eq!(
+                bits(&out),
+                bits(&all[rank * len..(rank + 1) * len]),
+                "scatter {what}"
+            );
+        }
+        9 => {
+            // Uneven counts, the same draw on every rank: counts[s][d] from s to d.
+            let counts: Vec<Vec<usize>> = (0..size)
+                .map(|_| {
+                    (0..size)
+                        .map(|_| rng.random_range(0..=len / size))
+                        .collect()
+                })
+                .collect();
+            let send = counts[rank].clone();
+            let recv: Vec<usize> = (0..size).map(|s| counts[s][rank]).collect();
+            let input = |s: usize| -> Vec<T> {
+                let n: usize = counts[s].iter().sum();
+                (0..n).map(|i| T::value(s, i, op)).collect()
+            };
+            let mut out = vec![T::default(); recv.iter().sum()];
+            g.all_to_all_v(&input(rank), &send, &mut out, &recv)
+                .unwrap_or_else(|e| panic!("all_to_all_v {what}: {e}"));
+            let expect: Vec<T> = (0..size)
+                .flat_map(|s| {
+                    let start: usize = counts[s][..rank].iter().sum();
+                    input(s)[start..start + counts[s][rank]].to_vec()
+                })
+                .collect();
+            assert_eq!(bits(&out), bits(&expect), "all_to_all_v {what}");
+        }
+        10 => {
+            let counts: Vec<usize> = (0..size).map(|_| rng.random_range(0..=len)).collect();
+            let mine: Vec<T> = (0..counts[rank]).map(|i| T::value(rank, i, op)).collect();
+            let mut out = vec![T::default(); counts.iter().sum()];
+            g.all_gather_v(&mine, &mut out, &counts)
+                .unwrap_or_else(|e| panic!("all_gather_v {what}: {e}"));
+            let expect: Vec<T> = (0..size)
+                .flat_map(|r| (0..counts[r]).map(move |i| T::value(r, i, op)))
+                .collect();
+            assert_eq!(bits(&out), bits(&expect), "all_gather_v {what}");
+        }
+        11 => {
+            let counts: Vec<usize> = (0..size).map(|_| rng.random_range(0..=len)).collect();
+            let total: usize = counts.iter().sum();
+            let ins = inputs::<T>(size, total, op);
+            let mut out = vec![T::default(); counts[rank]];
+            g.reduce_scatter_v(&ins[rank], &mut out, &counts, op)
+                .unwrap_or_else(|e| panic!("reduce_scatter_v {what}: {e}"));
+            let start: usize = counts[..rank].iter().sum();
+            let full = reference_reduce(&ins, op);
+            let expect = bits_for(op, &full[start..start + counts[rank]]);
+            assert_eq!(bits_for(op, &out), expect, "reduce_scatter_v {what}");
+        }
         3 => {
             let ins = inputs::<T>(size, size * len, op);
             let full = reference_reduce(&ins, op);
@@ -68,8 +162,8 @@ fn one<T: TestElem>(g: &mut Group, rng: &mut TestRng, step: usize) {
             g.reduce_scatter(&ins[rank], &mut out, op)
                 .unwrap_or_else(|e| panic!("reduce_scatter {what}: {e}"));
             assert_eq!(
-                bits(&out),
-                bits(&full[rank * len..(rank + 1) * len]),
+                bits_for(op, &out),
+                bits_for(op, &full[rank * len..(rank + 1) * len]),
                 "reduce_scatter {what}"
             );
         }

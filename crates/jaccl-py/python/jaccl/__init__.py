@@ -51,7 +51,21 @@ _DTYPES = frozenset(
     "float16 bfloat16 float32 float64 complex64".split()
 )
 
-_OPS = ("sum", "max", "min")
+# Reductions by name, and the other names they go by (PyTorch's among them).
+_OPS = {
+    "sum": "sum",
+    "max": "max",
+    "min": "min",
+    "prod": "prod",
+    "product": "prod",
+    "avg": "avg",
+    "mean": "avg",
+    "average": "avg",
+    "band": "band",
+    "bor": "bor",
+    "bxor": "bxor",
+}
+_OP_NAMES = "sum, max, min, prod, avg, band, bor or bxor"
 
 
 def init(**settings: Any) -> "Group":
@@ -170,11 +184,12 @@ class Group:
         return self.all_reduce(x, "min", out)
 
     def all_reduce(self, x: Any, op: str = "sum", out: Any = None) -> Any:
-        """Reduces ``x`` element-wise over all ranks with ``op`` (``"sum"``, ``"max"``,
-        ``"min"``); every rank gets the same bits. Returns ``out`` (same shape and type as
-        ``x``; ``out=x`` reduces in place), or a new array."""
-        if op not in _OPS:
-            raise self._invalid("all_reduce", f"unknown op {op!r} (expected sum, max or min)")
+        """Reduces ``x`` element-wise over all ranks with ``op``: ``"sum"``, ``"max"``,
+        ``"min"``, ``"prod"``, ``"avg"`` (the sum divided by the ranks; integers round toward
+        zero), or bitwise ``"band"``, ``"bor"``, ``"bxor"`` (integers and bool); every rank gets
+        the same bits. Returns ``out`` (same shape and type as ``x``; ``out=x`` reduces in
+        place), or a new array."""
+        op = self._op(op, "all_reduce")
         a, dtype = self._input(x, "all_reduce")
         o, result = self._output(out, a.shape, a.dtype, "all_reduce")
         if _same_memory(a, o):
@@ -196,23 +211,142 @@ class Group:
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
         """Reduces ``x`` over all ranks and keeps this rank's block: ``x``'s first axis holds
         ``size`` blocks, and the result has shape ``(x.shape[0] // size, *x.shape[1:])``."""
-        if op not in _OPS:
-            raise self._invalid("reduce_scatter", f"unknown op {op!r} (expected sum, max or min)")
+        op = self._op(op, "reduce_scatter")
         a, dtype = self._input(x, "reduce_scatter")
-        if a.ndim == 0 or a.shape[0] % self.size:
-            raise self._invalid(
-                "reduce_scatter",
-                f"x has shape {a.shape}; its first axis must hold {self.size} equal blocks",
-            )
-        shape = (a.shape[0] // self.size,) + a.shape[1:]
+        shape = self._blocks(a, "reduce_scatter")
         o, result = self._output(out, shape, a.dtype, "reduce_scatter")
         a = _unshared(a, o)
         self._g.reduce_scatter(_memory(a), _memory(o), dtype, op)
         return result
 
+    def broadcast(self, x: Any, root: int = 0, out: Any = None) -> Any:
+        """Rank ``root``'s ``x`` on every rank: every rank passes an array of the same shape
+        and type (other ranks' values are not read). Returns ``out`` (``out=x`` broadcasts in
+        place, as ``torch.distributed.broadcast`` does), or a new array."""
+        a, dtype = self._input(x, "broadcast")
+        o, result = self._output(out, a.shape, a.dtype, "broadcast")
+        if not _same_memory(a, o):
+            np.copyto(o, a)
+        self._g.broadcast(_memory(o), dtype, _rank(root))
+        return result
+
+    def reduce(self, x: Any, op: str = "sum", root: int = 0, out: Any = None) -> Any:
+        """Reduces ``x`` over all ranks with ``op`` (as :meth:`all_reduce`) to rank ``root``,
+        which gets the result (``out``, or a new array); the other ranks get ``None`` (an
+        ``out`` they pass is not written)."""
+        op = self._op(op, "reduce")
+        a, dtype = self._input(x, "reduce")
+        if self.rank != root:
+            self._g.reduce(_memory(a), (0, 0), dtype, op, _rank(root))
+            return None
+        o, result = self._output(out, a.shape, a.dtype, "reduce")
+        a = _unshared(a, o)
+        self._g.reduce(_memory(a), _memory(o), dtype, op, _rank(root))
+        return result
+
+    def gather(self, x: Any, root: int = 0, out: Any = None) -> Any:
+        """Every rank's ``x`` to rank ``root``, which gets shape ``(size, *x.shape)`` (row r
+        is rank r's ``x``); the other ranks get ``None``."""
+        a, dtype = self._input(x, "gather")
+        if self.rank != root:
+            self._g.gather(_memory(a), (0, 0), dtype, _rank(root))
+            return None
+        o, result = self._output(out, (self.size,) + a.shape, a.dtype, "gather")
+        a = _unshared(a, o)
+        self._g.gather(_memory(a), _memory(o), dtype, _rank(root))
+        return result
+
+    def scatter(self, x: Any = None, root: int = 0, out: Any = None) -> Any:
+        """Row block ``r`` of rank ``root``'s ``x`` (whose first axis holds ``size`` equal
+        blocks) to rank r: the result has shape ``(x.shape[0] // size, *x.shape[1:])``. The
+        other ranks pass ``out`` (or an ``x`` of the root's shape, which is not read)."""
+        is_root = self.rank == root
+        if x is None and (is_root or out is None):
+            raise self._invalid("scatter", "x is needed on the root, and elsewhere x or out")
+        if x is not None:
+            a, dtype = self._input(x, "scatter")
+            shape = self._blocks(a, "scatter")
+            o, result = self._output(out, shape, a.dtype, "scatter")
+        else:
+            o, dtype = self._input(out, "scatter")
+            _check_writable(o, self, "scatter")
+            result = out
+        if not is_root:
+            self._g.scatter((0, 0), _memory(o), dtype, _rank(root))
+            return result
+        a = _unshared(a, o)
+        self._g.scatter(_memory(a), _memory(o), dtype, _rank(root))
+        return result
+
+    def all_to_all(self, x: Any, out: Any = None) -> Any:
+        """Row block ``d`` of ``x`` (whose first axis holds ``size`` equal blocks) to rank d;
+        block ``s`` of the result (the same shape as ``x``) is what rank s sent this rank."""
+        a, dtype = self._input(x, "all_to_all")
+        self._blocks(a, "all_to_all")
+        o, result = self._output(out, a.shape, a.dtype, "all_to_all")
+        a = _unshared(a, o)
+        self._g.all_to_all(_memory(a), _memory(o), dtype)
+        return result
+
+    def all_to_all_v(
+        self, x: Any, send_counts: Any, recv_counts: Any, out: Any = None
+    ) -> Any:
+        """All-to-all with uneven blocks: the first ``send_counts[0]`` rows of ``x`` to rank
+        0, the next ``send_counts[1]`` to rank 1, ...; the result has ``sum(recv_counts)``
+        rows, ``recv_counts[s]`` from rank s, in rank order. A rank's ``send_counts[d]`` must
+        be rank d's ``recv_counts[rank]`` (else :class:`Mismatch` on every rank, before any
+        data moves); zeros are fine."""
+        a, dtype = self._input(x, "all_to_all_v")
+        sends = self._counts(send_counts, "send_counts", "all_to_all_v")
+        recvs = self._counts(recv_counts, "recv_counts", "all_to_all_v")
+        rows = a.shape[0] if a.ndim else 1
+        if sum(sends) != rows:
+            raise self._invalid(
+                "all_to_all_v", f"send_counts add up to {sum(sends)}, but x has {rows} rows"
+            )
+        o, result = self._output(out, (sum(recvs),) + a.shape[1:], a.dtype, "all_to_all_v")
+        per_row = _row_elements(a)
+        a = _unshared(a, o)
+        self._g.all_to_all_v(
+            _memory(a),
+            [c * per_row for c in sends],
+            _memory(o),
+            [c * per_row for c in recvs],
+            dtype,
+        )
+        return result
+
+    def all_gather_v(self, x: Any, counts: Any, out: Any = None) -> Any:
+        """Gathers every rank's ``x`` when their first axes differ: ``counts[r]`` is rank r's
+        number of rows (the same ``counts`` on every rank); the result stacks them in rank
+        order, ``sum(counts)`` rows."""
+        a, dtype = self._input(x, "all_gather_v")
+        counts = self._counts(counts, "counts", "all_gather_v")
+        o, result = self._output(out, (sum(counts),) + a.shape[1:], a.dtype, "all_gather_v")
+        per_row = _row_elements(a)
+        a = _unshared(a, o)
+        self._g.all_gather_v(_memory(a), _memory(o), [c * per_row for c in counts], dtype)
+        return result
+
+    def reduce_scatter_v(self, x: Any, counts: Any, op: str = "sum", out: Any = None) -> Any:
+        """Reduces ``x`` over all ranks (as :meth:`all_reduce`) and keeps this rank's rows:
+        ``counts[r]`` rows for rank r, in rank order (the same ``counts`` on every rank)."""
+        op = self._op(op, "reduce_scatter_v")
+        a, dtype = self._input(x, "reduce_scatter_v")
+        counts = self._counts(counts, "counts", "reduce_scatter_v")
+        shape = (counts[self.rank],) + a.shape[1:]
+        o, result = self._output(out, shape, a.dtype, "reduce_scatter_v")
+        per_row = _row_elements(a)
+        a = _unshared(a, o)
+        self._g.reduce_scatter_v(
+            _memory(a), _memory(o), [c * per_row for c in counts], dtype, op
+        )
+        return result
+
     def send(self, x: Any, dst: int) -> None:
-        """Sends ``x`` to rank ``dst``, which calls :meth:`recv` with the same shape and type.
-        With the ring topology ``dst`` must be a neighbour (``rank ± 1``)."""
+        """Sends ``x`` to rank ``dst`` (any other rank), which calls :meth:`recv` with the
+        same shape and type. The first message to a rank that is not a ring neighbour makes
+        the connection (kept for the next ones)."""
         a, dtype = self._input(x, "send")
         self._g.send(_memory(a), _rank(dst), dtype)
 
@@ -226,6 +360,33 @@ class Group:
     def barrier(self) -> None:
         """Returns once every rank has entered."""
         self._g.barrier()
+
+    def _op(self, op: str, call: str) -> str:
+        """jaccl's name of the reduction ``op``."""
+        name = _OPS.get(op) if isinstance(op, str) else None
+        if name is None:
+            raise self._invalid(call, f"unknown op {op!r} (expected {_OP_NAMES})")
+        return name
+
+    def _blocks(self, a: np.ndarray, op: str) -> Tuple[int, ...]:
+        """The shape of one of the ``size`` row blocks of ``a``."""
+        if a.ndim == 0 or a.shape[0] % self.size:
+            raise self._invalid(
+                op, f"x has shape {a.shape}; its first axis must hold {self.size} equal blocks"
+            )
+        return (a.shape[0] // self.size,) + a.shape[1:]
+
+    def _counts(self, counts: Any, name: str, op: str) -> List[int]:
+        """``counts`` as ``size`` non-negative ints."""
+        try:
+            values = [int(c) for c in counts]
+        except (TypeError, ValueError):
+            raise self._invalid(op, f"{name} must be a sequence of ints, not {counts!r}") from None
+        if len(values) != self.size or any(c < 0 for c in values):
+            raise self._invalid(
+                op, f"{name} must hold {self.size} non-negative counts, not {values}"
+            )
+        return values
 
     def _input(self, x: Any, op: str) -> Tuple[np.ndarray, str]:
         """``x`` as a numpy array (no copy) and jaccl's name of its element type."""
@@ -327,6 +488,11 @@ def _same_memory(a: np.ndarray, o: np.ndarray) -> bool:
 def _unshared(a: np.ndarray, o: np.ndarray) -> np.ndarray:
     """``a``, copied if it overlaps ``o`` (which the call overwrites)."""
     return a.copy() if np.may_share_memory(a, o) else a
+
+
+def _row_elements(a: np.ndarray) -> int:
+    """Elements per row (along the first axis) of ``a``."""
+    return int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 1
 
 
 def _rank(r: Any) -> int:

@@ -1,15 +1,20 @@
 //! [`Collectives`]: the collectives of one group, each run by the algorithm that
 //! [`super::select`] picks for its size and the group's shape.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use super::direct::Direct;
-use super::engine::{Buffers, Call, Channel, Network, Scratch};
+use super::direct::{Direct, equal_blocks};
+use super::engine::{Buffers, Call, Channel, LateLinks, Network, Rounds, Scratch};
 use super::geometry::Geometry;
 use super::plan::{Plan, Span};
-use super::select::{AllGather, AllReduce, ReduceScatter, Shape, SmallGather};
+use super::select::{
+    AllGather, AllGatherV, AllReduce, AllToAll, Broadcast, ReduceScatter, ReduceScatterV, Rooted,
+    Shape, SmallGather,
+};
 use super::{doubling, mesh, p2p, ring};
-use crate::error::{Error, Result};
+use crate::dtype::Dtype;
+use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::reduce::{Reducer, copy};
 use crate::transport::shm::Board;
@@ -22,6 +27,8 @@ pub(crate) struct Collectives {
     /// The direct collectives, when every rank shares memory with this one.
     direct: Option<Direct>,
     scratch: Scratch,
+    /// A second buffer, for what a call keeps while the algorithm it calls uses `scratch`.
+    spare: Scratch,
 }
 
 impl Collectives {
@@ -34,6 +41,7 @@ impl Collectives {
         liveness: Arc<Liveness>,
         rdma: bool,
         board: Option<Arc<Board>>,
+        late: Option<Box<dyn LateLinks>>,
     ) -> Collectives {
         let direct =
             board.map(|b| Direct::new(geometry.rank, geometry.size, b, Arc::clone(&liveness)));
@@ -46,9 +54,14 @@ impl Collectives {
         Collectives {
             geometry,
             shape: geometry.shape(rdma, direct.is_some()),
-            net: Network { channels, liveness },
+            net: Network {
+                channels,
+                liveness,
+                late,
+            },
             direct,
             scratch: Scratch::default(),
+            spare: Scratch::default(),
         }
     }
 
@@ -133,7 +146,7 @@ impl Collectives {
             }
             choice => {
                 copy(&mut output[g.rank * block..(g.rank + 1) * block], input);
-                self.gather(choice, output, block, call)
+                self.gather_with(choice, output, block, call)
             }
         }
     }
@@ -146,7 +159,7 @@ impl Collectives {
             }
             choice => {
                 let mut tokens = std::mem::take(&mut self.scratch);
-                let result = self.gather(choice, tokens.bytes(self.geometry.size), 1, call);
+                let result = self.gather_with(choice, tokens.bytes(self.geometry.size), 1, call);
                 self.scratch = tokens;
                 result
             }
@@ -154,7 +167,7 @@ impl Collectives {
     }
 
     /// Gathers every rank's block of `block` bytes into `output`, whose own block is filled.
-    fn gather(
+    fn gather_with(
         &mut self,
         choice: AllGather,
         output: &mut [u8],
@@ -233,6 +246,7 @@ impl Collectives {
 
     /// Sends `data` to `dst`.
     pub(crate) fn send(&mut self, data: &[u8], dst: usize, call: &Call) -> Result<()> {
+        self.net.reach([self.geometry.channel_to(dst, 0)], call)?;
         let plan = p2p::send(&self.geometry, data.len(), dst);
         let bufs = Buffers {
             input: Some(data),
@@ -243,6 +257,7 @@ impl Collectives {
 
     /// Receives into `out` from `src`.
     pub(crate) fn recv(&mut self, out: &mut [u8], src: usize, call: &Call) -> Result<()> {
+        self.net.reach([self.geometry.channel_to(src, 0)], call)?;
         let plan = p2p::recv(&self.geometry, out.len(), src);
         let bufs = Buffers {
             input: None,
@@ -250,6 +265,378 @@ impl Collectives {
         };
         self.net.run(&plan, bufs, None, call)
     }
+
+    /// Broadcast of `data` from `call.root`.
+    pub(crate) fn broadcast(&mut self, data: &mut [u8], call: &Call) -> Result<()> {
+        let (g, root) = (self.geometry, call.root);
+        let bufs = |output| Buffers {
+            input: None,
+            output,
+        };
+        match self.shape.broadcast(data.len()) {
+            Broadcast::Direct => {
+                let direct = direct(&mut self.direct, call)?;
+                direct.broadcast(data, root, call, &mut self.net.channels)
+            }
+            Broadcast::Tree => {
+                let plans = mesh::broadcast_tree(&g, root, data.len());
+                let mut rounds = Rounds {
+                    net: &mut self.net,
+                    plans: &plans,
+                    call,
+                };
+                (0..plans.len()).try_for_each(|k| rounds.run(k, &mut *data, None))
+            }
+            Broadcast::Chain => {
+                let plan = ring::broadcast(&g, root, &ring::broadcast_lanes(&g, data.len()));
+                self.net.run(&plan, bufs(data), None, call)
+            }
+        }
+    }
+
+    /// Reduce of `input` to `call.root`'s `output` (elsewhere not written).
+    pub(crate) fn reduce(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        reducer: &Reducer,
+        call: &Call,
+    ) -> Result<()> {
+        let root = call.root;
+        match self.shape.reduce(input.len()) {
+            Rooted::Direct => {
+                let shape = self.shape;
+                let direct = direct(&mut self.direct, call)?;
+                let channels = &mut self.net.channels;
+                direct.reduce(input, output, root, reducer, call, channels, &shape)
+            }
+            Rooted::ViaAll | Rooted::Chain => {
+                if self.geometry.rank == root {
+                    return self.all_reduce(Some(input), output, reducer, call);
+                }
+                let mut spare = std::mem::take(&mut self.spare);
+                let result = self.all_reduce(Some(input), spare.bytes(input.len()), reducer, call);
+                self.spare = spare;
+                result
+            }
+        }
+    }
+
+    /// Gather of every rank's `input` into `call.root`'s `output`.
+    pub(crate) fn gather(&mut self, input: &[u8], output: &mut [u8], call: &Call) -> Result<()> {
+        let (g, root, block) = (self.geometry, call.root, input.len());
+        let is_root = g.rank == root;
+        match self.shape.gather(block) {
+            Rooted::Direct => {
+                let direct = direct(&mut self.direct, call)?;
+                let blocks = equal_blocks(g.size, block);
+                let channels = &mut self.net.channels;
+                direct.gather_blocks(input, output, &blocks, Some(root), call, channels)
+            }
+            Rooted::ViaAll => {
+                if is_root {
+                    return self.all_gather(input, output, call);
+                }
+                let mut spare = std::mem::take(&mut self.spare);
+                let result = self.all_gather(input, spare.bytes(g.size * block), call);
+                self.spare = spare;
+                result
+            }
+            Rooted::Chain => {
+                let plan = ring::gather(&g, root, block);
+                if is_root {
+                    copy(&mut output[root * block..(root + 1) * block], input);
+                    let bufs = Buffers {
+                        input: None,
+                        output,
+                    };
+                    return self.net.run(&plan, bufs, None, call);
+                }
+                let held = ring::chain_scratch_blocks(&g, root, true) * block;
+                let bufs = Buffers {
+                    input: Some(input),
+                    output: self.scratch.bytes(held),
+                };
+                self.net.run(&plan, bufs, None, call)
+            }
+        }
+    }
+
+    /// Scatter of `call.root`'s `input` (`size` blocks) to every rank's `output`.
+    pub(crate) fn scatter(&mut self, input: &[u8], output: &mut [u8], call: &Call) -> Result<()> {
+        let (g, root, block) = (self.geometry, call.root, output.len());
+        match self.shape.scatter(block) {
+            Rooted::Direct => {
+                let direct = direct(&mut self.direct, call)?;
+                direct.scatter(input, output, root, call, &mut self.net.channels)
+            }
+            Rooted::ViaAll | Rooted::Chain => {
+                let plan = ring::scatter(&g, root, block);
+                if g.rank == root {
+                    copy(output, &input[root * block..(root + 1) * block]);
+                    let bufs = Buffers {
+                        input: Some(input),
+                        output: &mut [],
+                    };
+                    return self.net.run(&plan, bufs, None, call);
+                }
+                let held = ring::chain_scratch_blocks(&g, root, false) * block;
+                let scratch = self.scratch.bytes(held);
+                let bufs = Buffers {
+                    input: None,
+                    output: &mut *scratch,
+                };
+                self.net.run(&plan, bufs, None, call)?;
+                copy(output, &scratch[held - block..]);
+                Ok(())
+            }
+        }
+    }
+
+    /// All-to-all of `size` equal blocks each way (`elem`-byte elements).
+    pub(crate) fn all_to_all(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        elem: usize,
+        call: &Call,
+    ) -> Result<()> {
+        let n = self.geometry.size;
+        let block = input.len() / n;
+        let blocks = equal_blocks(n, block);
+        let offsets: Vec<usize> = (0..n).map(|_| self.geometry.rank * block).collect();
+        let _ = elem;
+        self.exchange_blocks(input, &blocks, output, &blocks, &offsets, input.len(), call)
+    }
+
+    /// All-to-all with any counts (elements of `elem` bytes): first the counts, checked pair
+    /// by pair, and the verdict shared by every rank, so that disagreeing counts fail every
+    /// rank alike with `Mismatch` before any data moves; then the data.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_to_all_v(
+        &mut self,
+        input: &[u8],
+        send_counts: &[usize],
+        output: &mut [u8],
+        recv_counts: &[usize],
+        elem: usize,
+        call: &Call,
+    ) -> Result<()> {
+        let (n, me) = (self.geometry.size, self.geometry.rank);
+        let (sends, recvs) = (blocks_of(send_counts, elem), blocks_of(recv_counts, elem));
+        // Every sender's count and offset for each receiver.
+        let words = Call {
+            dtype: Dtype::UInt64,
+            count: 2,
+            ..*call
+        };
+        let mine: Vec<u64> = sends
+            .iter()
+            .flat_map(|r| [(r.len() / elem) as u64, r.start as u64])
+            .collect();
+        let mut theirs = vec![0u64; 2 * n];
+        {
+            let (a, b): (&[u8], &mut [u8]) = (
+                bytemuck::cast_slice(&mine),
+                bytemuck::cast_slice_mut(&mut theirs),
+            );
+            let blocks = equal_blocks(n, 16);
+            let offsets = vec![me * 16; n];
+            self.exchange_blocks(a, &blocks, b, &blocks, &offsets, a.len(), &words)?;
+        }
+        // This rank's first disagreement, and the longest input, for every rank to see.
+        let bad = (0..n).find(|&s| theirs[2 * s] != recv_counts[s] as u64);
+        let report = [
+            bad.map_or(u64::MAX, |s| s as u64),
+            bad.map_or(0, |s| theirs[2 * s]),
+            bad.map_or(0, |s| recv_counts[s] as u64),
+            input.len() as u64,
+        ];
+        let mut reports = vec![0u64; 4 * n];
+        let verdict = Call { count: 4, ..words };
+        self.all_gather(
+            bytemuck::cast_slice(&report),
+            bytemuck::cast_slice_mut(&mut reports),
+            &verdict,
+        )?;
+        if let Some((d, r)) = reports
+            .chunks_exact(4)
+            .enumerate()
+            .find(|(_, r)| r[0] != u64::MAX)
+        {
+            let s = r[0] as usize;
+            let peer = if me == s { d } else { s };
+            return Err(Error::Mismatch {
+                rank: me,
+                peer,
+                op: Op::AllToAllV,
+                detail: format!(
+                    "rank {s} sends {} element(s) to rank {d}, which expects {} from it \
+                     (send_counts[{d}] of rank {s} against recv_counts[{s}] of rank {d})",
+                    r[1], r[2]
+                ),
+            });
+        }
+        let offsets: Vec<usize> = (0..n).map(|s| theirs[2 * s + 1] as usize).collect();
+        let longest = reports
+            .chunks_exact(4)
+            .map(|r| r[3] as usize)
+            .max()
+            .unwrap_or(0);
+        self.exchange_blocks(input, &sends, output, &recvs, &offsets, longest, call)
+    }
+
+    /// Every rank's byte range `sends[d]` of `input` to rank d, rank s's into `recvs[s]` of
+    /// `output`; `their_offsets[s]` is where rank s's block for this rank starts in its
+    /// input, and `longest` the longest input of any rank (the direct collectives need both).
+    #[allow(clippy::too_many_arguments)]
+    fn exchange_blocks(
+        &mut self,
+        input: &[u8],
+        sends: &[Range<usize>],
+        output: &mut [u8],
+        recvs: &[Range<usize>],
+        their_offsets: &[usize],
+        longest: usize,
+        call: &Call,
+    ) -> Result<()> {
+        let g = self.geometry;
+        match self.shape.all_to_all() {
+            AllToAll::Direct => {
+                let direct = direct(&mut self.direct, call)?;
+                let rounds = longest.div_ceil(direct.area_bytes());
+                let channels = &mut self.net.channels;
+                direct.all_to_all(
+                    input,
+                    sends,
+                    output,
+                    recvs,
+                    their_offsets,
+                    rounds,
+                    call,
+                    channels,
+                )
+            }
+            AllToAll::Pairwise => {
+                let others = (0..g.size).filter(|&p| p != g.rank);
+                self.net.reach(others.map(|p| g.channel_to(p, 0)), call)?;
+                copy(
+                    &mut output[recvs[g.rank].clone()],
+                    &input[sends[g.rank].clone()],
+                );
+                let span = |r: &Range<usize>, input: bool| match input {
+                    true => Span::input(r.start, r.len()),
+                    false => Span::output(r.start, r.len()),
+                };
+                let plan =
+                    mesh::exchange(&g, |p| span(&sends[p], true), |p| span(&recvs[p], false));
+                let bufs = Buffers {
+                    input: Some(input),
+                    output,
+                };
+                self.net.run(&plan, bufs, None, call)
+            }
+        }
+    }
+
+    /// All-gather of blocks of `counts[r]` elements of `elem` bytes.
+    pub(crate) fn all_gather_v(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        counts: &[usize],
+        elem: usize,
+        call: &Call,
+    ) -> Result<()> {
+        let g = self.geometry;
+        let blocks = blocks_of(counts, elem);
+        let largest = blocks.iter().map(Range::len).max().unwrap_or(0);
+        match self.shape.all_gather_v(largest, output.len()) {
+            AllGatherV::Direct => {
+                let direct = direct(&mut self.direct, call)?;
+                let channels = &mut self.net.channels;
+                direct.gather_blocks(input, output, &blocks, None, call, channels)
+            }
+            AllGatherV::Padded => {
+                let mut spare = std::mem::take(&mut self.spare);
+                let all = spare.bytes(largest * (g.size + 1));
+                let (padded, gathered) = all.split_at_mut(largest);
+                copy(&mut padded[..input.len()], input);
+                let result = self.all_gather(padded, gathered, call);
+                if result.is_ok() {
+                    for (r, block) in blocks.iter().enumerate() {
+                        copy(
+                            &mut output[block.clone()],
+                            &gathered[r * largest..][..block.len()],
+                        );
+                    }
+                }
+                self.spare = spare;
+                result
+            }
+            AllGatherV::Ring => {
+                copy(&mut output[blocks[g.rank].clone()], input);
+                let plan = ring::all_gather_v(&g, &blocks);
+                let bufs = Buffers {
+                    input: None,
+                    output,
+                };
+                self.net.run(&plan, bufs, None, call)
+            }
+        }
+    }
+
+    /// Reduce-scatter of parts of `counts[r]` elements.
+    pub(crate) fn reduce_scatter_v(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        counts: &[usize],
+        reducer: &Reducer,
+        call: &Call,
+    ) -> Result<()> {
+        let (g, elem) = (self.geometry, reducer.elem_size());
+        let largest = counts.iter().max().copied().unwrap_or(0) * elem;
+        let offset: usize = counts[..g.rank].iter().sum::<usize>() * elem;
+        let mut spare = std::mem::take(&mut self.spare);
+        let result = match self.shape.reduce_scatter_v(largest, input.len()) {
+            ReduceScatterV::Padded => {
+                let all = spare.bytes(largest * (g.size + 1));
+                let (padded, part) = all.split_at_mut(largest * g.size);
+                for (r, part) in blocks_of(counts, elem).into_iter().enumerate() {
+                    copy(&mut padded[r * largest..][..part.len()], &input[part]);
+                }
+                let result = self.reduce_scatter(padded, part, reducer, call);
+                if result.is_ok() {
+                    copy(output, &part[..output.len()]);
+                }
+                result
+            }
+            ReduceScatterV::AllReduce => {
+                let all = spare.bytes(input.len());
+                let result = self.all_reduce(Some(input), all, reducer, call);
+                if result.is_ok() {
+                    copy(output, &all[offset..offset + output.len()]);
+                }
+                result
+            }
+        };
+        self.spare = spare;
+        result
+    }
+}
+
+/// The byte ranges of consecutive blocks of `counts[r]` elements of `elem` bytes.
+fn blocks_of(counts: &[usize], elem: usize) -> Vec<Range<usize>> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let block = at * elem..(at + c) * elem;
+            at += c;
+            block
+        })
+        .collect()
 }
 
 /// The plan of a small gather of `block` bytes per rank.

@@ -108,9 +108,54 @@ impl Direct {
         shape: &Shape,
     ) -> Result<()> {
         let bytes = output.len();
+        self.reduction(input, output, bytes, None, reducer, call, channels, shape)
+    }
+
+    /// Reduce of `input` to rank `root`'s `output` (elsewhere `output` is not written and
+    /// may be empty): the all-reduce's rounds, where only the root reads the results.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reduce(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        root: usize,
+        reducer: &Reducer,
+        call: &Call,
+        channels: &mut [Channel],
+        shape: &Shape,
+    ) -> Result<()> {
+        let bytes = input.len();
+        self.reduction(
+            Some(input),
+            output,
+            bytes,
+            Some(root),
+            reducer,
+            call,
+            channels,
+            shape,
+        )
+    }
+
+    /// The reduction of `bytes` of every rank's `input` (or in place: `output`) into
+    /// `output`: on every rank, or with `root` only there (an `output` that is not written
+    /// elsewhere, and may be empty).
+    #[allow(clippy::too_many_arguments)]
+    fn reduction(
+        &mut self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        bytes: usize,
+        root: Option<usize>,
+        reducer: &Reducer,
+        call: &Call,
+        channels: &mut [Channel],
+        shape: &Shape,
+    ) -> Result<()> {
+        let keeps = root.is_none_or(|r| r == self.rank);
         let (seq, timing) = self.begin(call, bytes);
         if shape.direct_all_reduce(bytes, self.area_bytes()) == DirectAllReduce::OneRound {
-            self.all_reduce_small(input, output, reducer, call, seq, channels)?;
+            self.all_reduce_small(input, output, bytes, keeps, reducer, call, seq, channels)?;
             self.end(timing);
             return Ok(());
         }
@@ -139,11 +184,16 @@ impl Direct {
                     &input.unwrap_or(output)[at + b..at + b + n],
                     reducer,
                 );
-                copy(&mut output[at + b..at + b + n], tmp);
+                if keeps {
+                    copy(&mut output[at + b..at + b + n], tmp);
+                }
                 self.write_area(area + b, tmp);
             }
             self.scratch = scratch;
             self.sync(call, None, channels)?;
+            if !keeps {
+                continue;
+            }
             for &q in &self.others {
                 let theirs = self.slice(len / elem, q, elem);
                 self.board.read(
@@ -159,16 +209,18 @@ impl Direct {
 
     /// One round: every rank reduces every vector, in rank order. Up to [`INLINE_BYTES`] bytes
     /// travel in the mailbox line the peers wait on, so they arrive with the stamp.
+    #[allow(clippy::too_many_arguments)]
     fn all_reduce_small(
         &mut self,
         input: Option<&[u8]>,
         output: &mut [u8],
+        n: usize,
+        keeps: bool,
         reducer: &Reducer,
         call: &Call,
         seq: u64,
         channels: &mut [Channel],
     ) -> Result<()> {
-        let n = output.len();
         let area = if n <= INLINE_BYTES {
             self.board.inline(seq)
         } else {
@@ -176,10 +228,12 @@ impl Direct {
         };
         self.write_area(area, input.unwrap_or(output));
         self.sync(call, Some(seq), channels)?;
-        // This rank's own vector from its area: `output` may be the input.
-        self.board.with_bytes(self.rank, area, n, |own| {
-            self.fold(output, area, own, reducer)
-        });
+        if keeps {
+            // This rank's own vector from its area: `output` may be the input.
+            self.board.with_bytes(self.rank, area, n, |own| {
+                self.fold(output, area, own, reducer)
+            });
+        }
         Ok(())
     }
 
@@ -191,23 +245,163 @@ impl Direct {
         call: &Call,
         channels: &mut [Channel],
     ) -> Result<()> {
-        let block = input.len();
-        let (seq, timing) = self.begin(call, block);
-        copy(
-            &mut output[self.rank * block..(self.rank + 1) * block],
-            input,
-        );
+        let blocks = equal_blocks(self.size, input.len());
+        self.gather_blocks(input, output, &blocks, None, call, channels)
+    }
+
+    /// Gathers every rank's block into the byte range `blocks[r]` of `output`: on every rank,
+    /// or with `root` only there (elsewhere `output` is not written and may be empty). Rank
+    /// r's `input` is `blocks[r].len()` bytes.
+    pub(crate) fn gather_blocks(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        blocks: &[Range<usize>],
+        root: Option<usize>,
+        call: &Call,
+        channels: &mut [Channel],
+    ) -> Result<()> {
+        let keeps = root.is_none_or(|r| r == self.rank);
+        let largest = blocks.iter().map(Range::len).max().unwrap_or(0);
+        let (seq, timing) = self.begin(call, largest);
+        if keeps {
+            copy(&mut output[blocks[self.rank].clone()], input);
+        }
         let chunk = self.area_bytes();
-        let rounds = block.div_ceil(chunk).max(1);
+        let rounds = largest.div_ceil(chunk).max(1);
         for k in 0..rounds {
             let at = k * chunk;
-            let len = chunk.min(block - at);
+            let part = |len: usize| at.min(len)..(at + chunk).min(len);
+            let mine = part(input.len());
             let area = self.next_area();
-            self.write_area(area, &input[at..at + len]);
+            self.write_area(area, &input[mine]);
             self.sync(call, (k == 0).then_some(seq), channels)?;
+            if !keeps {
+                continue;
+            }
             for &q in &self.others {
+                let theirs = part(blocks[q].len());
+                let start = blocks[q].start;
+                let dst = &mut output[start + theirs.start..start + theirs.end];
+                self.board.read(q, area, dst);
+            }
+        }
+        self.end(timing);
+        Ok(())
+    }
+
+    /// Broadcast of `data` from `root`: per round (an area), the root copies a chunk into its
+    /// area, and after the synchronisation every other rank copies it out, while the root
+    /// already copies the next chunk into its other area.
+    pub(crate) fn broadcast(
+        &mut self,
+        data: &mut [u8],
+        root: usize,
+        call: &Call,
+        channels: &mut [Channel],
+    ) -> Result<()> {
+        let bytes = data.len();
+        let (seq, timing) = self.begin(call, bytes);
+        let chunk = self.area_bytes();
+        let rounds = bytes.div_ceil(chunk).max(1);
+        for k in 0..rounds {
+            let range = (k * chunk).min(bytes)..((k + 1) * chunk).min(bytes);
+            let area = self.next_area();
+            if self.rank == root {
+                self.write_area(area, &data[range.clone()]);
+            }
+            self.sync(call, (k == 0).then_some(seq), channels)?;
+            if self.rank != root {
+                self.board.read(root, area, &mut data[range]);
+            }
+        }
+        self.end(timing);
+        Ok(())
+    }
+
+    /// Scatter from `root` of `input` (`size` blocks of `output.len()` bytes, read on the root
+    /// only): per round, the root copies a part of every block into its area, and every rank
+    /// copies its part out.
+    pub(crate) fn scatter(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        root: usize,
+        call: &Call,
+        channels: &mut [Channel],
+    ) -> Result<()> {
+        let block = output.len();
+        let (seq, timing) = self.begin(call, block * self.size);
+        let part = (self.area_bytes() / self.size).max(1);
+        let rounds = block.div_ceil(part).max(1);
+        for k in 0..rounds {
+            let at = k * part;
+            let len = part.min(block - at.min(block));
+            let area = self.next_area();
+            if self.rank == root {
+                for q in 0..self.size {
+                    let src = &input[q * block + at..q * block + at + len];
+                    match q == root {
+                        true => copy(&mut output[at..at + len], src),
+                        false => self.write_area(area + q * part, src),
+                    }
+                }
+            }
+            self.sync(call, (k == 0).then_some(seq), channels)?;
+            if self.rank != root {
                 self.board
-                    .read(q, area, &mut output[q * block + at..q * block + at + len]);
+                    .read(root, area + self.rank * part, &mut output[at..at + len]);
+            }
+        }
+        self.end(timing);
+        Ok(())
+    }
+
+    /// All-to-all with any counts: this rank's byte range `sends[d]` of `input` goes to rank
+    /// d, and rank s's block for this rank, at `their_offsets[s]` of rank s's input, lands in
+    /// `recvs[s]` of `output`. Per round (an area), every rank copies the next area's worth of
+    /// its input (`rounds` of them: the longest input's) into its area, and every rank copies
+    /// out of each peer's area the part of its block that round holds.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_to_all(
+        &mut self,
+        input: &[u8],
+        sends: &[Range<usize>],
+        output: &mut [u8],
+        recvs: &[Range<usize>],
+        their_offsets: &[usize],
+        rounds: usize,
+        call: &Call,
+        channels: &mut [Channel],
+    ) -> Result<()> {
+        let (seq, timing) = self.begin(call, input.len());
+        let me = self.rank;
+        copy(&mut output[recvs[me].clone()], &input[sends[me].clone()]);
+        let chunk = self.area_bytes();
+        for k in 0..rounds.max(1) {
+            let window = k * chunk..(k + 1) * chunk;
+            let area = self.next_area();
+            // The round's bytes of this rank's input, but its own block (copied above).
+            let held = window.start.min(input.len())..window.end.min(input.len());
+            let own = &sends[me];
+            for piece in [
+                held.start..own.start.clamp(held.start, held.end),
+                own.end.clamp(held.start, held.end)..held.end,
+            ] {
+                if !piece.is_empty() {
+                    self.write_area(area + piece.start - window.start, &input[piece]);
+                }
+            }
+            self.sync(call, (k == 0).then_some(seq), channels)?;
+            for &p in &self.others {
+                let theirs = their_offsets[p]..their_offsets[p] + recvs[p].len();
+                let overlap = theirs.start.max(window.start)..theirs.end.min(window.end);
+                if overlap.is_empty() {
+                    continue;
+                }
+                let dst = recvs[p].start + overlap.start - theirs.start;
+                let dst = &mut output[dst..dst + overlap.len()];
+                self.board.read(p, area + overlap.start - window.start, dst);
             }
         }
         self.end(timing);
@@ -305,7 +499,7 @@ impl Direct {
         self.board.area(parity)
     }
 
-    fn area_bytes(&self) -> usize {
+    pub(crate) fn area_bytes(&self) -> usize {
         self.board.area_bytes()
     }
 
@@ -584,6 +778,11 @@ impl Direct {
             }),
         }
     }
+}
+
+/// `size` byte ranges of `block` bytes, back to back.
+pub(crate) fn equal_blocks(size: usize, block: usize) -> Vec<Range<usize>> {
+    (0..size).map(|r| r * block..(r + 1) * block).collect()
 }
 
 /// Where a peer is, from a waiting rank's point of view.

@@ -7,17 +7,12 @@
 //! every rank gets the same bits.
 
 use std::ops::Range;
-use std::time::Duration;
 
-use super::engine::{Buffers, Call, Network, Scratch};
+use super::engine::{Call, Network, Rounds, Scratch};
 use super::geometry::{Geometry, frame_bytes, lane_slice};
 use super::plan::{Merge, Plan, Span, Step, Transfer};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::reduce::{Reducer, copy};
-
-/// The longest a rank that failed a recursive-doubling step with a `Mismatch` spends telling
-/// the partners of the later steps (their links have room for a header, so it takes no wait).
-const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Step `k` of recursive doubling with `partners` (in step order): this rank sends `send` to
 /// `partners[k]` and receives as many bytes from it into `recv`, split over the ring's wires to
@@ -108,7 +103,7 @@ pub(crate) fn all_reduce(
     // Two steps need no `next`, one step no `partial` either: they are then empty.
     let (mut partial, mut next) = rest.split_at_mut(bytes.min(rest.len()));
     let mut swap = Swap {
-        steps: Steps {
+        steps: Rounds {
             net,
             plans: &plans,
             call,
@@ -155,7 +150,7 @@ pub(crate) fn all_gather(
             swap_with(g, partners, k, span(g.rank), span(partners[k]))
         })
         .collect();
-    let mut steps = Steps {
+    let mut steps = Rounds {
         net,
         plans: &plans,
         call,
@@ -199,7 +194,7 @@ pub(crate) fn reduce_scatter(
         .collect();
     let all = scratch.bytes(2 * g.size * bytes);
     let (theirs, partial) = all.split_at_mut(g.size * bytes);
-    let mut steps = Steps {
+    let mut steps = Rounds {
         net,
         plans: &plans,
         call,
@@ -223,39 +218,9 @@ pub(crate) fn reduce_scatter(
     Ok(())
 }
 
-/// The steps of one recursive-doubling collective, one plan each ([`swap_with`]).
-struct Steps<'a> {
-    net: &'a mut Network,
-    plans: &'a [Plan],
-    call: &'a Call,
-}
-
-impl Steps<'_> {
-    /// Runs step `k` over `output` (and `input`, where its plan sends from the input). On a
-    /// `Mismatch` the partners of the later steps, which expect this rank's header with those
-    /// steps, get it alone ([`Plan::announcement`]), so they see the mismatch too; that waits
-    /// at most [`ANNOUNCE_TIMEOUT`] (this rank fails either way).
-    fn run(&mut self, k: usize, output: &mut [u8], input: Option<&[u8]>) -> Result<()> {
-        let bufs = Buffers { input, output };
-        let result = self.net.run(&self.plans[k], bufs, None, self.call);
-        if let Err(Error::Mismatch { .. }) = result {
-            let call = Call {
-                timeout: self.call.timeout.min(ANNOUNCE_TIMEOUT),
-                ..*self.call
-            };
-            for later in &self.plans[k + 1..] {
-                let _ = self
-                    .net
-                    .run(&later.announcement(), Buffers::none(), None, &call);
-            }
-        }
-        result
-    }
-}
-
 /// A recursive-doubling all-reduce in progress.
 struct Swap<'a> {
-    steps: Steps<'a>,
+    steps: Rounds<'a>,
     rank: usize,
     /// The partner of each step.
     partners: &'a [usize],
@@ -380,7 +345,9 @@ mod tests {
                 let before = value.clone();
                 for (r, g) in geometries.iter().enumerate() {
                     let peer = partner[r];
-                    assert!(g.reaches(peer), "{r} to {peer} at {size} ranks");
+                    // A channel that start-up opened: a neighbour, or any rank with the mesh.
+                    let opened = g.mesh || peer == g.left() || peer == g.right();
+                    assert!(opened, "{r} to {peer} at {size} ranks");
                     assert_eq!(partner[peer], r, "pairs at step {k} of {size} ranks");
                     let (lo, hi) = (before[r.min(peer)].clone(), before[r.max(peer)].clone());
                     value[r] = format!("({lo} {hi})");

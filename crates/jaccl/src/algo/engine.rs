@@ -46,6 +46,8 @@ pub(crate) struct Channel {
     /// search ([`crate::liveness::Flow`]).
     bytes_sent: u64,
     bytes_received: u64,
+    /// False while the link is a placeholder ([`Channel::unopened`]).
+    opened: bool,
 }
 
 /// Whether the peer of a channel has entered a direct collective this rank has not: a send or
@@ -74,7 +76,28 @@ impl Channel {
             ahead: None,
             bytes_sent: 0,
             bytes_received: 0,
+            opened: true,
         }
+    }
+
+    /// A channel to `peer` whose link is made later ([`Channel::open`]).
+    pub(crate) fn unopened(peer: usize) -> Channel {
+        Channel {
+            opened: false,
+            ..Channel::new(Box::new(crate::transport::Unopened { peer }), peer)
+        }
+    }
+
+    /// Whether the channel waits for its link ([`Channel::unopened`]).
+    pub(crate) fn is_open(&self) -> bool {
+        self.opened
+    }
+
+    /// Gives an unopened channel its link, as new.
+    pub(crate) fn open(&mut self, link: Box<dyn Link>) {
+        let ahead = self.ahead.take();
+        *self = Channel::new(link, self.peer);
+        self.ahead = ahead;
     }
 
     pub(crate) fn peer(&self) -> usize {
@@ -148,6 +171,11 @@ impl Channel {
         Ok(total)
     }
 
+    /// Whether [`Channel::read_ahead_idle`] reads: the link is open and has not failed.
+    pub(crate) fn reads_ahead(&self) -> bool {
+        self.opened && !self.read_ahead_failed
+    }
+
     /// Reads ahead on a channel the current call does not receive on: for a call that is
     /// blocked sending (the peer may itself be blocked sending to this rank, both having called
     /// `send` before `recv`, or to a rank that waits on this one, and only reading its bytes
@@ -156,7 +184,7 @@ impl Channel {
     /// receives on it to report (its peer may have finished and left). Returns how many bytes
     /// arrived.
     pub(crate) fn read_ahead_idle(&mut self) -> usize {
-        if self.read_ahead_failed {
+        if !self.reads_ahead() {
             return 0;
         }
         match self.read_ahead(READ_AHEAD_PER_PASS) {
@@ -176,8 +204,10 @@ pub(crate) struct Call {
     pub(crate) op: Op,
     pub(crate) dtype: Dtype,
     pub(crate) reduce: ReduceOp,
-    /// Elements, as in the header.
+    /// Elements, as in the header (a digest of the counts for the variable-size collectives).
     pub(crate) count: usize,
+    /// The root of a rooted collective (0 otherwise).
+    pub(crate) root: usize,
     pub(crate) timeout: Duration,
     pub(crate) wait: WaitPolicy,
 }
@@ -192,6 +222,7 @@ impl Call {
             reduce: self.reduce,
             sender: crate::wire::to_u32(sender),
             count: self.count as u64,
+            root: crate::wire::to_u32(self.root),
         }
     }
 
@@ -346,7 +377,7 @@ impl<'a> Execution<'a> {
             for (i, (ch, want)) in channels.iter_mut().zip(wants.iter_mut()).enumerate() {
                 if !plan.receives_on(i) {
                     progress |= ch.read_ahead_idle() > 0;
-                    want.read = !ch.read_ahead_failed;
+                    want.read = ch.reads_ahead();
                 }
             }
         }
@@ -393,9 +424,56 @@ impl Scratch {
 pub(crate) struct Network {
     pub(crate) channels: Vec<Channel>,
     pub(crate) liveness: Arc<Liveness>,
+    /// Makes the links of unopened channels ([`Channel::unopened`]).
+    pub(crate) late: Option<Box<dyn LateLinks>>,
+}
+
+/// Makes links after start-up, when a call first needs them (`crate::connect::late`).
+pub(crate) trait LateLinks: Send {
+    /// One link to each of `peers`, every one of which is calling this for this rank in a
+    /// matching call; waits end by `call`'s timeout, or by `liveness` (a lost peer).
+    ///
+    /// # Errors
+    /// A link could not be made; the call's timeout; what liveness found.
+    fn open(
+        &mut self,
+        peers: &[usize],
+        call: &Call,
+        liveness: &Liveness,
+    ) -> Result<Vec<Box<dyn Link>>>;
 }
 
 impl Network {
+    /// Opens the unopened channels among `channels` (by index), all at once.
+    ///
+    /// # Errors
+    /// As [`LateLinks::open`].
+    pub(crate) fn reach(
+        &mut self,
+        channels: impl IntoIterator<Item = usize>,
+        call: &Call,
+    ) -> Result<()> {
+        let mut unopened: Vec<usize> = channels
+            .into_iter()
+            .filter(|&c| self.channels.get(c).is_some_and(|ch| !ch.is_open()))
+            .collect();
+        unopened.sort_unstable();
+        unopened.dedup();
+        if unopened.is_empty() {
+            return Ok(());
+        }
+        let Some(late) = self.late.as_mut() else {
+            let bug = std::io::Error::other("internal error: a channel has no way to open");
+            return Err(Error::io(call.rank, call.op, bug));
+        };
+        let peers: Vec<usize> = unopened.iter().map(|&c| self.channels[c].peer()).collect();
+        let links = late.open(&peers, call, &self.liveness)?;
+        for (c, link) in unopened.into_iter().zip(links) {
+            self.channels[c].open(link);
+        }
+        Ok(())
+    }
+
     /// Runs `plan` over the channels to the end ([`run`]).
     pub(crate) fn run(
         &mut self,
@@ -412,6 +490,41 @@ impl Network {
             reducer,
             call,
         )
+    }
+}
+
+/// The longest a rank that failed a round with a `Mismatch` spends telling the peers of the
+/// later rounds (their links have room for a header, so it takes no wait).
+const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The rounds of one collective that runs a plan per round (recursive doubling, a broadcast
+/// tree): one plan each.
+pub(crate) struct Rounds<'a> {
+    pub(crate) net: &'a mut Network,
+    pub(crate) plans: &'a [Plan],
+    pub(crate) call: &'a Call,
+}
+
+impl Rounds<'_> {
+    /// Runs round `k` over `output` (and `input`, where its plan sends from the input). On a
+    /// `Mismatch` the peers of the later rounds, which expect this rank's header with those
+    /// rounds, get it alone ([`Plan::announcement`]), so they see the mismatch too; that waits
+    /// at most [`ANNOUNCE_TIMEOUT`] (this rank fails either way).
+    pub(crate) fn run(&mut self, k: usize, output: &mut [u8], input: Option<&[u8]>) -> Result<()> {
+        let bufs = Buffers { input, output };
+        let result = self.net.run(&self.plans[k], bufs, None, self.call);
+        if let Err(Error::Mismatch { .. }) = result {
+            let call = Call {
+                timeout: self.call.timeout.min(ANNOUNCE_TIMEOUT),
+                ..*self.call
+            };
+            for later in &self.plans[k + 1..] {
+                let _ = self
+                    .net
+                    .run(&later.announcement(), Buffers::none(), None, &call);
+            }
+        }
+        result
     }
 }
 

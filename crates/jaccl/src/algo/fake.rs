@@ -264,7 +264,7 @@ fn run_sequences(
     let size = ranks.len();
     let (mut channels, ends) = fake_ring(size, wires, mesh, seed);
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes(!seed));
-    let reducer = Reducer::new(Dtype::Int64, ReduceOp::Sum);
+    let reducer = Reducer::new(Dtype::Int64, ReduceOp::Sum).expect("sum applies to i64");
     {
         let mut queues: Vec<_> = ranks.iter_mut().map(|calls| calls.iter_mut()).collect();
         let mut start_next = |r: usize, chans: &mut [Channel]| {
@@ -349,6 +349,7 @@ fn call(rank: usize, op: Op, count: usize) -> Call {
         dtype: Dtype::Int64,
         reduce: ReduceOp::Sum,
         count,
+        root: 0,
         timeout: Duration::from_secs(60),
         wait: WaitPolicy::SLEEP,
     }

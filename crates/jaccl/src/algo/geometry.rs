@@ -1,7 +1,8 @@
 //! The channels of a group and how data is cut into lanes over them.
 //!
 //! A rank talks to its left and right ring neighbour over `wires` parallel channels each, and
-//! with the mesh to every other rank over one channel more. Data is cut into lanes, one per
+//! to every other rank over one channel more (opened at start-up with the mesh, else when a
+//! call first needs it). Data is cut into lanes, one per
 //! (direction, wire): direction 0 moves data to the right (rank r sends to r + 1 and receives
 //! from r − 1), direction 1 to the left. Within every block (a chunk of the all-reduce, a
 //! rank's block of the all-gather or reduce-scatter), lane `l = dir · wires + wire` owns the
@@ -48,9 +49,9 @@ pub(crate) struct Geometry {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) wires: usize,
-    /// The mesh: one more channel to every rank that is not a ring neighbour (after the ring's
-    /// channels, in rank order), so small collectives take one step and any pair may
-    /// send and receive.
+    /// The mesh: the channels to the ranks that are not ring neighbours (after the ring's
+    /// channels, in rank order) were opened at start-up, so small collectives take one step
+    /// over them. Without it they open when a call first needs them.
     pub(crate) mesh: bool,
 }
 
@@ -63,21 +64,14 @@ impl Geometry {
         ring_index(self.rank, 1, self.size)
     }
 
-    /// The ranks that are neither this one nor a ring neighbour, in rank order: with the mesh,
-    /// each has one channel of its own.
+    /// The ranks that are neither this one nor a ring neighbour, in rank order: each has one
+    /// channel of its own.
     pub(crate) fn non_neighbours(&self) -> impl Iterator<Item = usize> + use<> {
         let (rank, left, right) = (self.rank, self.left(), self.right());
         (0..self.size).filter(move |&p| p != rank && p != left && p != right)
     }
 
-    /// Whether this rank has a channel to `peer`: a ring neighbour, or any rank with the mesh.
-    pub(crate) fn reaches(&self, peer: usize) -> bool {
-        peer != self.rank
-            && peer < self.size
-            && (self.mesh || peer == self.left() || peer == self.right())
-    }
-
-    /// The channel for talking to `peer` on wire `w` (a mesh channel has wire 0 only), both
+    /// The channel for talking to `peer` on wire `w` (a channel off the ring has wire 0 only), both
     /// ways. With two ranks both neighbours are the same rank: both then use the connections
     /// rank 0 opened (its right channels, rank 1's left ones), so that each side's data carries
     /// the acknowledgement of the other's (a one-way connection each way costs a bare ACK per
@@ -114,7 +108,7 @@ impl Geometry {
             let peer = self
                 .non_neighbours()
                 .nth(c - 2 * w)
-                .expect("a mesh channel");
+                .expect("a channel off the ring");
             let theirs = Geometry {
                 rank: peer,
                 ..*self

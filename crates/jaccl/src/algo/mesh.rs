@@ -9,19 +9,30 @@ use super::plan::{Merge, Plan, Span, Step, Transfer};
 /// Every rank sends `send(p)` to every other rank p and receives p's into block p of the
 /// output (`block` bytes each).
 pub(crate) fn exchange_with_all(g: &Geometry, block: usize, send: impl Fn(usize) -> Span) -> Plan {
+    exchange(g, send, |p| Span::output(p * block, block))
+}
+
+/// Every rank sends `send(p)` to every other rank p, over one channel per pair, and receives
+/// p's into `recv(p)`: one step, every pair at once (all-to-all's pairwise exchange).
+pub(crate) fn exchange(
+    g: &Geometry,
+    send: impl Fn(usize) -> Span,
+    recv: impl Fn(usize) -> Span,
+) -> Plan {
     let transfers = (0..g.size)
         .filter(|&p| p != g.rank)
         .map(|p| {
             let channel = g.channel_to(p, 0);
+            let (send, recv) = (send(p), recv(p));
             Transfer {
                 tx: Some(channel),
                 rx: Some(channel),
                 steps: vec![Step {
-                    send: send(p),
-                    recv: Span::output(p * block, block),
+                    send,
+                    recv,
                     merge: Merge::Copy,
                 }],
-                frame: frame_bytes(block),
+                frame: frame_bytes(send.len.max(recv.len)),
                 merge_after_send: false,
             }
         })
@@ -30,6 +41,50 @@ pub(crate) fn exchange_with_all(g: &Geometry, block: usize, send: impl Fn(usize)
         transfers,
         ..Plan::default()
     }
+}
+
+/// The rounds of a binomial-tree broadcast of `bytes` from `root` over the mesh: in round k
+/// every rank that has the data (relative rank below 2^k) sends it to the rank 2^k above it,
+/// so ⌈log2 size⌉ rounds reach every rank. Round 0 also exchanges headers with both ring
+/// neighbours, so that a neighbour that called something else notices.
+pub(crate) fn broadcast_tree(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
+    let n = g.size;
+    let me = (g.rank + n - root) % n;
+    let rank_of = |v: usize| (v + root) % n;
+    let data = Span::output(0, bytes);
+    let rounds = usize::BITS - (n - 1).leading_zeros();
+    (0..rounds as usize)
+        .map(|k| {
+            let step = 1 << k;
+            let mut plan = Plan::default();
+            let transfer = if me < step && me + step < n {
+                let channel = g.channel_to(rank_of(me + step), 0);
+                Some((Some(channel), None, data, Span::EMPTY))
+            } else if (step..2 * step).contains(&me) {
+                let channel = g.channel_to(rank_of(me - step), 0);
+                Some((None, Some(channel), Span::EMPTY, data))
+            } else {
+                None
+            };
+            if let Some((tx, rx, send, recv)) = transfer {
+                plan.transfers.push(Transfer {
+                    tx,
+                    rx,
+                    steps: vec![Step {
+                        send,
+                        recv,
+                        merge: Merge::Copy,
+                    }],
+                    frame: frame_bytes(bytes),
+                    merge_after_send: false,
+                });
+            }
+            if k == 0 {
+                plan.headers_both_ways = vec![g.left_channel(0), g.right_channel(0)];
+            }
+            plan
+        })
+        .collect()
 }
 
 /// Gathers every rank's block of `block` bytes into an output of `size` blocks whose own block
@@ -96,6 +151,52 @@ mod tests {
                 let outs = simulate(size, wires, mesh, |g| gather(g, block), init, false);
                 for out in &outs {
                     assert_eq!(out, &expect, "size {size} mesh {mesh} wires {wires}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_broadcast_tree_reaches_every_rank() {
+        for size in 2..=9 {
+            for root in 0..size {
+                let bytes = 6;
+                let init = |r: usize| {
+                    let out = match r == root {
+                        true => (0..bytes as i64).collect(),
+                        false => vec![-1; bytes],
+                    };
+                    (Vec::<i64>::new(), out)
+                };
+                // The rounds in turn, each on every rank.
+                let mut state: Vec<Vec<i64>> = (0..size).map(|r| init(r).1).collect();
+                let rounds = broadcast_tree(
+                    &Geometry {
+                        rank: 0,
+                        size,
+                        wires: 1,
+                        mesh: true,
+                    },
+                    root,
+                    bytes,
+                )
+                .len();
+                for k in 0..rounds {
+                    let before = state.clone();
+                    state = crate::algo::simulate::simulate_by_rounds(
+                        size,
+                        1,
+                        true,
+                        |g| broadcast_tree(g, root, bytes).swap_remove(k),
+                        |r| (vec![], before[r].clone()),
+                    );
+                }
+                for (r, out) in state.iter().enumerate() {
+                    assert_eq!(
+                        out,
+                        &(0..bytes as i64).collect::<Vec<_>>(),
+                        "size {size} root {root} rank {r}"
+                    );
                 }
             }
         }

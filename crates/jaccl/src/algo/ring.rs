@@ -3,6 +3,8 @@
 //! messages instead gather whole blocks both ways. See docs/algorithms.md for the steps and the
 //! bytes on the wire.
 
+use std::ops::Range;
+
 use super::geometry::{Geometry, frame_bytes, lane_slice};
 use super::plan::{Merge, Plan, Span, Step, Transfer};
 use super::select;
@@ -72,17 +74,28 @@ pub(crate) fn all_reduce(g: &Geometry, count: usize, elem: usize, in_place: bool
     plan
 }
 
-/// All-gather of `block` bytes per rank into an output of `size` blocks, whose own block the
-/// caller has already filled.
+/// All-gather of `block` bytes per rank into an output of `size` blocks, whose own block
+/// the caller has already filled.
 pub(crate) fn all_gather(g: &Geometry, block: usize) -> Plan {
+    let blocks: Vec<Range<usize>> = (0..g.size).map(|b| b * block..(b + 1) * block).collect();
+    all_gather_v(g, &blocks)
+}
+
+/// All-gather of blocks of any lengths: rank b's block is the byte range `blocks[b]` of the
+/// output (its own filled by the caller). Each lane carries its slice of every block.
+pub(crate) fn all_gather_v(g: &Geometry, blocks: &[Range<usize>]) -> Plan {
     let n = g.size;
-    let lanes = select::lanes(block, block, n, g.wires);
+    let largest = blocks.iter().map(Range::len).max().unwrap_or(0);
+    let lanes = select::lanes(largest, largest, n, g.wires);
     let mut plan = collective_plan(g);
     for dir in 0..lanes.dirs {
         for w in 0..lanes.wires {
             let (tx, rx, d) = g.lane_channels(dir, w);
-            let slice = lane_slice(block, lanes.count(), dir * lanes.wires + w);
-            let span = |b: usize| Span::output(b * block + slice.start, slice.len());
+            let lane = dir * lanes.wires + w;
+            let span = |b: usize| {
+                let slice = lane_slice(blocks[b].len(), lanes.count(), lane);
+                Span::output(blocks[b].start + slice.start, slice.len())
+            };
             let steps = (0..n as isize - 1)
                 .map(|t| Step {
                     send: span(g.block(-d * t)),
@@ -94,7 +107,7 @@ pub(crate) fn all_gather(g: &Geometry, block: usize) -> Plan {
                 tx: Some(tx),
                 rx: Some(rx),
                 steps,
-                frame: frame_bytes(slice.len()),
+                frame: frame_bytes(lane_slice(largest, lanes.count(), lane).len()),
                 merge_after_send: false,
             });
         }
@@ -171,6 +184,283 @@ pub(crate) fn gather_both_ways(g: &Geometry, block: usize) -> Plan {
         transfers,
         ..collective_plan(g)
     }
+}
+
+/// How far a rank is from `root` along direction `dir` (0: data moves right, rank r to r + 1;
+/// 1: left): the number of hops data from the root takes to reach it that way.
+fn distance(g: &Geometry, root: usize, dir: usize) -> usize {
+    match dir {
+        0 => (g.rank + g.size - root) % g.size,
+        _ => (root + g.size - g.rank) % g.size,
+    }
+}
+
+/// One lane of a chain: the bytes `span` (of the output) that travel from the root along
+/// direction `dir` on wire `wire`, forwarded by each rank to the next, `reach` hops far.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChainLane {
+    pub(crate) dir: usize,
+    pub(crate) wire: usize,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+    pub(crate) reach: usize,
+}
+
+/// The lanes of a broadcast of `bytes` from a root. Large messages: both directions on every
+/// wire, each lane a slice of the data that goes all the way round (`size − 1` hops), so every
+/// link carries half the data each way. Small ones: all of it each way, half the ranks on each
+/// side (⌈(size − 1)/2⌉ hops).
+pub(crate) fn broadcast_lanes(g: &Geometry, bytes: usize) -> Vec<ChainLane> {
+    let n = g.size;
+    let lanes = select::lanes(bytes, bytes, 1, g.wires);
+    if lanes.dirs == 1 {
+        return [(0, (n - 1).div_ceil(2)), (1, (n - 1) / 2)]
+            .into_iter()
+            .filter(|&(_, reach)| reach > 0)
+            .map(|(dir, reach)| ChainLane {
+                dir,
+                wire: 0,
+                off: 0,
+                len: bytes,
+                reach,
+            })
+            .collect();
+    }
+    (0..lanes.count())
+        .map(|l| {
+            let slice = lane_slice(bytes, lanes.count(), l);
+            ChainLane {
+                dir: l / lanes.wires,
+                wire: l % lanes.wires,
+                off: slice.start,
+                len: slice.len(),
+                reach: n - 1,
+            }
+        })
+        .collect()
+}
+
+/// Broadcast from `root` along `lanes`: the root sends each lane's span, every rank within
+/// reach receives it into the same span of its output and, but the last, forwards it as it
+/// arrives (a pipelined chain: forwarding works at byte granularity).
+pub(crate) fn broadcast(g: &Geometry, root: usize, lanes: &[ChainLane]) -> Plan {
+    let mut plan = collective_plan(g);
+    for lane in lanes {
+        let (tx, rx, _) = g.lane_channels(lane.dir, lane.wire);
+        let span = Span::output(lane.off, lane.len);
+        let k = distance(g, root, lane.dir);
+        let receive = Step {
+            send: Span::EMPTY,
+            recv: span,
+            merge: Merge::Copy,
+        };
+        let forward = Step {
+            send: span,
+            recv: Span::EMPTY,
+            merge: Merge::Copy,
+        };
+        let (tx, rx, steps) = match k {
+            0 => (Some(tx), None, vec![forward]),
+            k if k < lane.reach => (Some(tx), Some(rx), vec![receive, forward]),
+            k if k == lane.reach => (None, Some(rx), vec![receive]),
+            _ => continue,
+        };
+        plan.transfers.push(Transfer {
+            tx,
+            rx,
+            steps,
+            frame: frame_bytes(lane.len),
+            merge_after_send: false,
+        });
+    }
+    plan
+}
+
+/// The ranks on each side of `root` that a gather collects through, or a scatter serves
+/// through, in direction `dir`: the ⌈(size − 1)/2⌉ to its left send rightward to it (direction
+/// 0), the rest leftward.
+fn side_reach(n: usize, dir: usize) -> usize {
+    match dir {
+        0 => (n - 1).div_ceil(2),
+        _ => (n - 1) / 2,
+    }
+}
+
+/// The rank `k` hops from `root` against direction `dir` (where data comes from).
+fn upstream(g: &Geometry, root: usize, dir: usize, k: usize) -> usize {
+    match dir {
+        0 => (root + g.size - k % g.size) % g.size,
+        _ => (root + k) % g.size,
+    }
+}
+
+/// Gather of `block` bytes from every rank to `root`, along the ring towards it from both
+/// sides: a rank `k` hops away sends its own block, then forwards, as they arrive, the blocks
+/// of the ranks behind it. On the root the output holds every rank's block at its rank's
+/// place (its own filled by the caller); elsewhere the input is the rank's block and the
+/// output a scratch of `reach − k` blocks for the ones it forwards. Each wire carries its
+/// slice of every block.
+pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Plan {
+    let n = g.size;
+    let wires = select::lanes(block, block, 1, g.wires).wires;
+    let mut plan = collective_plan(g);
+    for dir in 0..2 {
+        let reach = side_reach(n, dir);
+        if reach == 0 {
+            continue;
+        }
+        // Data moves towards the root: direction `dir` sends on the channel that direction
+        // uses, so ranks to the root's left (`dir` 0) send right.
+        let k = distance(g, root, 1 - dir);
+        for w in 0..wires {
+            let (tx, rx, _) = g.lane_channels(dir, w);
+            let slice = lane_slice(block, wires, w);
+            let part = |buf_off: usize, input: bool| Span {
+                off: buf_off + slice.start,
+                len: slice.len(),
+                ..if input {
+                    Span::input(0, 0)
+                } else {
+                    Span::output(0, 0)
+                }
+            };
+            let transfer = if k == 0 {
+                // The root receives the block of each rank 1..=reach hops away, nearest first.
+                let steps = (1..=reach)
+                    .map(|j| Step {
+                        send: Span::EMPTY,
+                        recv: part(upstream(g, root, dir, j) * block, false),
+                        merge: Merge::Copy,
+                    })
+                    .collect();
+                Transfer {
+                    tx: None,
+                    rx: Some(rx),
+                    steps,
+                    frame: frame_bytes(slice.len()),
+                    merge_after_send: false,
+                }
+            } else if k <= reach {
+                // Send own block, then forward each block from behind as it arrives.
+                let behind = reach - k;
+                let steps = (0..=behind)
+                    .map(|j| Step {
+                        send: match j {
+                            0 => part(0, true),
+                            j => part((j - 1) * block, false),
+                        },
+                        recv: match j < behind {
+                            true => part(j * block, false),
+                            false => Span::EMPTY,
+                        },
+                        merge: Merge::Copy,
+                    })
+                    .collect();
+                Transfer {
+                    tx: Some(tx),
+                    rx: (behind > 0).then_some(rx),
+                    steps,
+                    frame: frame_bytes(slice.len()),
+                    merge_after_send: false,
+                }
+            } else {
+                continue;
+            };
+            plan.transfers.push(transfer);
+        }
+    }
+    plan
+}
+
+/// Scatter of `block` bytes to every rank from `root`, the mirror of [`gather`]: the root
+/// sends along each side the blocks of the ranks `reach`, `reach − 1`, …, 1 hops away,
+/// farthest first; a rank `k` hops away forwards every block but the last, its own. On the
+/// root the input holds every rank's block at its rank's place; elsewhere the output is a
+/// scratch of `reach − k + 1` blocks, its own block last.
+pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Plan {
+    let n = g.size;
+    let wires = select::lanes(block, block, 1, g.wires).wires;
+    let mut plan = collective_plan(g);
+    for dir in 0..2 {
+        let reach = side_reach(n, dir);
+        if reach == 0 {
+            continue;
+        }
+        // Data moves away from the root: the ranks `dir` 0 serves are to its right.
+        let k = distance(g, root, dir);
+        for w in 0..wires {
+            let (tx, rx, _) = g.lane_channels(dir, w);
+            let slice = lane_slice(block, wires, w);
+            let part = |buf_off: usize, input: bool| Span {
+                off: buf_off + slice.start,
+                len: slice.len(),
+                ..if input {
+                    Span::input(0, 0)
+                } else {
+                    Span::output(0, 0)
+                }
+            };
+            let downstream = |j: usize| match dir {
+                0 => (root + j) % n,
+                _ => (root + n - j) % n,
+            };
+            let transfer = if k == 0 {
+                let steps = (0..reach)
+                    .map(|j| Step {
+                        send: part(downstream(reach - j) * block, true),
+                        recv: Span::EMPTY,
+                        merge: Merge::Copy,
+                    })
+                    .collect();
+                Transfer {
+                    tx: Some(tx),
+                    rx: None,
+                    steps,
+                    frame: frame_bytes(slice.len()),
+                    merge_after_send: false,
+                }
+            } else if k <= reach {
+                let blocks = reach - k + 1;
+                let steps = (0..blocks)
+                    .map(|j| Step {
+                        send: match j {
+                            0 => Span::EMPTY,
+                            j => part((j - 1) * block, false),
+                        },
+                        recv: part(j * block, false),
+                        merge: Merge::Copy,
+                    })
+                    .collect();
+                Transfer {
+                    tx: (blocks > 1).then_some(tx),
+                    rx: Some(rx),
+                    steps,
+                    frame: frame_bytes(slice.len()),
+                    merge_after_send: false,
+                }
+            } else {
+                continue;
+            };
+            plan.transfers.push(transfer);
+        }
+    }
+    plan
+}
+
+/// The blocks a rank `k` hops from the root holds in a [`gather`] or [`scatter`] scratch:
+/// how many, in blocks (0 on the root).
+pub(crate) fn chain_scratch_blocks(g: &Geometry, root: usize, gathering: bool) -> usize {
+    (0..2)
+        .filter_map(|dir| {
+            let reach = side_reach(g.size, dir);
+            let k = match gathering {
+                true => distance(g, root, 1 - dir),
+                false => distance(g, root, dir),
+            };
+            (k > 0 && k <= reach).then(|| reach - k + usize::from(!gathering))
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -302,5 +592,125 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn broadcast_plans_reach_every_rank_from_every_root() {
+        for size in 2..=7 {
+            for wires in 1..=3 {
+                for bytes in [1usize, 5, 100, 100_000] {
+                    for root in 0..size {
+                        let value = |i: usize| (i * 7 + 3) as i64;
+                        let init = |r: usize| {
+                            let out = match r == root {
+                                true => (0..bytes).map(value).collect(),
+                                false => vec![-1; bytes],
+                            };
+                            (vec![], out)
+                        };
+                        let outs = simulate_chain(
+                            size,
+                            wires,
+                            |g| broadcast(g, root, &broadcast_lanes(g, bytes)),
+                            init,
+                        );
+                        let expect: Vec<i64> = (0..bytes).map(value).collect();
+                        for (r, out) in outs.iter().enumerate() {
+                            assert_eq!(
+                                out, &expect,
+                                "size {size} wires {wires} bytes {bytes} root {root} rank {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gather_and_scatter_chains_move_every_block() {
+        for size in 2..=7 {
+            for wires in 1..=3 {
+                for block in [1usize, 3, 40_000] {
+                    for root in 0..size {
+                        let value = |r: usize, i: usize| (r * 100_000 + i) as i64;
+                        // Gather: every rank's input is its block; the root's output all.
+                        let outs = simulate_chain(
+                            size,
+                            wires,
+                            |g| gather(g, root, block),
+                            |r| {
+                                let input: Vec<i64> = (0..block).map(|i| value(r, i)).collect();
+                                let g = Geometry {
+                                    rank: r,
+                                    size,
+                                    wires,
+                                    mesh: false,
+                                };
+                                let out = match r == root {
+                                    true => {
+                                        let mut out = vec![-1; size * block];
+                                        out[r * block..(r + 1) * block].copy_from_slice(&input);
+                                        out
+                                    }
+                                    false => vec![-1; chain_scratch_blocks(&g, root, true) * block],
+                                };
+                                (input, out)
+                            },
+                        );
+                        let expect: Vec<i64> = (0..size)
+                            .flat_map(|r| (0..block).map(move |i| value(r, i)))
+                            .collect();
+                        assert_eq!(
+                            outs[root], expect,
+                            "gather size {size} wires {wires} block {block} root {root}"
+                        );
+                        // Scatter: the root's input is every block; each rank's own comes last.
+                        let outs = simulate_chain(
+                            size,
+                            wires,
+                            |g| scatter(g, root, block),
+                            |r| {
+                                let g = Geometry {
+                                    rank: r,
+                                    size,
+                                    wires,
+                                    mesh: false,
+                                };
+                                let input = match r == root {
+                                    true => (0..size)
+                                        .flat_map(|q| (0..block).map(move |i| value(q, i)))
+                                        .collect(),
+                                    false => vec![],
+                                };
+                                (
+                                    input,
+                                    vec![-1; chain_scratch_blocks(&g, root, false) * block],
+                                )
+                            },
+                        );
+                        for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != root) {
+                            let own = &out[out.len() - block..];
+                            let expect: Vec<i64> = (0..block).map(|i| value(r, i)).collect();
+                            assert_eq!(
+                                own, expect,
+                                "scatter size {size} wires {wires} block {block} root {root} rank {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`simulate`] for plans whose steps depend on the rank (chains): steps run in lockstep
+    /// by step index, which the chains' one-step-per-hop forwarding allows.
+    fn simulate_chain(
+        size: usize,
+        wires: usize,
+        plan_of: impl Fn(&Geometry) -> Plan,
+        init: impl Fn(usize) -> (Vec<i64>, Vec<i64>),
+    ) -> Vec<Vec<i64>> {
+        crate::algo::simulate::simulate_by_rounds(size, wires, false, plan_of, init)
     }
 }

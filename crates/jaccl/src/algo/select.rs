@@ -139,6 +139,57 @@ pub(crate) enum ReduceScatter {
     Ring,
 }
 
+/// The broadcast of `bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Broadcast {
+    Direct,
+    /// Rounds of a binomial tree over the mesh's channels: ⌈log2 size⌉ messages deep.
+    Tree,
+    /// Pipelined along the ring from the root ([`crate::algo::ring::broadcast_lanes`]).
+    Chain,
+}
+
+/// A rooted collective (reduce, gather, scatter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rooted {
+    Direct,
+    /// The collective every rank takes part in (all-reduce, all-gather), its result kept on
+    /// the root only: for small messages, the fast ways of those (doubling, gathers).
+    ViaAll,
+    /// Along the ring towards (or from) the root, from both sides.
+    Chain,
+}
+
+/// The all-to-all (any counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AllToAll {
+    Direct,
+    /// Every pair at once, each over a connection of its own (the mesh's, or made on first
+    /// use).
+    Pairwise,
+}
+
+/// The all-gather with blocks of different lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AllGatherV {
+    Direct,
+    /// Every block padded to the longest, then the all-gather of equal blocks (and its fast
+    /// ways): when padding costs less than half again.
+    Padded,
+    /// Around the ring, each block at its own length.
+    Ring,
+}
+
+/// The reduce-scatter with parts of different lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReduceScatterV {
+    /// Every part padded to the longest, then the reduce-scatter of equal parts.
+    Padded,
+    /// An all-reduce of the whole input, each rank keeping its part: when parts are so
+    /// uneven that padding would cost more than the all-reduce's second pass.
+    AllReduce,
+}
+
 impl Shape {
     /// Whether a collective whose vectors together take `total` bytes goes to every rank in
     /// one step. Two ranks instead swap their vectors (doubling): the same messages, without
@@ -196,6 +247,74 @@ impl Shape {
             AllGather::Doubling
         } else {
             AllGather::Small(self.small_gather(total))
+        }
+    }
+
+    /// Broadcast of `bytes`.
+    pub(crate) fn broadcast(&self, bytes: usize) -> Broadcast {
+        if self.direct {
+            Broadcast::Direct
+        } else if self.mesh && self.size > 3 && bytes <= MESH_LIMIT {
+            Broadcast::Tree
+        } else {
+            Broadcast::Chain
+        }
+    }
+
+    /// Reduce of `bytes` to a root: small ones as all-reduces (doubling, gathers: fewer hops
+    /// than a chain), large ones too (the ring's reduce-scatter and all-gather: twice the bytes
+    /// a reduce-scatter then gather would move; docs/algorithms.md, "Reduce").
+    pub(crate) fn reduce(&self, _bytes: usize) -> Rooted {
+        match self.direct {
+            true => Rooted::Direct,
+            false => Rooted::ViaAll,
+        }
+    }
+
+    /// Gather of `block` bytes per rank to a root.
+    pub(crate) fn gather(&self, block: usize) -> Rooted {
+        if self.direct {
+            Rooted::Direct
+        } else if block.saturating_mul(self.size) <= GATHER_LIMIT {
+            Rooted::ViaAll
+        } else {
+            Rooted::Chain
+        }
+    }
+
+    /// Scatter of `block` bytes per rank from a root.
+    pub(crate) fn scatter(&self, _block: usize) -> Rooted {
+        match self.direct {
+            true => Rooted::Direct,
+            false => Rooted::Chain,
+        }
+    }
+
+    /// All-to-all, any counts.
+    pub(crate) fn all_to_all(&self) -> AllToAll {
+        match self.direct {
+            true => AllToAll::Direct,
+            false => AllToAll::Pairwise,
+        }
+    }
+
+    /// All-gather of blocks of at most `largest` bytes, `total` in all.
+    pub(crate) fn all_gather_v(&self, largest: usize, total: usize) -> AllGatherV {
+        let padded = largest.saturating_mul(self.size);
+        if self.direct {
+            AllGatherV::Direct
+        } else if padded <= GATHER_LIMIT || padded <= total.saturating_mul(3) / 2 {
+            AllGatherV::Padded
+        } else {
+            AllGatherV::Ring
+        }
+    }
+
+    /// Reduce-scatter of parts of at most `largest` bytes, `total` in all.
+    pub(crate) fn reduce_scatter_v(&self, largest: usize, total: usize) -> ReduceScatterV {
+        match largest.saturating_mul(self.size) <= total.saturating_mul(2) {
+            true => ReduceScatterV::Padded,
+            false => ReduceScatterV::AllReduce,
         }
     }
 

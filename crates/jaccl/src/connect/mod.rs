@@ -34,6 +34,8 @@ use crate::transport::shm::{self, Board, Shm, ShmConnector};
 use crate::transport::tcp::TcpConnector;
 use crate::wait::WaitPolicy;
 
+pub(crate) mod late;
+
 /// What each rank publishes at start-up.
 #[derive(Debug, Serialize, Deserialize)]
 struct PeerInfo {
@@ -60,9 +62,12 @@ pub(crate) struct Connected {
     pub(crate) collectives: Collectives,
     /// This rank's shared memory, if it has any peer on this host.
     pub(crate) shm: Option<Shm>,
-    /// The transport to each peer this rank has links to: the left neighbour, the right one if
-    /// different, then with the mesh every other rank in rank order.
+    /// The transport to each peer this rank has links to from start-up: the left neighbour,
+    /// the right one if different, then other ranks in rank order (all with the mesh, those on
+    /// this host with shared memory).
     pub(crate) peers: Vec<(usize, Transport)>,
+    /// The peers of links made later, when first used, in that order.
+    pub(crate) opened_late: late::Opened,
     pub(crate) wait: WaitPolicy,
     /// What the heartbeat found out (also held by the collectives).
     pub(crate) liveness: Arc<Liveness>,
@@ -224,45 +229,44 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let to_right = transport_to(right, &rdma_right);
     let all_here = (0..size).all(|r| r == rank || shares_memory(rank, r));
 
-    // TCP: the ring's links not taken by another transport, and the mesh's.
+    // TCP: the ring's links not taken by another transport, and the mesh's to other hosts.
     let hosts: std::collections::HashSet<&str> = infos.iter().map(|i| i.host.as_str()).collect();
     geometry.mesh = uses_mesh(config.topology, size, hosts.len() == size, any_rdma);
-    let mesh_peers: Vec<usize> = geometry
-        .non_neighbours()
-        .filter(|_| geometry.mesh)
-        .collect();
+    let others: Vec<usize> = geometry.non_neighbours().collect();
+    let local: Vec<bool> = (0..size).map(|p| shares_memory(rank, p)).collect();
     let ring_wants = |transport: Transport| {
         [(to_left, left, End::Left), (to_right, right, End::Right)]
             .into_iter()
             .filter(move |(t, _, _)| *t == transport)
             .map(move |(_, peer, end)| Want { peer, wires, end })
     };
+    let other_wants = |transport: Transport| {
+        let (mesh, local) = (geometry.mesh, &local);
+        let wanted = move |p: usize| match transport {
+            Transport::Shm => local[p],
+            _ => mesh && !local[p],
+        };
+        others
+            .iter()
+            .filter(move |&&p| wanted(p))
+            .map(|&peer| Want {
+                peer,
+                wires: 1,
+                end: End::Other,
+            })
+    };
     let tcp_wants: Vec<Want> = ring_wants(Transport::Tcp)
-        .chain(mesh_peers.iter().map(|&peer| Want {
-            peer,
-            wires: 1,
-            end: End::Other,
-        }))
+        .chain(other_wants(Transport::Tcp))
         .collect();
     let mut tcp_links = open(&mut tcp, &tcp_wants, Transport::Tcp, &mut exchange)?;
-    drop(tcp);
 
-    // Shared memory: with the neighbours on this host, and with every rank for the direct
-    // collectives when all are here.
+    // Shared memory: with every rank on this host (the neighbours' links on every wire, one
+    // link to each other rank); the direct collectives use the segments when all are here.
     let here = infos.iter().filter(|i| i.host == me.host).count();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let wait = config.wait.unwrap_or_else(|| WaitPolicy::auto(here, cpus));
     let shm_wants: Vec<Want> = ring_wants(Transport::Shm)
-        .chain(
-            geometry
-                .non_neighbours()
-                .filter(|_| all_here)
-                .map(|peer| Want {
-                    peer,
-                    wires: 0,
-                    end: End::Other,
-                }),
-        )
+        .chain(other_wants(Transport::Shm))
         .collect();
     let (mut shm_links, shared) = match &mut shm {
         Some(connector) if !shm_wants.is_empty() => {
@@ -283,10 +287,37 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     };
     let mut channels_all = side_links(to_left, End::Left, left, &mut rdma_left)?;
     channels_all.extend(side_links(to_right, End::Right, right, &mut rdma_right)?);
-    for &p in &mesh_peers {
-        let links = take(&mut tcp_links, &tcp_wants, End::Other, p);
-        channels_all.extend(channels(links, p, 1)?);
+    let mut peers = vec![(left, to_left)];
+    if right != left {
+        peers.push((right, to_right));
     }
+    // One channel to each other rank: opened now, or on first use (`late`).
+    for &p in &others {
+        let opened = match local[p] {
+            true => take(&mut shm_links, &shm_wants, End::Other, p).map(|l| (l, Transport::Shm)),
+            false => take(&mut tcp_links, &tcp_wants, End::Other, p).map(|l| (l, Transport::Tcp)),
+        };
+        match opened {
+            Some((links, transport)) => {
+                channels_all.extend(channels(Some(links), p, 1)?);
+                peers.push((p, transport));
+            }
+            None => channels_all.push(Channel::unopened(p)),
+        }
+    }
+    let tcp_published: Vec<Value> = infos
+        .iter()
+        .map(|i| i.published(Transport::Tcp).blob.clone())
+        .collect();
+    let opened_late = late::Opened::default();
+    let late_links = tcp
+        .into_late(identity.clone(), &tcp_published)
+        .map_err(|e| Error::io(rank, "accepting data connections", e))?;
+    let late = late::Late {
+        tcp: late_links,
+        group: 0,
+        opened: Arc::clone(&opened_late),
+    };
     let liveness = Liveness::new(rank).map_err(|e| Error::io(rank, "liveness", e))?;
     let board = shared.as_ref().filter(|_| all_here);
     let collectives = Collectives::new(
@@ -296,12 +327,8 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         // Known alike to every rank (unlike this rank's own links), so all choose alike.
         any_rdma,
         board.and_then(|s| Board::new(size, s)).map(Arc::new),
+        Some(Box::new(late)),
     );
-    let mut peers = vec![(left, to_left)];
-    if right != left {
-        peers.push((right, to_right));
-    }
-    peers.extend(mesh_peers.iter().map(|&p| (p, Transport::Tcp)));
     side.barrier(deadline)?;
     let heartbeat = (config.liveness != std::time::Duration::MAX)
         .then(|| side.into_heartbeat(config.liveness, Arc::clone(&liveness)))
@@ -311,6 +338,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         collectives,
         shm: shared,
         peers,
+        opened_late,
         wait,
         liveness,
         heartbeat,

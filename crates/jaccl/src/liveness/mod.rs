@@ -325,15 +325,7 @@ impl Liveness {
                 return v.error(self.rank, op);
             }
             if let Some(d) = peer.and_then(|p| self.departure(p)) {
-                if let Ok(mut root) = self.root.lock() {
-                    *root = Some(d.root());
-                }
-                return Error::PeerLost {
-                    rank: self.rank,
-                    peer: d.rank,
-                    op,
-                    cause: d.cause(),
-                };
+                return self.lost(&d, op);
             }
             if self.news_ended.load(Ordering::Acquire) {
                 return match (failure, self.departure(0)) {
@@ -368,6 +360,36 @@ impl Liveness {
                 let _ = rustix::io::read(&self.departures, &mut count);
             }
         }
+    }
+
+    /// The error of `op` that waited for `departed`, which left; its cause is the first
+    /// cause this rank passes on if it fails.
+    fn lost(&self, departed: &Departure, op: Op) -> Error {
+        if let Ok(mut root) = self.root.lock() {
+            *root = Some(departed.root());
+        }
+        Error::PeerLost {
+            rank: self.rank,
+            peer: departed.rank,
+            op,
+            cause: departed.cause(),
+        }
+    }
+
+    /// For a wait on `peers` that no connection watches (one made on first use): the
+    /// verdict, or that one of them left the group, as the error of `op`. Sleeps should
+    /// wake on [`Liveness::departures_fd`] too.
+    pub(crate) fn check_peers(&self, op: Op, peers: &[usize]) -> Result<(), Error> {
+        self.check(op)?;
+        match peers.iter().find_map(|&p| self.departure(p)) {
+            Some(d) => Err(self.lost(&d, op)),
+            None => Ok(()),
+        }
+    }
+
+    /// Readable after a departure (see [`Liveness::check_peers`]); reading it resets it.
+    pub(crate) fn departures_fd(&self) -> BorrowedFd<'_> {
+        self.departures.as_fd()
     }
 
     /// Readable once a verdict is in: add it to every sleep.

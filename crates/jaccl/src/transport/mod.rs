@@ -113,3 +113,44 @@ pub(crate) trait Link: Send {
     /// Undoes [`Link::arm`] after the sleep (or when another link was ready).
     fn disarm(&mut self);
 }
+
+/// The place of a link not made yet (to a rank off the ring, made when a call first needs it):
+/// every use fails, so a plan that reaches it by mistake fails instead of waiting.
+pub(crate) struct Unopened {
+    pub(crate) peer: usize,
+}
+
+impl Unopened {
+    fn error(&self) -> LinkError {
+        LinkError::Broken(format!(
+            "internal error: no connection to rank {} has been made",
+            self.peer
+        ))
+    }
+}
+
+impl Link for Unopened {
+    fn try_send(&mut self, _parts: &[&[u8]]) -> Result<usize, LinkError> {
+        Err(self.error())
+    }
+
+    fn try_recv(
+        &mut self,
+        _max: usize,
+        _consume: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<usize, LinkError> {
+        Err(self.error())
+    }
+
+    fn in_memory(&self) -> bool {
+        true
+    }
+
+    fn arm(&mut self, _interest: Interest) -> Result<Readiness, LinkError> {
+        Err(self.error())
+    }
+
+    fn wait_fds<'a>(&'a self, _interest: Interest, _fds: &mut Vec<PollFd<'a>>) {}
+
+    fn disarm(&mut self) {}
+}

@@ -4,11 +4,13 @@
 //! every call, and `MSG_NOSIGNAL` so a closed peer is an error, not a `SIGPIPE` that kills a
 //! host program which did not ignore it.
 
+use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rustix::event::PollFd;
 use rustix::io::Errno;
@@ -259,6 +261,173 @@ impl Connector for TcpConnector {
     }
 }
 
+impl TcpConnector {
+    /// Keeps the listener for connections made after start-up ([`LateTcp`]): `published`
+    /// is what every rank's TCP connector published.
+    ///
+    /// # Errors
+    /// The thread that accepts them cannot start.
+    pub(crate) fn into_late(self, me: Identity, published: &[Value]) -> io::Result<LateTcp> {
+        let addresses = published.iter().map(|b| address(b).ok()).collect();
+        let parked = Arc::new(Parked {
+            streams: Mutex::new(HashMap::new()),
+            failure: Mutex::new(None),
+            arrived: crate::os::event_counter()?,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let (listener, rank) = (self.listener, me.rank);
+        let (me_, parked_, stop_) = (me.clone(), Arc::clone(&parked), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name(format!("jaccl-accept-{rank}"))
+            .spawn(move || park_arrivals(&listener, &me_, &parked_, &stop_))?;
+        Ok(LateTcp {
+            me,
+            addresses,
+            parked,
+            stop,
+        })
+    }
+}
+
+/// TCP connections made after start-up, when a call first needs them (to a rank off the
+/// ring): the start-up listener stays open, and a thread authenticates whoever connects to
+/// it and parks the connection until the call that needs it takes it. So a rank that
+/// connects never waits for the other to reach its call; only the data does.
+pub(crate) struct LateTcp {
+    me: Identity,
+    /// Every rank's listener, as it published it.
+    addresses: Vec<Option<SocketAddr>>,
+    parked: Arc<Parked>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Connections accepted and authenticated, by `(group, rank, wire)` as their claims say.
+struct Parked {
+    streams: Mutex<HashMap<(u64, usize, usize), TcpStream>>,
+    /// Why the thread stopped accepting, if it failed.
+    failure: Mutex<Option<String>>,
+    /// Signalled when a connection is parked or the thread fails.
+    arrived: std::os::fd::OwnedFd,
+}
+
+impl Drop for LateTcp {
+    fn drop(&mut self) {
+        // The thread notices within 100 ms and closes the listener.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl LateTcp {
+    /// Opens wire `wire` of group `group` to `peer` (which takes it with [`LateTcp::take`]),
+    /// until `deadline`; `go_on` is asked at least every second whether to keep trying.
+    ///
+    /// # Errors
+    /// The peer published no address, the connection could not be made or was refused, or
+    /// `go_on`'s error.
+    pub(crate) fn open(
+        &self,
+        group: u64,
+        peer: usize,
+        wire: usize,
+        deadline: Instant,
+        go_on: &mut dyn FnMut() -> Result<()>,
+    ) -> std::result::Result<TcpLink, DialError> {
+        let rank = self.me.rank;
+        let addr =
+            self.addresses.get(peer).copied().flatten().ok_or_else(|| {
+                DialError::Failed(format!("rank {peer} published no TCP address"))
+            })?;
+        let claim = Claim {
+            purpose: Purpose::Late,
+            rank,
+            size: self.me.size,
+            wire,
+            group,
+        };
+        let stream = dial(&self.me, peer, addr, claim, deadline, go_on)?;
+        late_link(stream).map_err(|e| DialError::Failed(format!("configuring it: {e}")))
+    }
+
+    /// The connection `peer` opened for wire `wire` of group `group`, if it has arrived.
+    ///
+    /// # Errors
+    /// Why the thread that accepts connections stopped, or the link could not be configured.
+    pub(crate) fn take(
+        &self,
+        group: u64,
+        peer: usize,
+        wire: usize,
+    ) -> std::result::Result<Option<TcpLink>, String> {
+        let stream = match self.parked.streams.lock() {
+            Ok(mut streams) => streams.remove(&(group, peer, wire)),
+            Err(_) => None,
+        };
+        if let Some(stream) = stream {
+            return late_link(stream)
+                .map(Some)
+                .map_err(|e| format!("configuring the connection from rank {peer}: {e}"));
+        }
+        crate::os::drain(&self.parked.arrived);
+        match self.parked.failure.lock().ok().and_then(|f| f.clone()) {
+            Some(why) => Err(format!("this rank no longer accepts connections: {why}")),
+            None => Ok(None),
+        }
+    }
+
+    /// Readable when a connection may have arrived (see [`LateTcp::take`]).
+    pub(crate) fn arrivals(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.parked.arrived.as_fd()
+    }
+}
+
+fn late_link(stream: TcpStream) -> io::Result<TcpLink> {
+    TcpLink::new(stream, STAGING_PER_RANK / 2)
+}
+
+/// The accepting thread of [`LateTcp`]: admits authenticated connections of this job that
+/// claim a late link from another rank, and parks them, until `stop`.
+fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &AtomicBool) {
+    let forever = deadline_after(Duration::MAX);
+    let served = auth::serve(
+        listener.as_fd(),
+        || accept_tcp(listener),
+        &me.token,
+        me.rank,
+        forever,
+        Some(stop),
+        |claim, mut stream| {
+            let reply_by = deadline_after(auth::HANDSHAKE_TIMEOUT);
+            let fits = claim.purpose == Purpose::Late
+                && claim.size == me.size
+                && claim.rank < me.size
+                && claim.rank != me.rank;
+            let Ok(mut streams) = parked.streams.lock() else {
+                return Ok(Admission::Done);
+            };
+            let key = (claim.group, claim.rank, claim.wire);
+            if !fits || streams.contains_key(&key) {
+                let why = format!(
+                    "not expecting {:?} from rank {} (wire {}, group {:x}) here",
+                    claim.purpose, claim.rank, claim.wire, claim.group
+                );
+                tracing::warn!(rank = me.rank, %why, "refused a data connection");
+                let _ = auth::verdict(&mut stream, Err(&why), reply_by);
+            } else if auth::verdict(&mut stream, Ok(()), reply_by).is_ok() {
+                streams.insert(key, stream);
+                crate::os::signal(&parked.arrived);
+            }
+            Ok(Admission::More)
+        },
+    );
+    if let Err(e) = served {
+        tracing::warn!(rank = me.rank, error = %e, "stopped accepting late connections");
+        if let Ok(mut failure) = parked.failure.lock() {
+            *failure = Some(e.to_string());
+        }
+        crate::os::signal(&parked.arrived);
+    }
+}
+
 /// Opens `wires` authenticated connections to each `(peer, address, wires)` of `connect_to`
 /// while accepting `wires` from each `(peer, wires)` of `accept_from` on `listener` (on
 /// another thread: every rank's handshakes as the connecting side need its neighbour to be
@@ -313,7 +482,6 @@ fn connect_all(
     connect_to: &[(usize, SocketAddr, usize)],
     deadline: Instant,
 ) -> Result<Vec<Vec<TcpStream>>> {
-    let fail = |what: String| Error::Bootstrap(format!("rank {}: {what}", me.rank));
     connect_to
         .iter()
         .map(|&(peer, addr, wires)| {
@@ -324,34 +492,75 @@ fn connect_all(
                         rank: me.rank,
                         size: me.size,
                         wire,
+                        group: 0,
                     };
-                    let mut delay = RetryDelay::new();
-                    loop {
-                        let mut stream = connect_with_retry(addr, deadline).map_err(|e| {
-                            fail(format!(
-                                "cannot open data connection {wire} to rank {peer} at {addr}: {e}"
-                            ))
-                        })?;
-                        match auth::connect(&mut stream, &me.token, claim, deadline) {
-                            Ok(()) => return Ok(stream),
-                            Err(e @ (AuthError::Unknown | AuthError::Refused(_))) => {
-                                return Err(fail(format!(
-                                    "data connection {wire} to rank {peer} at {addr}: {e}"
-                                )));
-                            }
-                            Err(e @ AuthError::Failed(_)) => {
-                                if !delay.pause(deadline) {
-                                    return Err(fail(format!(
-                                        "data connection {wire} to rank {peer} at {addr}: {e}"
-                                    )));
-                                }
-                            }
-                        }
-                    }
+                    dial(me, peer, addr, claim, deadline, &mut || Ok(()))
+                        .map_err(|e| Error::Bootstrap(format!("rank {}: {e}", me.rank)))
                 })
                 .collect()
         })
         .collect()
+}
+
+/// Opens and authenticates one connection for `claim` to `peer` at `addr`, retrying while
+/// the peer is not listening yet or a handshake fails on the way, until `deadline`; between
+/// attempts `go_on` may end the wait with its own error.
+fn dial(
+    me: &Identity,
+    peer: usize,
+    addr: SocketAddr,
+    claim: Claim,
+    deadline: Instant,
+    go_on: &mut dyn FnMut() -> Result<()>,
+) -> std::result::Result<TcpStream, DialError> {
+    let wire = claim.wire;
+    let what =
+        |e: &dyn std::fmt::Display| format!("data connection {wire} to rank {peer} at {addr}: {e}");
+    let mut delay = RetryDelay::new();
+    loop {
+        // Short attempts, so that `go_on` is asked at least every second.
+        let attempt = deadline.min(deadline_after(Duration::from_secs(1)));
+        let mut stream = match connect_with_retry(addr, attempt) {
+            Ok(stream) => stream,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(DialError::Failed(format!("cannot open {}", what(&e))));
+            }
+            Err(_) => {
+                go_on().map_err(DialError::Stopped)?;
+                continue;
+            }
+        };
+        match auth::connect(&mut stream, &me.token, claim, deadline) {
+            Ok(()) => return Ok(stream),
+            Err(e @ (AuthError::Unknown | AuthError::Refused(_))) => {
+                return Err(DialError::Failed(what(&e)));
+            }
+            Err(e @ AuthError::Failed(_)) => {
+                if !delay.pause(deadline) {
+                    return Err(DialError::Failed(what(&e)));
+                }
+                go_on().map_err(DialError::Stopped)?;
+            }
+        }
+    }
+}
+
+/// Why [`dial`] gave up.
+#[derive(Debug)]
+pub(crate) enum DialError {
+    /// The connection could not be made or was refused, and why.
+    Failed(String),
+    /// The caller's `go_on` said stop.
+    Stopped(Error),
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialError::Failed(why) => f.write_str(why),
+            DialError::Stopped(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 /// Accepts until every wire of every `(peer, wires)` of `accept_from` has connected and

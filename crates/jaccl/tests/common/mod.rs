@@ -3,6 +3,7 @@
 //! implementation of the reductions.
 #![allow(
     dead_code,
+    unused_macros,
     unreachable_pub,
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,6 +17,47 @@ use std::time::Duration;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
 use jaccl::{Config, Element, Error, Group, JobToken, ReduceOp, Topology, Transport};
+
+/// Group sizes the suites run.
+pub const SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
+/// Wires per neighbour the suites run.
+pub const WIRES: [usize; 3] = [1, 2, 4];
+
+/// Runs `f::<T>` for all 14 element types over `net`; over RDMA for one type of each size (1,
+/// 2, 4 and 8 bytes) and complex: the links move bytes whatever their type, every type and
+/// reduction is checked over every other net, and in the emulated RDMA VM every message costs
+/// about a millisecond (all 14 there took most of CI's 30 minutes).
+macro_rules! for_all_dtypes {
+    ($net:expr, $f:ident, $($arg:expr),*) => {{
+        let mut digest: Vec<u64> = Vec::new();
+        digest.extend($f::<u8>($($arg),*));
+        digest.extend($f::<bf16>($($arg),*));
+        digest.extend($f::<f32>($($arg),*));
+        digest.extend($f::<i64>($($arg),*));
+        digest.extend($f::<Complex32>($($arg),*));
+        if $net != Net::Rdma {
+            digest.extend(for_other_dtypes!($f, $($arg),*));
+        }
+        digest
+    }};
+}
+
+/// The element types [`for_all_dtypes`] leaves out over RDMA.
+macro_rules! for_other_dtypes {
+    ($f:ident, $($arg:expr),*) => {{
+        let mut digest: Vec<u64> = Vec::new();
+        digest.extend($f::<bool>($($arg),*));
+        digest.extend($f::<i8>($($arg),*));
+        digest.extend($f::<i16>($($arg),*));
+        digest.extend($f::<i32>($($arg),*));
+        digest.extend($f::<u16>($($arg),*));
+        digest.extend($f::<u32>($($arg),*));
+        digest.extend($f::<u64>($($arg),*));
+        digest.extend($f::<f16>($($arg),*));
+        digest.extend($f::<f64>($($arg),*));
+        digest
+    }};
+}
 
 /// A random number from the OS-seeded hasher (no extra dependency).
 pub fn random_u64() -> u64 {
@@ -54,8 +96,8 @@ pub enum Net {
     Rdma,
     /// The mesh topology (a link between every pair of ranks) over TCP.
     Mesh,
-    /// The mesh topology with the default transport on one host: shared memory between ring
-    /// neighbours, TCP between the others, and the direct collectives.
+    /// The mesh topology with the default transport on one host: shared memory between all
+    /// ranks, and the direct collectives.
     MeshLocal,
 }
 
@@ -162,6 +204,15 @@ impl Net {
         matches!(self, Net::Shm | Net::MeshLocal)
     }
 
+    /// Whether ranks `a` and `b` of `size` share memory on this net.
+    pub fn local(self, a: usize, b: usize, size: usize) -> bool {
+        match self {
+            Net::Shm | Net::MeshLocal => true,
+            Net::Mixed => self.host(a, size) == self.host(b, size),
+            _ => false,
+        }
+    }
+
     /// The transport this net must give between ring neighbours `a` and `b`.
     pub fn between(self, a: usize, b: usize, size: usize) -> Transport {
         match self {
@@ -261,13 +312,30 @@ pub fn with_configs<R: Send>(
 
 /// Element types the tests can generate values for and reduce with a reference.
 pub trait TestElem: Element {
-    /// A value for rank `rank`, index `i`. For sums, values are small integers, so the sum is
-    /// exact whatever the order of additions; for max/min they include NaN, ±0 and infinities.
+    /// A value for rank `rank`, index `i`, chosen so that the reduction `op` is exact
+    /// whatever the order of its steps: small integers for sums (and averages), powers of two
+    /// and zeros for products; for max/min they include NaN, ±0 and infinities.
     fn value(rank: usize, i: usize, op: ReduceOp) -> Self;
-    /// The reference reduction, written independently of the library's kernels.
+    /// The reference reduction of two values, written independently of the library's kernels.
     fn reference(op: ReduceOp, a: Self, b: Self) -> Self;
+    /// The reference average of `sum`, the sum over `ranks` ranks.
+    fn average(sum: Self, ranks: usize) -> Self;
     /// The exact bit pattern, for bit-identity checks (NaN != NaN otherwise).
     fn bits(self) -> u64;
+    /// The value with -0 parts made +0: a complex product's zero parts take their sign from
+    /// the order of the steps (`a.re * b.im + a.im * b.re` of zeros), which the reference does
+    /// not follow.
+    fn unsigned_zero(self) -> Self {
+        self
+    }
+}
+
+/// The reductions that apply to `T` (all eight for integers).
+pub fn ops_of<T: TestElem>() -> Vec<ReduceOp> {
+    ReduceOp::ALL
+        .into_iter()
+        .filter(|op| op.applies_to(T::DTYPE))
+        .collect()
 }
 
 /// A deterministic pseudo-random number for (rank, i).
@@ -284,7 +352,20 @@ macro_rules! int_elem {
         impl TestElem for $t {
             fn value(rank: usize, i: usize, _op: ReduceOp) -> Self { mix(rank, i) as $t }
             fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
-                match op { ReduceOp::Sum => a.wrapping_add(b), ReduceOp::Max => a.max(b), ReduceOp::Min => a.min(b) }
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a.wrapping_add(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::BitAnd => a & b,
+                    ReduceOp::BitOr => a | b,
+                    ReduceOp::BitXor => a ^ b,
+                    _ => unreachable!("a new reduction: add its reference"),
+                }
+            }
+            fn average(sum: Self, ranks: usize) -> Self {
+                // Toward zero; a count of ranks the type cannot hold averages to 0.
+                <$t>::try_from(ranks).map_or(0, |n| sum.wrapping_div(n))
             }
             fn bits(self) -> u64 { self as u64 }
         }
@@ -293,14 +374,23 @@ macro_rules! int_elem {
 int_elem!(i8, i16, i32, i64, u8, u16, u32, u64);
 
 impl TestElem for bool {
-    fn value(rank: usize, i: usize, _op: ReduceOp) -> Self {
-        mix(rank, i).is_multiple_of(3)
+    fn value(rank: usize, i: usize, op: ReduceOp) -> Self {
+        match op {
+            // Mostly true, so that AND is not always false.
+            ReduceOp::Min | ReduceOp::Prod | ReduceOp::BitAnd => !mix(rank, i).is_multiple_of(9),
+            _ => mix(rank, i).is_multiple_of(3),
+        }
     }
     fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
         match op {
-            ReduceOp::Sum | ReduceOp::Max => a || b,
-            ReduceOp::Min => a && b,
+            ReduceOp::Sum | ReduceOp::Max | ReduceOp::BitOr => a || b,
+            ReduceOp::Min | ReduceOp::Prod | ReduceOp::BitAnd => a && b,
+            ReduceOp::BitXor => a != b,
+            _ => unreachable!("{op} does not apply to bool"),
         }
+    }
+    fn average(_sum: Self, _ranks: usize) -> Self {
+        unreachable!("avg does not apply to bool")
     }
     fn bits(self) -> u64 {
         self as u64
@@ -322,6 +412,18 @@ fn special_f64(rank: usize, i: usize) -> f64 {
 
 fn small_int(rank: usize, i: usize) -> f64 {
     (mix(rank, i) % 17) as f64 - 8.0
+}
+
+/// Values for products: ±1/2, ±1, ±2 and (rarely) zeros, so products of any number of ranks
+/// are exact in every float type.
+fn power_of_two(rank: usize, i: usize) -> f64 {
+    let m = mix(rank, i);
+    let magnitude = [0.5, 1.0, 1.0, 2.0][(m % 4) as usize];
+    match (m >> 8) % 16 {
+        0 => 0.0,
+        1..=5 => -magnitude,
+        _ => magnitude,
+    }
 }
 
 /// Reference max/min over a float type: NaN wins; otherwise IEEE totalOrder (-0 < +0).
@@ -355,35 +457,50 @@ fn float_pick<T: Copy>(
 }
 
 macro_rules! float_elem {
-    ($($t:ty => $from:expr, $to32:expr),*) => {$(
+    ($($t:ty => $from:expr, $to:expr, $avg:expr),*) => {$(
         impl TestElem for $t {
             fn value(rank: usize, i: usize, op: ReduceOp) -> Self {
                 let from: fn(f64) -> $t = $from;
-                match op { ReduceOp::Sum => from(small_int(rank, i)), _ => from(special_f64(rank, i)) }
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => from(small_int(rank, i)),
+                    ReduceOp::Prod => from(power_of_two(rank, i)),
+                    _ => from(special_f64(rank, i)),
+                }
             }
             fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
-                let to32: fn($t) -> f64 = $to32;
+                let (from, to): (fn(f64) -> $t, fn($t) -> f64) = ($from, $to);
                 match op {
-                    ReduceOp::Sum => { let from: fn(f64) -> $t = $from; from(to32(a) + to32(b)) }
+                    ReduceOp::Sum | ReduceOp::Avg => from(to(a) + to(b)),
+                    ReduceOp::Prod => from(to(a) * to(b)),
                     _ => float_pick(op, a, b, |x| x.is_nan(), |x, y| x.total_cmp(&y).is_lt()),
                 }
+            }
+            fn average(sum: Self, ranks: usize) -> Self {
+                let avg: fn($t, usize) -> $t = $avg;
+                avg(sum, ranks)
             }
             fn bits(self) -> u64 { self.to_bits() as u64 }
         }
     )*};
 }
+// Half types divide in f32 (as documented for `ReduceOp::Avg`).
 float_elem!(
-    f32 => |x| x as f32, |x| x as f64,
-    f64 => |x| x, |x| x,
-    f16 => f16::from_f64, |x| x.to_f64(),
-    bf16 => bf16::from_f64, |x| x.to_f64()
+    f32 => |x| x as f32, |x| x as f64, |s, n| s / n as f32,
+    f64 => |x| x, |x| x, |s, n| s / n as f64,
+    f16 => f16::from_f64, |x| x.to_f64(), |s, n| f16::from_f32(s.to_f32() / n as f32),
+    bf16 => bf16::from_f64, |x| x.to_f64(), |s, n| bf16::from_f32(s.to_f32() / n as f32)
 );
 
 impl TestElem for Complex32 {
     fn value(rank: usize, i: usize, op: ReduceOp) -> Self {
         match op {
-            ReduceOp::Sum => {
+            ReduceOp::Sum | ReduceOp::Avg => {
                 Complex32::new(small_int(rank, i) as f32, small_int(rank, i + 7) as f32)
+            }
+            // Parts in {-1, 0, 1}: products of up to 64 ranks stay small exact integers.
+            ReduceOp::Prod => {
+                let part = |j: usize| (mix(rank, j) % 3) as f32 - 1.0;
+                Complex32::new(part(i), part(i + 7))
             }
             // Few distinct real parts, so ties on re happen and im decides.
             _ => Complex32::new((mix(rank, i) % 3) as f32, special_f64(rank, i) as f32),
@@ -411,7 +528,8 @@ impl TestElem for Complex32 {
             }
         };
         match op {
-            ReduceOp::Sum => a + b,
+            ReduceOp::Sum | ReduceOp::Avg => Complex32::new(a.re + b.re, a.im + b.im),
+            ReduceOp::Prod => Complex32::new(a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re),
             ReduceOp::Max => {
                 if key(a.re, b.re).then(key(a.im, b.im)).is_lt() {
                     b
@@ -426,10 +544,17 @@ impl TestElem for Complex32 {
                     a
                 }
             }
+            _ => unreachable!("{op} does not apply to complex64"),
         }
+    }
+    fn average(sum: Self, ranks: usize) -> Self {
+        Complex32::new(sum.re / ranks as f32, sum.im / ranks as f32)
     }
     fn bits(self) -> u64 {
         (self.re.to_bits() as u64) << 32 | self.im.to_bits() as u64
+    }
+    fn unsigned_zero(self) -> Self {
+        Complex32::new(self.re + 0.0, self.im + 0.0)
     }
 }
 
@@ -440,7 +565,7 @@ pub fn inputs<T: TestElem>(size: usize, len: usize, op: ReduceOp) -> Vec<Vec<T>>
         .collect()
 }
 
-/// The reference all-reduce: a left fold over ranks.
+/// The reference all-reduce: a left fold over ranks (then the average's division).
 pub fn reference_reduce<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
     let mut acc = inputs[0].clone();
     for input in &inputs[1..] {
@@ -448,11 +573,40 @@ pub fn reference_reduce<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> 
             *a = T::reference(op, *a, *b);
         }
     }
+    if op == ReduceOp::Avg {
+        for a in &mut acc {
+            *a = T::average(*a, inputs.len());
+        }
+    }
     acc
 }
 
 pub fn bits<T: TestElem>(v: &[T]) -> Vec<u64> {
     v.iter().map(|x| x.bits()).collect()
+}
+
+/// The bits to compare a result of reduction `op` with the reference's: exact, except for the
+/// sign of a complex product's zero parts ([`TestElem::unsigned_zero`]).
+pub fn bits_for<T: TestElem>(op: ReduceOp, v: &[T]) -> Vec<u64> {
+    match op {
+        ReduceOp::Prod => v.iter().map(|x| x.unsigned_zero().bits()).collect(),
+        _ => bits(v),
+    }
+}
+
+/// Asserts that `got` is `expect`, naming the first difference (not printing whole vectors).
+#[track_caller]
+pub fn assert_same(got: &[u64], expect: &[u64], what: &str) {
+    assert_eq!(got.len(), expect.len(), "{what}: lengths differ");
+    let wrong = got.iter().zip(expect).filter(|(a, b)| a != b).count();
+    if let Some(i) = got.iter().zip(expect).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: {wrong} of {} elements differ, the first at {i}: {:#x} instead of {:#x}",
+            got.len(),
+            got[i],
+            expect[i]
+        );
+    }
 }
 
 /// Lengths that exercise the edges: empty, one, primes, not divisible by ranks × wires × 2,

@@ -26,7 +26,7 @@ impl Pair {
     /// # Errors
     /// A segment, mapping or socket cannot be made.
     pub(crate) fn new(ring_bytes: usize) -> std::io::Result<Pair> {
-        let layout = Layout::new(1, ring_bytes, 4096);
+        let layout = Layout::new(1, 2, ring_bytes, 4096);
         let (a, seg_a) = Local::create(layout)?;
         let (b, seg_b) = Local::create(layout)?;
         let (sock_a, sock_b) = rustix::net::socketpair(

@@ -85,7 +85,7 @@ pub(crate) fn host_identity(pretend: Option<&str>) -> String {
 /// Checks that shared memory works here: a sealed segment, its mapping (also mirrored), a
 /// doorbell and an abstract socket.
 pub(crate) fn probe() -> std::result::Result<(), String> {
-    let layout = Layout::new(1, sys::page_size(), sys::page_size());
+    let layout = Layout::new(1, 1, sys::page_size(), sys::page_size());
     Local::create(layout).map_err(|e| format!("cannot create or map a memfd segment: {e}"))?;
     Listener::new().map_err(|e| format!("cannot listen on an abstract Unix socket: {e}"))?;
     Ok(())

@@ -1,7 +1,7 @@
 //! The layout of a rank's segment and typed views of its control words.
 //!
 //! ```text
-//! page 0      control: the mailbox (lines 0-1), then a tail and a head line per outgoing ring
+//! control     the mailbox (lines 0-1), then a tail and a head line per outgoing ring (whole pages)
 //! 2 areas     the direct collectives' data (rounds alternate between them)
 //! rings       per outgoing ring, its bytes (both ends map them twice, back to back)
 //! ```
@@ -18,14 +18,29 @@ use super::sys::{self, Mapping};
 
 const LINE: usize = 64;
 /// Rings per wire: one to each side (the left and the right neighbour).
-pub(crate) const SIDES: usize = 2;
+const SIDES: usize = 2;
+
+/// The outgoing ring to ring neighbours and to every other rank of the group. Indices are
+/// the same in every segment, so each side of a pair knows which ring of the other's it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ring {
+    /// Wire `w` to the left neighbour.
+    Left(usize),
+    /// Wire `w` to the right neighbour.
+    Right(usize),
+    /// The one ring to a rank off the ring (the mesh, a send to any rank).
+    To(usize),
+}
 
 /// Where everything is in a segment. Every rank of a group computes the same layout, and a
 /// peer's is checked against it at set-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Layout {
-    /// Outgoing rings: `SIDES × wires`, indexed like the ring's channels (left wires first).
+    /// Outgoing rings: `SIDES × wires` to the neighbours (left wires first, like the ring's
+    /// channels), then one per rank of the group ([`Layout::ring_index`]).
     pub(crate) rings: usize,
+    /// Wires per neighbour.
+    pub(crate) wires: usize,
     /// Bytes of each ring (a page multiple).
     pub(crate) ring_bytes: usize,
     /// Bytes of each of the two areas (a page multiple).
@@ -33,19 +48,37 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// The layout for `wires` wires per neighbour, with each size rounded up to whole pages.
-    pub(crate) fn new(wires: usize, ring_bytes: usize, area_bytes: usize) -> Layout {
+    /// The layout for `wires` wires per neighbour in a group of `size` ranks, with each size
+    /// rounded up to whole pages. Rings to ranks off the ring cost address space only until
+    /// they carry data (untouched pages of a memfd take no memory).
+    pub(crate) fn new(wires: usize, size: usize, ring_bytes: usize, area_bytes: usize) -> Layout {
         let page = sys::page_size();
         Layout {
-            rings: SIDES * wires,
+            rings: SIDES * wires + size,
+            wires,
             ring_bytes: ring_bytes.div_ceil(page) * page,
             area_bytes: area_bytes.div_ceil(page) * page,
         }
     }
 
-    /// Bytes of the control page and the areas, mapped together.
+    /// The index of `ring` among the outgoing rings.
+    pub(crate) fn ring_index(&self, ring: Ring) -> usize {
+        match ring {
+            Ring::Left(w) => w,
+            Ring::Right(w) => self.wires + w,
+            Ring::To(rank) => SIDES * self.wires + rank,
+        }
+    }
+
+    /// Bytes of the control lines: the mailbox, then the cursors of every ring.
+    fn control_len(&self) -> usize {
+        let page = sys::page_size();
+        (2 * LINE + self.rings * 2 * LINE).div_ceil(page) * page
+    }
+
+    /// Bytes of the control lines and the areas, mapped together.
     pub(crate) fn main_len(&self) -> usize {
-        sys::page_size() + 2 * self.area_bytes
+        self.control_len() + 2 * self.area_bytes
     }
 
     /// The whole segment.
@@ -55,7 +88,7 @@ impl Layout {
 
     /// Offset of area `parity` (0 or 1) in the main mapping.
     pub(crate) fn area(&self, parity: usize) -> usize {
-        sys::page_size() + (parity % 2) * self.area_bytes
+        self.control_len() + (parity % 2) * self.area_bytes
     }
 
     /// Offset of ring `i`'s bytes in the segment.
@@ -64,16 +97,16 @@ impl Layout {
     }
 
     /// Offsets of ring `i`'s tail (written by the owner) and head (written by the reader) in
-    /// the control page.
+    /// the control lines.
     pub(crate) fn ring_cursors(&self, i: usize) -> (usize, usize) {
         let tail = 2 * LINE + i * 2 * LINE;
         (tail, tail + LINE)
     }
 
     /// The layout as bytes, for the handshake.
-    pub(crate) fn encode(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        for (i, v) in [self.rings, self.ring_bytes, self.area_bytes]
+    pub(crate) fn encode(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        for (i, v) in [self.rings, self.wires, self.ring_bytes, self.area_bytes]
             .into_iter()
             .enumerate()
         {

@@ -18,17 +18,18 @@ use rustix::net::{
 use serde_json::Value;
 
 use super::link::ShmLink;
+use super::segment::Ring;
 use super::sys::{self, Mapping};
 use super::{Doorbell, Layout, Local, Peer, Shm, asymmetric_fences, random_hex};
 use crate::auth::{self, Admission, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
 use crate::transport::Link;
-use crate::transport::connector::{Connector, End, Opened, Published, Request};
+use crate::transport::connector::{Connector, End, Opened, Published, Request, Want};
 
 /// Opens the second message of the handshake, which carries the segment and the doorbell.
 const OFFER_MAGIC: [u8; 4] = *b"JCSM";
 /// Magic, layout, and whether the sender fences asymmetrically ([`asymmetric_fences`]).
-const OFFER_LEN: usize = 4 + 24 + 1;
+const OFFER_LEN: usize = 4 + 32 + 1;
 
 /// Where this rank accepts its shared-memory peers: an abstract Unix socket (no file) with a
 /// random name.
@@ -169,6 +170,7 @@ fn connect(
         rank: me.rank,
         size: me.size,
         wire: 0,
+        group: 0,
     };
     auth::connect(&mut socket, &me.token, claim, deadline).map_err(|e| e.to_string())?;
     offer.exchange(spec, socket, deadline)
@@ -434,13 +436,17 @@ impl Connector for ShmConnector {
                 )));
             }
         };
-        let wires = self.wires;
-        // A neighbour sends to this rank on its rings towards this rank: the left one on its
-        // right rings (`wires + w`), the right one on its left rings (`w`).
-        let rings = |end: End| match end {
-            End::Left => Some((0, wires)),
-            End::Right => Some((wires, 0)),
-            End::Other => None,
+        let layout = Layout::new(self.wires, me.size, super::RING_BYTES, super::AREA_BYTES);
+        // The rings of wire w of a want, (this rank's, the peer's): a neighbour sends to this
+        // rank on its rings towards this rank (the left one on its right rings, the right one
+        // on its left rings); any other rank on its ring to this rank.
+        let rings = |want: &Want, w: usize| {
+            let (mine, theirs) = match want.end {
+                End::Left => (Ring::Left(w), Ring::Right(w)),
+                End::Right => (Ring::Right(w), Ring::Left(w)),
+                End::Other => (Ring::To(want.peer), Ring::To(me.rank)),
+            };
+            (layout.ring_index(mine), layout.ring_index(theirs))
         };
         let mut specs: Vec<PeerSpec> = Vec::new();
         for want in request.wants {
@@ -457,11 +463,8 @@ impl Connector for ShmConnector {
                     &mut specs[last]
                 }
             };
-            if let Some((_, theirs)) = rings(want.end).filter(|_| want.wires > 0) {
-                spec.reads.extend((0..want.wires).map(|w| theirs + w));
-            }
+            spec.reads.extend((0..want.wires).map(|w| rings(want, w).1));
         }
-        let layout = Layout::new(wires, super::RING_BYTES, super::AREA_BYTES);
         let shm = establish(
             listener,
             me,
@@ -474,17 +477,10 @@ impl Connector for ShmConnector {
             .wants
             .iter()
             .map(|want| {
-                let (Some((mine, theirs)), Some(peer)) = (rings(want.end), &shm.peers[want.peer])
-                else {
-                    return Some(Vec::new());
-                };
+                let peer = shm.peers[want.peer].as_ref()?;
                 let links = (0..want.wires).map(|w| {
-                    let link = ShmLink::new(
-                        Arc::clone(&shm.local),
-                        Arc::clone(peer),
-                        mine + w,
-                        theirs + w,
-                    );
+                    let (mine, theirs) = rings(want, w);
+                    let link = ShmLink::new(Arc::clone(&shm.local), Arc::clone(peer), mine, theirs);
                     Box::new(link) as Box<dyn Link>
                 });
                 Some(links.collect())
@@ -505,7 +501,7 @@ mod tests {
         /// Offers with the valid magic, and often the valid layout, with random rest.
         #[test]
         fn offers_never_panic(rest in proptest::collection::vec(any::<u8>(), 0..40), valid in any::<bool>()) {
-            let layout = Layout::new(1, super::super::RING_BYTES, super::super::AREA_BYTES);
+            let layout = Layout::new(1, 4, super::super::RING_BYTES, super::super::AREA_BYTES);
             let mut b = OFFER_MAGIC.to_vec();
             if valid {
                 b.extend_from_slice(&layout.encode());

@@ -1,0 +1,102 @@
+//! Links made after start-up, when a call first needs them: to a rank off the ring (a `send`
+//! to any rank, an all-to-all's pairwise exchange) when start-up did not make one. Ranks that
+//! share a host got shared-memory links to each other at start-up (cheap: no network, and the
+//! segments are exchanged anyway); the mesh made TCP links to all. What is left are ranks on
+//! other hosts without the mesh: they get a TCP connection here, authenticated like every
+//! other (`crate::auth`), to the listener each rank published at start-up, and kept for the
+//! life of the group. The lower rank connects; the higher one takes the connection from its
+//! acceptor thread ([`LateTcp`]), so neither waits for the other to reach its call to
+//! connect. Every wait ends by the call's timeout, or by liveness when a peer is lost.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+
+use crate::algo::engine::{Call, LateLinks};
+use crate::config::Transport;
+use crate::error::{Error, Result};
+use crate::liveness::Liveness;
+use crate::os::{deadline_after, poll};
+use crate::transport::Link;
+use crate::transport::tcp::{DialError, LateTcp};
+
+/// The peers a group made late links to, and their transports (for `Group::transport`).
+pub(crate) type Opened = Arc<Mutex<Vec<(usize, Transport)>>>;
+
+/// [`LateLinks`] over TCP.
+pub(crate) struct Late {
+    pub(crate) tcp: LateTcp,
+    /// The group the links serve (0: the group `init` made).
+    pub(crate) group: u64,
+    pub(crate) opened: Opened,
+}
+
+/// The longest a wait for a connection sleeps before it looks at liveness again.
+const LOOK_AGAIN: Duration = Duration::from_millis(100);
+
+impl LateLinks for Late {
+    fn open(
+        &mut self,
+        peers: &[usize],
+        call: &Call,
+        liveness: &Liveness,
+    ) -> Result<Vec<Box<dyn Link>>> {
+        let me = call.rank;
+        let deadline = deadline_after(call.timeout);
+        let mut go_on = || {
+            liveness.check_peers(call.op, peers)?;
+            liveness.check_interrupt(call.op)
+        };
+        let failed = |peer: usize, why: String| {
+            let why = std::io::Error::other(why);
+            Error::io(me, format!("{}: connecting to rank {peer}", call.op), why)
+        };
+        let mut links: Vec<Option<Box<dyn Link>>> = peers.iter().map(|_| None).collect();
+        // Higher ranks first: their acceptors take the connections whatever they are doing.
+        for (slot, &peer) in links.iter_mut().zip(peers).filter(|(_, p)| **p > me) {
+            let link = self
+                .tcp
+                .open(self.group, peer, 0, deadline, &mut go_on)
+                .map_err(|e| match e {
+                    DialError::Stopped(e) => e,
+                    DialError::Failed(_) if Instant::now() >= deadline => call.timed_out(),
+                    DialError::Failed(why) => failed(peer, why),
+                })?;
+            *slot = Some(Box::new(link));
+        }
+        // Then what the lower ones open, as it arrives.
+        loop {
+            for (slot, &peer) in links.iter_mut().zip(peers) {
+                if slot.is_none()
+                    && let Some(link) = self
+                        .tcp
+                        .take(self.group, peer, 0)
+                        .map_err(|why| failed(peer, why))?
+                {
+                    *slot = Some(Box::new(link));
+                }
+            }
+            if links.iter().all(Option::is_some) {
+                break;
+            }
+            go_on()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(call.timed_out());
+            }
+            let mut fds = [
+                PollFd::from_borrowed_fd(self.tcp.arrivals(), PollFlags::IN),
+                PollFd::from_borrowed_fd(liveness.wake_fd(), PollFlags::IN),
+                PollFd::from_borrowed_fd(liveness.departures_fd(), PollFlags::IN),
+            ];
+            poll(&mut fds, liveness.sleep_limit(left.min(LOOK_AGAIN)))
+                .map_err(|e| Error::io(me, format!("{}: waiting for a connection", call.op), e))?;
+            crate::os::drain(liveness.departures_fd());
+        }
+        if let Ok(mut opened) = self.opened.lock() {
+            opened.extend(peers.iter().map(|&p| (p, Transport::Tcp)));
+        }
+        Ok(links.into_iter().flatten().collect())
+    }
+}

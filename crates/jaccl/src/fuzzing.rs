@@ -280,7 +280,7 @@ pub fn engine(bytes: &[u8]) {
         Op::Reduce => c.reduce(&data[..one], &mut out[..one], &reducer, &call),
         Op::Gather => c.gather(&data[..one], &mut out, &call),
         Op::Scatter => c.scatter(&data, &mut out[..one], &call),
-        Op::AllToAll => c.all_to_all(&data, &mut out, elem, &call),
+        Op::AllToAll => c.all_to_all(&data, &mut out, &call),
         Op::AllToAllV => {
             let total = counts.iter().sum::<usize>() * elem;
             let (input, output) = (&data[..total], &mut out[..total]);

@@ -278,6 +278,10 @@ impl Collectives {
                 let direct = direct(&mut self.direct, call)?;
                 direct.broadcast(data, root, call, &mut self.net.channels)
             }
+            Broadcast::Flat => {
+                let plan = mesh::broadcast_flat(&g, root, data.len());
+                self.net.run(&plan, bufs(data), None, call)
+            }
             Broadcast::Tree => {
                 let plans = mesh::broadcast_tree(&g, root, data.len());
                 let mut rounds = Rounds {
@@ -393,20 +397,16 @@ impl Collectives {
         }
     }
 
-    /// All-to-all of `size` equal blocks each way (`elem`-byte elements).
+    /// All-to-all of `size` equal blocks each way.
     pub(crate) fn all_to_all(
         &mut self,
         input: &[u8],
         output: &mut [u8],
-        elem: usize,
         call: &Call,
     ) -> Result<()> {
-        let n = self.geometry.size;
-        let block = input.len() / n;
-        let blocks = equal_blocks(n, block);
-        let offsets: Vec<usize> = (0..n).map(|_| self.geometry.rank * block).collect();
-        let _ = elem;
-        self.exchange_blocks(input, &blocks, output, &blocks, &offsets, input.len(), call)
+        let block = input.len() / self.geometry.size;
+        let blocks = equal_blocks(self.geometry.size, block);
+        self.exchange_blocks(input, &blocks, output, &blocks, block, call)
     }
 
     /// All-to-all with any counts (elements of `elem` bytes): first the counts, checked pair
@@ -424,33 +424,29 @@ impl Collectives {
     ) -> Result<()> {
         let (n, me) = (self.geometry.size, self.geometry.rank);
         let (sends, recvs) = (blocks_of(send_counts, elem), blocks_of(recv_counts, elem));
-        // Every sender's count and offset for each receiver.
+        // Every sender's count for this rank.
         let words = Call {
             dtype: Dtype::UInt64,
-            count: 2,
+            count: 1,
             ..*call
         };
-        let mine: Vec<u64> = sends
-            .iter()
-            .flat_map(|r| [(r.len() / elem) as u64, r.start as u64])
-            .collect();
-        let mut theirs = vec![0u64; 2 * n];
+        let mine: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
+        let mut theirs = vec![0u64; n];
         {
             let (a, b): (&[u8], &mut [u8]) = (
                 bytemuck::cast_slice(&mine),
                 bytemuck::cast_slice_mut(&mut theirs),
             );
-            let blocks = equal_blocks(n, 16);
-            let offsets = vec![me * 16; n];
-            self.exchange_blocks(a, &blocks, b, &blocks, &offsets, a.len(), &words)?;
+            let blocks = equal_blocks(n, 8);
+            self.exchange_blocks(a, &blocks, b, &blocks, 8, &words)?;
         }
-        // This rank's first disagreement, and the longest input, for every rank to see.
-        let bad = (0..n).find(|&s| theirs[2 * s] != recv_counts[s] as u64);
+        // This rank's first disagreement, and its largest block, for every rank to see.
+        let bad = (0..n).find(|&s| theirs[s] != recv_counts[s] as u64);
         let report = [
             bad.map_or(u64::MAX, |s| s as u64),
-            bad.map_or(0, |s| theirs[2 * s]),
+            bad.map_or(0, |s| theirs[s]),
             bad.map_or(0, |s| recv_counts[s] as u64),
-            input.len() as u64,
+            sends.iter().map(|r| r.len() as u64).max().unwrap_or(0),
         ];
         let mut reports = vec![0u64; 4 * n];
         let verdict = Call { count: 4, ..words };
@@ -477,53 +473,36 @@ impl Collectives {
                 ),
             });
         }
-        let offsets: Vec<usize> = (0..n).map(|s| theirs[2 * s + 1] as usize).collect();
-        let longest = reports
-            .chunks_exact(4)
-            .map(|r| r[3] as usize)
-            .max()
-            .unwrap_or(0);
-        self.exchange_blocks(input, &sends, output, &recvs, &offsets, longest, call)
+        let largest = reports.chunks_exact(4).map(|r| r[3] as usize).max();
+        self.exchange_blocks(input, &sends, output, &recvs, largest.unwrap_or(0), call)
     }
 
     /// Every rank's byte range `sends[d]` of `input` to rank d, rank s's into `recvs[s]` of
-    /// `output`; `their_offsets[s]` is where rank s's block for this rank starts in its
-    /// input, and `longest` the longest input of any rank (the direct collectives need both).
-    #[allow(clippy::too_many_arguments)]
+    /// `output`; `largest` is the largest block of any rank (the same on every rank: the
+    /// direct collectives' rounds follow it).
     fn exchange_blocks(
         &mut self,
         input: &[u8],
         sends: &[Range<usize>],
         output: &mut [u8],
         recvs: &[Range<usize>],
-        their_offsets: &[usize],
-        longest: usize,
+        largest: usize,
         call: &Call,
     ) -> Result<()> {
         let g = self.geometry;
+        copy(
+            &mut output[recvs[g.rank].clone()],
+            &input[sends[g.rank].clone()],
+        );
         match self.shape.all_to_all() {
             AllToAll::Direct => {
                 let direct = direct(&mut self.direct, call)?;
-                let rounds = longest.div_ceil(direct.area_bytes());
                 let channels = &mut self.net.channels;
-                direct.all_to_all(
-                    input,
-                    sends,
-                    output,
-                    recvs,
-                    their_offsets,
-                    rounds,
-                    call,
-                    channels,
-                )
+                direct.all_to_all(input, sends, output, recvs, largest, call, channels)
             }
             AllToAll::Pairwise => {
                 let others = (0..g.size).filter(|&p| p != g.rank);
                 self.net.reach(others.map(|p| g.channel_to(p, 0)), call)?;
-                copy(
-                    &mut output[recvs[g.rank].clone()],
-                    &input[sends[g.rank].clone()],
-                );
                 let span = |r: &Range<usize>, input: bool| match input {
                     true => Span::input(r.start, r.len()),
                     false => Span::output(r.start, r.len()),

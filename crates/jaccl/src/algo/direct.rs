@@ -312,7 +312,10 @@ impl Direct {
             }
             self.sync(call, (k == 0).then_some(seq), channels)?;
             if self.rank != root {
-                self.board.read(root, area, &mut data[range]);
+                match bytes >= STREAM_OUT {
+                    true => self.board.read_streaming(root, area, &mut data[range]),
+                    false => self.board.read(root, area, &mut data[range]),
+                }
             }
         }
         self.end(timing);
@@ -358,10 +361,12 @@ impl Direct {
     }
 
     /// All-to-all with any counts: this rank's byte range `sends[d]` of `input` goes to rank
-    /// d, and rank s's block for this rank, at `their_offsets[s]` of rank s's input, lands in
-    /// `recvs[s]` of `output`. Per round (an area), every rank copies the next area's worth of
-    /// its input (`rounds` of them: the longest input's) into its area, and every rank copies
-    /// out of each peer's area the part of its block that round holds.
+    /// d, and rank s's block for this rank lands in `recvs[s]` of `output` (the caller
+    /// copied this rank's own block). A rank's area has a slot per rank; per round, every rank
+    /// copies the next slot's worth of each of its blocks into that rank's slot, and after the
+    /// wait every rank copies its slot out of every peer's area: so every rank copies in and
+    /// out in every round, whatever the counts. `largest` is the largest block of any rank
+    /// (the same on every rank), which sets the number of rounds.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn all_to_all(
         &mut self,
@@ -369,39 +374,31 @@ impl Direct {
         sends: &[Range<usize>],
         output: &mut [u8],
         recvs: &[Range<usize>],
-        their_offsets: &[usize],
-        rounds: usize,
+        largest: usize,
         call: &Call,
         channels: &mut [Channel],
     ) -> Result<()> {
         let (seq, timing) = self.begin(call, input.len());
-        let me = self.rank;
-        copy(&mut output[recvs[me].clone()], &input[sends[me].clone()]);
-        let chunk = self.area_bytes();
-        for k in 0..rounds.max(1) {
-            let window = k * chunk..(k + 1) * chunk;
+        // Slots on cache-line boundaries.
+        let slot = (self.area_bytes() / self.size / 64 * 64).max(64);
+        let rounds = largest.div_ceil(slot).max(1);
+        let streams_out = output.len() >= STREAM_OUT;
+        for k in 0..rounds {
+            let at = k * slot;
+            let part =
+                |r: &Range<usize>| (r.start + at).min(r.end)..(r.start + at + slot).min(r.end);
             let area = self.next_area();
-            // The round's bytes of this rank's input, but its own block (copied above).
-            let held = window.start.min(input.len())..window.end.min(input.len());
-            let own = &sends[me];
-            for piece in [
-                held.start..own.start.clamp(held.start, held.end),
-                own.end.clamp(held.start, held.end)..held.end,
-            ] {
-                if !piece.is_empty() {
-                    self.write_area(area + piece.start - window.start, &input[piece]);
-                }
+            for &d in &self.others {
+                self.write_area(area + d * slot, &input[part(&sends[d])]);
             }
             self.sync(call, (k == 0).then_some(seq), channels)?;
             for &p in &self.others {
-                let theirs = their_offsets[p]..their_offsets[p] + recvs[p].len();
-                let overlap = theirs.start.max(window.start)..theirs.end.min(window.end);
-                if overlap.is_empty() {
-                    continue;
+                let dst = &mut output[part(&recvs[p])];
+                let from = area + self.rank * slot;
+                match streams_out {
+                    true => self.board.read_streaming(p, from, dst),
+                    false => self.board.read(p, from, dst),
                 }
-                let dst = recvs[p].start + overlap.start - theirs.start;
-                let dst = &mut output[dst..dst + overlap.len()];
-                self.board.read(p, area + overlap.start - window.start, dst);
             }
         }
         self.end(timing);
@@ -784,6 +781,12 @@ impl Direct {
 pub(crate) fn equal_blocks(size: usize, block: usize) -> Vec<Range<usize>> {
     (0..size).map(|r| r * block..(r + 1) * block).collect()
 }
+
+/// Outputs of at least this many bytes are copied into with non-temporal stores: far beyond
+/// the caches (2 MiB of L2 per core, 32 MiB of L3 for both here), every line an ordinary store
+/// writes is first read from memory, then evicted. Measured (`jaccl bench -n 4 --op broadcast
+/// --transport shm`, 32 MiB): 5.07 GB/s with ordinary stores, 6.19-6.28 with streaming ones.
+const STREAM_OUT: usize = 8 << 20;
 
 /// Where a peer is, from a waiting rank's point of view.
 enum Arrival {

@@ -45,8 +45,8 @@ pub(crate) fn exchange(
 
 /// The rounds of a binomial-tree broadcast of `bytes` from `root` over the mesh: in round k
 /// every rank that has the data (relative rank below 2^k) sends it to the rank 2^k above it,
-/// so ⌈log2 size⌉ rounds reach every rank. Round 0 also exchanges headers with both ring
-/// neighbours, so that a neighbour that called something else notices.
+/// so ⌈log2 size⌉ rounds reach every rank. Headers travel with the data only, as in the
+/// ring's chains (`super::ring::broadcast`).
 pub(crate) fn broadcast_tree(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
     let n = g.size;
     let me = (g.rank + n - root) % n;
@@ -79,12 +79,38 @@ pub(crate) fn broadcast_tree(g: &Geometry, root: usize, bytes: usize) -> Vec<Pla
                     merge_after_send: false,
                 });
             }
-            if k == 0 {
-                plan.headers_both_ways = vec![g.left_channel(0), g.right_channel(0)];
-            }
             plan
         })
         .collect()
+}
+
+/// A broadcast of `bytes` in one step: the root sends them to every other rank over its
+/// channel to it; headers travel with the data, so the root returns once it has handed them
+/// over (over shared memory, rings deep enough to run many calls ahead of slow receivers).
+pub(crate) fn broadcast_flat(g: &Geometry, root: usize, bytes: usize) -> Plan {
+    let data = Span::output(0, bytes);
+    let one = |tx: Option<usize>, rx: Option<usize>, send: Span, recv: Span| Transfer {
+        tx,
+        rx,
+        steps: vec![Step {
+            send,
+            recv,
+            merge: Merge::Copy,
+        }],
+        frame: frame_bytes(bytes),
+        merge_after_send: false,
+    };
+    let transfers = match g.rank == root {
+        true => (0..g.size)
+            .filter(|&p| p != root)
+            .map(|p| one(Some(g.channel_to(p, 0)), None, data, Span::EMPTY))
+            .collect(),
+        false => vec![one(None, Some(g.channel_to(root, 0)), Span::EMPTY, data)],
+    };
+    Plan {
+        transfers,
+        ..Plan::default()
+    }
 }
 
 /// Gathers every rank's block of `block` bytes into an output of `size` blocks whose own block

@@ -19,6 +19,17 @@ pub(crate) fn collective_plan(g: &Geometry) -> Plan {
     }
 }
 
+/// An empty plan for a chain (broadcast, gather, scatter): headers travel with the data only,
+/// from each rank to the next along the chain, so the root (or, for a gather, every rank but
+/// the root) returns as soon as its data is handed over, without waiting for its neighbours to
+/// reach the call: back-to-back broadcasts pipeline, as MPI's do. Every rank that receives
+/// checks the sender's header (operation, type, count, root), so a neighbour that called
+/// something else fails with `Mismatch`, and the sender fails on its next call (or, when it
+/// waits on a receiver that never comes, by the deadlock search or the timeout).
+fn chain_plan() -> Plan {
+    Plan::default()
+}
+
 /// All-reduce of `count` elements of `elem` bytes: reduce-scatter over `size` chunks, then
 /// all-gather. Rank r ends the reduce-scatter holding chunk r + 1 (direction 0) or r − 1
 /// (direction 1) fully reduced.
@@ -244,7 +255,7 @@ pub(crate) fn broadcast_lanes(g: &Geometry, bytes: usize) -> Vec<ChainLane> {
 /// reach receives it into the same span of its output and, but the last, forwards it as it
 /// arrives (a pipelined chain: forwarding works at byte granularity).
 pub(crate) fn broadcast(g: &Geometry, root: usize, lanes: &[ChainLane]) -> Plan {
-    let mut plan = collective_plan(g);
+    let mut plan = chain_plan();
     for lane in lanes {
         let (tx, rx, _) = g.lane_channels(lane.dir, lane.wire);
         let span = Span::output(lane.off, lane.len);
@@ -303,7 +314,7 @@ fn upstream(g: &Geometry, root: usize, dir: usize, k: usize) -> usize {
 pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Plan {
     let n = g.size;
     let wires = select::lanes(block, block, 1, g.wires).wires;
-    let mut plan = collective_plan(g);
+    let mut plan = chain_plan();
     for dir in 0..2 {
         let reach = side_reach(n, dir);
         if reach == 0 {
@@ -380,7 +391,7 @@ pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Plan {
 pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Plan {
     let n = g.size;
     let wires = select::lanes(block, block, 1, g.wires).wires;
-    let mut plan = collective_plan(g);
+    let mut plan = chain_plan();
     for dir in 0..2 {
         let reach = side_reach(n, dir);
         if reach == 0 {

@@ -494,7 +494,7 @@ impl Group {
         }
         let call = self.call(op, dtype, ReduceOp::Sum, count / self.size);
         self.copy_or_run(call, input, output, |c, i, o, call| {
-            c.all_to_all(i, o, dtype.size(), call)
+            c.all_to_all(i, o, call)
         })
     }
 

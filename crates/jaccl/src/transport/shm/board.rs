@@ -77,6 +77,15 @@ impl Board {
         }
     }
 
+    /// [`Board::read`] with non-temporal stores into `dst`, for destinations far larger than
+    /// the caches (see [`super::sys::copy_streaming`]).
+    pub(crate) fn read_streaming(&self, rank: usize, offset: usize, dst: &mut [u8]) {
+        match self.peer(rank) {
+            Some(peer) => peer.main.read_streaming(offset, dst),
+            None => self.local.main.read_streaming(offset, dst),
+        }
+    }
+
     /// Runs `f` over `len` bytes at `offset` of `rank`'s segment (this rank's own included).
     pub(crate) fn with_bytes<R>(
         &self,

@@ -197,6 +197,11 @@ impl Mapping {
         self.with_bytes(offset, dst.len(), |src| crate::reduce::copy(dst, src));
     }
 
+    /// [`Mapping::read`] with non-temporal stores into `dst` (see [`copy_streaming`]).
+    pub(crate) fn read_streaming(&self, offset: usize, dst: &mut [u8]) {
+        self.with_bytes(offset, dst.len(), |src| copy_streaming(dst, src));
+    }
+
     /// Runs `f` over `len` bytes at `offset`. The protocol guarantees no one writes them while
     /// `f` runs (see the module docs for a peer that breaks it).
     pub(crate) fn with_bytes<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
@@ -205,6 +210,21 @@ impl Mapping {
         // written while the borrow lives, by the protocol.
         f(unsafe { std::slice::from_raw_parts(ptr, len) })
     }
+}
+
+/// Copies `src` into `dst` (the same length) with non-temporal stores where the CPU has them:
+/// for destinations far larger than the caches, whose lines would only be read from memory
+/// to be overwritten (write-allocate) and then evicted.
+pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_streaming of unequal lengths");
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `dst` is a live mutable slice of `src.len()` bytes, which cannot overlap
+        // the shared slice `src`.
+        unsafe { stream(dst.as_mut_ptr(), src) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    crate::reduce::copy(dst, src);
 }
 
 /// Copies `src` to `dst` with non-temporal 16-byte stores (SSE2, part of x86-64), the

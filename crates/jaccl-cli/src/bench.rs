@@ -282,7 +282,7 @@ impl Pattern for Complex32 {
 }
 
 /// Element counts of one size: (input on each rank, output on each rank, bytes per the table).
-/// Rooted operations give every rank the root's lengths; [`Buffers`] trims them.
+/// Rooted operations give every rank the root's lengths; [`lengths`] trims them.
 fn layout(op: BenchOp, n: usize, bytes: usize, elem: usize) -> (usize, usize, usize) {
     let whole = bytes / elem;
     let block = bytes / (n * elem);

@@ -4,6 +4,8 @@
 
 use super::Group;
 use crate::dtype::{Dtype, Element, ReduceOp};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::{Op, Result};
 
 /// A typed call on bytes: `input` and `output` viewed as the bytes of their elements (`bool`s

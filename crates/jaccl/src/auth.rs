@@ -146,7 +146,7 @@ pub(crate) struct Identity {
 }
 
 /// What a connection is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub(crate) enum Purpose {
     /// A member joining the coordinator.

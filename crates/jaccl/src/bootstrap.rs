@@ -19,6 +19,7 @@ use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Heartbeat, Liveness};
 use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after, time_left};
+use crate::transport::tcp::LateTcp;
 use crate::wire::{Reader, to_u32};
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
@@ -80,6 +81,50 @@ impl SideChannel {
         } else {
             attend(cfg, addr, deadline)
         }
+    }
+
+    /// The side channel of sub-group `group` (`crate::group`), whose rank `r` is the job's rank
+    /// `job_rank[r]`, through the listener every rank keeps from start-up (`job`): its rank 0
+    /// coordinates, and each other member connects to it, authenticated like every
+    /// connection, before `deadline`.
+    pub(crate) fn through(
+        job: &LateTcp,
+        group: u64,
+        job_rank: &[usize],
+        rank: usize,
+        deadline: Instant,
+    ) -> Result<SideChannel> {
+        let fail = |why: String| Error::Bootstrap(format!("rank {rank}: {why}"));
+        let (role, local) = if rank == 0 {
+            let slots: Vec<_> = job_rank[1..]
+                .iter()
+                .map(|&r| (Purpose::Side, group, r, 0))
+                .collect();
+            let members = job.collect(&slots, deadline)?;
+            let local = members.first().map(TcpStream::local_addr);
+            (Role::Coordinator { members }, local)
+        } else {
+            let coordinator = job_rank.first().copied().unwrap_or_default();
+            let stream = job
+                .dial(Purpose::Side, group, coordinator, 0, deadline, &mut || {
+                    Ok(())
+                })
+                .map_err(|e| fail(format!("joining the new group's rank 0: {e}")))?;
+            let local = Some(stream.local_addr());
+            (Role::Member { stream }, local)
+        };
+        let local_ip = match local {
+            Some(addr) => addr
+                .map_err(|e| Error::io(rank, "side channel address", e))?
+                .ip(),
+            None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        };
+        Ok(SideChannel {
+            rank,
+            size: job_rank.len(),
+            role,
+            local_ip,
+        })
     }
 
     /// The local address other ranks reach this one at.

@@ -159,6 +159,13 @@ pub enum Error {
         /// The operation that was running.
         op: Op,
     },
+    /// The group was dropped while this operation, started with [`crate::Group::start`], was
+    /// running or waiting to run: it stopped half-way or never started.
+    #[error("rank {rank}: the group was dropped before the operation finished")]
+    Closed {
+        /// The rank reporting the error.
+        rank: usize,
+    },
     /// Start-up failed: the coordinator is unreachable or refused us, a rank did not join in
     /// time, ranks disagree on the configuration, or data connections could not be made.
     #[error("bootstrap failed: {0}")]
@@ -207,6 +214,7 @@ impl Error {
             | Error::Deadlock { rank, .. }
             | Error::Protocol { rank, .. }
             | Error::Interrupted { rank, .. }
+            | Error::Closed { rank }
             | Error::Io { rank, .. } => Some(*rank),
             _ => None,
         }

@@ -4,7 +4,6 @@
 //! normally on any input: a panic, an out-of-bounds access, a hang or an allocation the input
 //! sized is a bug.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use rustix::event::PollFd;
@@ -257,6 +256,7 @@ pub fn engine(bytes: &[u8]) {
         root,
         timeout: Duration::from_secs(1),
         wait: WaitPolicy::SLEEP,
+        interruptible: true,
     };
     let Some(reducer) = Reducer::new(dtype, reduce) else {
         return;
@@ -345,19 +345,4 @@ impl Link for FuzzLink {
     fn wait_fds<'a>(&'a self, _interest: Interest, _fds: &mut Vec<PollFd<'a>>) {}
 
     fn disarm(&mut self) {}
-}
-
-/// A connector of each kind, made once (they hold listeners).
-pub(crate) fn connectors() -> &'static Connectors {
-    static MADE: OnceLock<Connectors> = OnceLock::new();
-    MADE.get_or_init(|| Connectors {
-        tcp: crate::transport::tcp::TcpConnector::new([127, 0, 0, 1].into()).ok(),
-        shm: crate::transport::shm::ShmConnector::new(1),
-    })
-}
-
-/// The connectors that hold a listener (see [`connectors`]).
-pub(crate) struct Connectors {
-    pub(crate) tcp: Option<crate::transport::tcp::TcpConnector>,
-    pub(crate) shm: crate::transport::shm::ShmConnector,
 }

@@ -33,10 +33,11 @@ pub(crate) enum Kind {
     AllToAllV = 11,
     AllGatherV = 12,
     ReduceScatterV = 13,
+    Split = 14,
 }
 
 impl Kind {
-    const ALL: [Kind; 13] = [
+    const ALL: [Kind; 14] = [
         Kind::AllReduce,
         Kind::AllGather,
         Kind::ReduceScatter,
@@ -50,6 +51,7 @@ impl Kind {
         Kind::AllToAllV,
         Kind::AllGatherV,
         Kind::ReduceScatterV,
+        Kind::Split,
     ];
 
     fn from_id(id: u8) -> Option<Kind> {
@@ -62,7 +64,8 @@ impl Kind {
             Op::AllGather => Kind::AllGather,
             Op::ReduceScatter => Kind::ReduceScatter,
             Op::Send | Op::Recv => Kind::SendRecv,
-            Op::Barrier | Op::Init | Op::Split => Kind::Barrier,
+            Op::Barrier | Op::Init => Kind::Barrier,
+            Op::Split => Kind::Split,
             Op::Broadcast => Kind::Broadcast,
             Op::Reduce => Kind::Reduce,
             Op::Gather => Kind::Gather,
@@ -89,6 +92,7 @@ impl Kind {
             Kind::AllToAllV => "all_to_all_v",
             Kind::AllGatherV => "all_gather_v",
             Kind::ReduceScatterV => "reduce_scatter_v",
+            Kind::Split => "split",
         }
     }
 

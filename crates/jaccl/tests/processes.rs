@@ -255,6 +255,50 @@ fn sigkill_of_a_rank_mid_collective_fails_the_others_promptly() {
     );
 }
 
+/// A rank SIGKILLed while each rank uses three groups from three threads (the job's, a
+/// tensor-parallel pair of ranks `2k, 2k + 1` and a data-parallel pair of ranks of the same
+/// parity): every survivor fails, in every group it shares with the dead rank, with
+/// `PeerLost` naming it by its rank in that group.
+#[test]
+fn sigkill_while_three_groups_are_in_use_is_named_in_every_group() {
+    for transport in transports() {
+        let victim = 2;
+        let (survivors, killed) = signal_mid(
+            "groups",
+            transport,
+            4,
+            victim,
+            rustix::process::Signal::KILL,
+            &[],
+        );
+        for (rank, line, at) in survivors {
+            eprintln!(
+                "groups {transport}: rank {rank} after {:?}: {line}",
+                at.duration_since(killed)
+            );
+            let groups: Vec<&str> = line.split(" | ").collect();
+            assert_eq!(groups.len(), 3, "{transport} rank {rank}: {line}");
+            // (the group, whether it holds the victim, the victim's rank in it)
+            let shared = [
+                ("world", true, victim),
+                ("tp", rank / 2 == victim / 2, victim % 2),
+                ("dp", rank % 2 == victim % 2, victim / 2),
+            ];
+            for ((name, holds, peer), got) in shared.into_iter().zip(groups) {
+                if !holds {
+                    continue;
+                }
+                assert!(
+                    got.starts_with(&format!("{name}: PeerLost"))
+                        && (got.contains(&format!("peer: {peer},"))
+                            || got.contains(&format!("lost rank {peer}"))),
+                    "{transport} rank {rank}, group {name} (victim is its rank {peer}): {got}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn a_stopped_rank_is_named_by_every_other_rank_within_the_liveness_window() {
     let cases = [
@@ -477,6 +521,9 @@ fn child() {
         // Large collectives (the ring, the direct ones in rounds), medium ones (64 KiB:
         // recursive doubling with 4 ranks) and small ones (with the mesh, one step to every
         // rank), of `LOOP_OP`.
+        "loop" if std::env::var("LOOP_OP").is_ok_and(|op| op == "groups") => {
+            jaccl::init().and_then(three_groups_until_one_fails)
+        }
         "loop" => jaccl::init().and_then(|mut g| {
             let input = vec![1f32; 4 << 20];
             let mut out = vec![0f32; input.len()];
@@ -537,6 +584,48 @@ fn child() {
         Ok(line) => println!("RESULT {line}"),
         Err(e) => println!("RESULT {e:?}"),
     }
+}
+
+/// The job's group `g`, a tensor-parallel group (ranks `2k, 2k + 1`) and a data-parallel one
+/// (ranks of one parity), each looping all-reduces on a thread of its own until one fails;
+/// says `READY` once every group has made its first call. Returns each group's first error.
+fn three_groups_until_one_fails(mut g: jaccl::Group) -> jaccl::Result<String> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let rank = g.rank();
+    let tp = g.split(Some((rank / 2) as u32), 0)?.expect("a color");
+    let dp = g.split(Some((rank % 2) as u32), 0)?.expect("a color");
+    let (started, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let outcomes: Vec<String> = std::thread::scope(|s| {
+        let runs: Vec<_> = [("world", g), ("tp", tp), ("dp", dp)]
+            .into_iter()
+            .map(|(name, mut group)| {
+                let (started, stop) = (&started, &stop);
+                s.spawn(move || {
+                    let input = vec![1f32; 1 << 18];
+                    let mut out = vec![0f32; input.len()];
+                    let mut first = true;
+                    while !stop.load(Ordering::Relaxed) {
+                        for len in [1 << 18, 8] {
+                            if let Err(e) = group.all_sum(&input[..len], &mut out[..len]) {
+                                stop.store(true, Ordering::Relaxed);
+                                return format!("{name}: {e:?}");
+                            }
+                        }
+                        if std::mem::take(&mut first)
+                            && started.fetch_add(1, Ordering::Relaxed) == 2
+                        {
+                            println!("READY");
+                        }
+                    }
+                    format!("{name}: -")
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("a group's thread"))
+            .collect()
+    });
+    Ok(outcomes.join(" | "))
 }
 
 /// A stranger in the job's network: for `how_long`, connects to every listening TCP port and

@@ -670,7 +670,7 @@ impl Direct {
         };
         engine::disarm(channels, &wants, armed);
         outcome?;
-        self.liveness.check_interrupt(call.op)
+        self.liveness.check_interrupt(call.op, call.interruptible)
     }
 
     /// The doorbell part of [`Direct::sleep`], with the connections armed as `wants` says.

@@ -210,6 +210,8 @@ pub(crate) struct Call {
     pub(crate) root: usize,
     pub(crate) timeout: Duration,
     pub(crate) wait: WaitPolicy,
+    /// Whether waits ask the caller's interrupt check (not on the progress thread).
+    pub(crate) interruptible: bool,
 }
 
 impl Call {
@@ -961,7 +963,7 @@ fn sleep(
     }
     disarm(channels, wants, armed);
     outcome?;
-    liveness.check_interrupt(call.op)
+    liveness.check_interrupt(call.op, call.interruptible)
 }
 
 /// Arms the channels with an interest in order, stopping at the first that is ready (or

@@ -352,6 +352,7 @@ fn call(rank: usize, op: Op, count: usize) -> Call {
         root: 0,
         timeout: Duration::from_secs(60),
         wait: WaitPolicy::SLEEP,
+        interruptible: true,
     }
 }
 

@@ -24,16 +24,25 @@ use crate::transport::tcp::{DialError, LateTcp};
 /// The peers a group made late links to, and their transports (for `Group::transport`).
 pub(crate) type Opened = Arc<Mutex<Vec<(usize, Transport)>>>;
 
-/// [`LateLinks`] over TCP.
+/// [`LateLinks`] over TCP, through the job's listener.
 pub(crate) struct Late {
-    pub(crate) tcp: LateTcp,
+    pub(crate) tcp: Arc<LateTcp>,
     /// The group the links serve (0: the group `init` made).
     pub(crate) group: u64,
+    /// The job's rank of each rank of the group.
+    pub(crate) job_rank: Arc<[usize]>,
     pub(crate) opened: Opened,
 }
 
 /// The longest a wait for a connection sleeps before it looks at liveness again.
 const LOOK_AGAIN: Duration = Duration::from_millis(100);
+
+impl Late {
+    /// The job's rank of the group's rank `peer`.
+    fn job(&self, peer: usize) -> usize {
+        self.job_rank.get(peer).copied().unwrap_or(usize::MAX)
+    }
+}
 
 impl LateLinks for Late {
     fn open(
@@ -46,7 +55,7 @@ impl LateLinks for Late {
         let deadline = deadline_after(call.timeout);
         let mut go_on = || {
             liveness.check_peers(call.op, peers)?;
-            liveness.check_interrupt(call.op)
+            liveness.check_interrupt(call.op, call.interruptible)
         };
         let failed = |peer: usize, why: String| {
             let why = std::io::Error::other(why);
@@ -57,7 +66,7 @@ impl LateLinks for Late {
         for (slot, &peer) in links.iter_mut().zip(peers).filter(|(_, p)| **p > me) {
             let link = self
                 .tcp
-                .open(self.group, peer, 0, deadline, &mut go_on)
+                .open(self.group, self.job(peer), 0, deadline, &mut go_on)
                 .map_err(|e| match e {
                     DialError::Stopped(e) => e,
                     DialError::Failed(_) if Instant::now() >= deadline => call.timed_out(),
@@ -71,7 +80,7 @@ impl LateLinks for Late {
                 if slot.is_none()
                     && let Some(link) = self
                         .tcp
-                        .take(self.group, peer, 0)
+                        .take(self.group, self.job(peer), 0)
                         .map_err(|why| failed(peer, why))?
                 {
                     *slot = Some(Box::new(link));

@@ -31,7 +31,7 @@ use crate::transport::connector::{
 };
 use crate::transport::rdma::{DeviceNames, RdmaConnector};
 use crate::transport::shm::{self, Board, Shm, ShmConnector};
-use crate::transport::tcp::TcpConnector;
+use crate::transport::tcp::{LateTcp, TcpConnector};
 use crate::wait::WaitPolicy;
 
 pub(crate) mod late;
@@ -87,12 +87,44 @@ impl Exchange for SideExchange<'_> {
     }
 }
 
-/// Joins the group of `config` (size > 1) and opens its links.
-pub(crate) fn connect(config: &Config) -> Result<Connected> {
-    let (rank, size) = (config.rank, config.size);
+/// Joins the group of `config` (size > 1) and opens its links. Also returns the listener this
+/// rank keeps for the job: links made on first use and sub-groups connect through it.
+pub(crate) fn connect(config: &Config) -> Result<(Connected, Arc<LateTcp>)> {
     let deadline = deadline_after(config.startup_timeout);
+    let side = SideChannel::join(config, deadline)?;
+    let tcp = TcpConnector::new(side.local_ip())
+        .map_err(|e| Error::io(config.rank, "listening for data connections", e))?;
+    let job_rank: Arc<[usize]> = (0..config.size).collect();
+    set_up(config, side, tcp, &job_rank, 0, deadline)
+}
+
+/// Forms sub-group `group` of the job whose listener is `job` (see `crate::group`), as
+/// `config` (its rank and size) says: rank `r` of it is the job's rank `job_rank[r]`. Its side
+/// channel and TCP links go through the job's listener; everything else as [`connect`].
+pub(crate) fn connect_subgroup(
+    config: &Config,
+    job: Arc<LateTcp>,
+    job_rank: Arc<[usize]>,
+    group: u64,
+) -> Result<Connected> {
+    let deadline = deadline_after(config.startup_timeout);
+    let side = SideChannel::through(&job, group, &job_rank, config.rank, deadline)?;
+    let tcp = TcpConnector::through(job, group, Arc::clone(&job_rank));
+    set_up(config, side, tcp, &job_rank, group, deadline).map(|(connected, _)| connected)
+}
+
+/// Opens the links of group `group` once its side channel is up: `job_rank` gives the job's
+/// rank of each of its ranks.
+fn set_up(
+    config: &Config,
+    mut side: SideChannel,
+    mut tcp: TcpConnector,
+    job_rank: &Arc<[usize]>,
+    group: u64,
+    deadline: std::time::Instant,
+) -> Result<(Connected, Arc<LateTcp>)> {
+    let (rank, size) = (config.rank, config.size);
     let fail = |what: String| Error::Bootstrap(format!("rank {rank}: {what}"));
-    let mut side = SideChannel::join(config, deadline)?;
     let mut geometry = Geometry {
         rank,
         size,
@@ -103,8 +135,6 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let (left, right) = (geometry.left(), geometry.right());
 
     // Each transport's connector, and what it publishes.
-    let mut tcp = TcpConnector::new(side.local_ip())
-        .map_err(|e| Error::io(rank, "listening for data connections", e))?;
     let mut shm = matches!(config.transport, Transport::Auto | Transport::Shm)
         .then(|| ShmConnector::new(wires));
     if let Some(why) = shm.as_ref().and_then(ShmConnector::unavailable) {
@@ -116,8 +146,8 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
     let mut rdma = match config.transport {
         Transport::Auto | Transport::Rdma => RdmaConnector::open_devices(
             config.rdma_library.as_deref(),
-            device_names(config, left),
-            device_names(config, right),
+            device_names(config, job_rank, left),
+            device_names(config, job_rank, right),
         ),
         _ => RdmaConnector::off(),
     };
@@ -310,15 +340,18 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         .map(|i| i.published(Transport::Tcp).blob.clone())
         .collect();
     let opened_late = late::Opened::default();
-    let late_links = tcp
+    let job = tcp
         .into_late(identity.clone(), &tcp_published)
         .map_err(|e| Error::io(rank, "accepting data connections", e))?;
     let late = late::Late {
-        tcp: late_links,
-        group: 0,
+        tcp: Arc::clone(&job),
+        group,
+        job_rank: Arc::clone(job_rank),
         opened: Arc::clone(&opened_late),
     };
-    let liveness = Liveness::new(rank).map_err(|e| Error::io(rank, "liveness", e))?;
+    let job_ranks = (group != 0).then(|| Arc::clone(job_rank));
+    let liveness =
+        Liveness::of_group(rank, job_ranks).map_err(|e| Error::io(rank, "liveness", e))?;
     let board = shared.as_ref().filter(|_| all_here);
     let collectives = Collectives::new(
         geometry,
@@ -334,7 +367,7 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         .then(|| side.into_heartbeat(config.liveness, Arc::clone(&liveness)))
         .transpose()
         .map_err(|e| Error::io(rank, "starting the heartbeat", e))?;
-    Ok(Connected {
+    let connected = Connected {
         collectives,
         shm: shared,
         peers,
@@ -342,7 +375,8 @@ pub(crate) fn connect(config: &Config) -> Result<Connected> {
         wait,
         liveness,
         heartbeat,
-    })
+    };
+    Ok((connected, job))
 }
 
 /// Reads what ranks published at start-up as every rank would: the settings, and each
@@ -356,7 +390,7 @@ pub(crate) fn check_published(bytes: &[u8]) {
         return;
     };
     let _ = agree(0, me, &infos);
-    let made = crate::fuzzing::connectors();
+    let made = fuzz_connectors();
     let rdma = RdmaConnector::off();
     let some = &infos[..infos.len().min(8)];
     for a in some {
@@ -371,11 +405,30 @@ pub(crate) fn check_published(bytes: &[u8]) {
     }
 }
 
-/// The RDMA device of each wire towards `peer`: the device matrix's, else the first active.
-fn device_names(config: &Config, peer: usize) -> DeviceNames {
+/// A connector of each kind that holds a listener, made once for every input of the fuzz
+/// target.
+#[cfg(feature = "fuzzing")]
+struct FuzzConnectors {
+    tcp: Option<TcpConnector>,
+    shm: ShmConnector,
+}
+
+#[cfg(feature = "fuzzing")]
+fn fuzz_connectors() -> &'static FuzzConnectors {
+    static MADE: std::sync::OnceLock<FuzzConnectors> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| FuzzConnectors {
+        tcp: TcpConnector::new([127, 0, 0, 1].into()).ok(),
+        shm: ShmConnector::new(1),
+    })
+}
+
+/// The RDMA device of each wire towards `peer`: the device matrix's (which names the job's
+/// ranks: `job_rank` maps the group's), else the first active.
+fn device_names(config: &Config, job_rank: &[usize], peer: usize) -> DeviceNames {
+    let job = |r: usize| job_rank.get(r).copied().unwrap_or(r);
     match &config.devices {
         Some(m) => m
-            .devices(config.rank, peer)
+            .devices(job(config.rank), job(peer))
             .iter()
             .map(|d| Some(d.clone()))
             .collect(),

@@ -1,29 +1,42 @@
 //! [`Group`]: validates each call, dispatches it to the algorithm, and poisons itself when an
 //! operation fails half-way.
 
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::algo::collectives::Collectives;
 use crate::algo::engine::Call;
 use crate::config::{Config, Topology, Transport};
-use crate::connect::{self, Connected};
+use crate::connect::{self, Connected, late};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
-use crate::liveness::Heartbeat;
+use crate::liveness::{Heartbeat, Liveness};
 use crate::reduce::Reducer;
 use crate::wait::WaitPolicy;
 
+mod ops;
+mod progress;
+mod split;
+
+use progress::Progress;
+pub use progress::Request;
+use split::Family;
+
 /// A set of ranks that run collectives together. Create one per process with [`crate::init`]
-/// or [`crate::init_with`]; every rank must call the same operations, in the same order, with
+/// or [`crate::init_with`], and sub-groups of it with [`Group::split`] and
+/// [`Group::subgroup`]; every rank must call the same operations, in the same order, with
 /// matching lengths, types and reductions.
 ///
-/// All operations block until this rank's part is done. They take `&mut self`: one operation at
-/// a time per group.
+/// The operations block until this rank's part is done; [`Group::start`] runs any of them on
+/// the group's progress thread instead, while the caller goes on. They take `&mut self`: one
+/// caller at a time per group. A group can be moved to another thread, so a process can use
+/// several groups (a data-parallel and a tensor-parallel one) from several threads at once.
 ///
 /// Dropping a group closes its connections and says goodbye: a peer that waits for this rank
 /// then fails with [`Error::PeerLost`] saying that it left the group. Rank 0's drop goes on
 /// passing such news between the others until they have all left too, for at most half a
-/// second, so that each can name the first cause of a failure.
+/// second, so that each can name the first cause of a failure. Operations still running on
+/// the progress thread fail with [`Error::Closed`].
 pub struct Group {
     rank: usize,
     size: usize,
@@ -32,7 +45,22 @@ pub struct Group {
     mesh: bool,
     timeout: Duration,
     wait: WaitPolicy,
-    state: State,
+    /// Whether every rank shares memory with this one (the direct collectives).
+    shares_memory: bool,
+    /// The transport to each peer start-up linked this rank to ([`Group::transport`]).
+    peers: Vec<(usize, Transport)>,
+    /// The peers of links made later, when first used.
+    opened_late: Option<late::Opened>,
+    /// What the heartbeat found out; `None` for a group of one.
+    liveness: Option<Arc<Liveness>>,
+    /// The connections and their state, shared with the progress thread's view.
+    state: Arc<Mutex<State>>,
+    /// The thread of nonblocking operations, once one was started (never in its own view).
+    progress: Option<Progress>,
+    /// Whether this is the progress thread's view of the group.
+    on_progress_thread: bool,
+    /// What sub-groups are made from.
+    family: Family,
 }
 
 enum State {
@@ -48,8 +76,6 @@ enum State {
     },
 }
 
-mod ops;
-
 /// How long a failed call waits for the heartbeat to explain it: a verdict, or its peer's
 /// goodbye.
 const VERDICT_GRACE: Duration = Duration::from_millis(500);
@@ -57,28 +83,147 @@ const VERDICT_GRACE: Duration = Duration::from_millis(500);
 impl Group {
     pub(crate) fn new(config: Config) -> Result<Group> {
         config.validate()?;
-        let (state, wires, wait, mesh) = if config.size == 1 {
-            (State::Alone, 0, WaitPolicy::SLEEP, false)
-        } else {
-            let connected = connect::connect(&config)?;
-            let (wait, mesh) = (connected.wait, connected.collectives.geometry().mesh);
-            (
-                State::Connected(Box::new(connected)),
-                config.wire_count(),
-                wait,
-                mesh,
-            )
-        };
+        if config.size == 1 {
+            return Ok(Group::of_one(Family::of_job(&config, None)));
+        }
+        let (connected, world) = connect::connect(&config)?;
+        let family = Family::of_job(&config, Some(world));
+        Ok(Group::connected(&config, connected, family))
+    }
+
+    /// A group of one.
+    fn of_one(family: Family) -> Group {
+        Group {
+            rank: 0,
+            size: 1,
+            wires: 0,
+            mesh: false,
+            timeout: family.config.timeout,
+            wait: WaitPolicy::SLEEP,
+            shares_memory: false,
+            peers: Vec::new(),
+            opened_late: None,
+            liveness: None,
+            state: Arc::new(Mutex::new(State::Alone)),
+            progress: None,
+            on_progress_thread: false,
+            family,
+        }
+    }
+
+    /// The group of `config`'s rank and size over `connected`.
+    fn connected(config: &Config, connected: Connected, family: Family) -> Group {
         tracing::debug!(rank = config.rank, size = config.size, "jaccl group ready");
-        Ok(Group {
+        Group {
             rank: config.rank,
             size: config.size,
-            wires,
-            mesh,
+            wires: config.wire_count(),
+            mesh: connected.collectives.geometry().mesh,
             timeout: config.timeout,
-            wait,
-            state,
-        })
+            wait: connected.wait,
+            shares_memory: connected.collectives.shares_memory_with_all(),
+            peers: connected.peers.clone(),
+            opened_late: Some(Arc::clone(&connected.opened_late)),
+            liveness: Some(Arc::clone(&connected.liveness)),
+            state: Arc::new(Mutex::new(State::Connected(Box::new(connected)))),
+            progress: None,
+            on_progress_thread: false,
+            family,
+        }
+    }
+
+    /// The progress thread's view: the same group, whose calls do not wait for the progress
+    /// thread (they run on it) and do not ask the caller's interrupt check (which belongs to
+    /// the caller's thread).
+    fn progress_view(&self) -> Group {
+        Group {
+            rank: self.rank,
+            size: self.size,
+            wires: self.wires,
+            mesh: self.mesh,
+            timeout: self.timeout,
+            wait: self.wait,
+            shares_memory: self.shares_memory,
+            peers: self.peers.clone(),
+            opened_late: self.opened_late.clone(),
+            liveness: self.liveness.clone(),
+            state: Arc::clone(&self.state),
+            progress: None,
+            on_progress_thread: true,
+            family: self.family.clone(),
+        }
+    }
+
+    /// Starts `op` on the group's progress thread and returns at once: operations started
+    /// this way run one after the other in the order they were started, and a blocking call
+    /// on this group waits for those started before it. `op` owns what it works on (buffers
+    /// moved into it) and returns it, so nothing it uses can go while it runs; its
+    /// [`Request`] gives that back.
+    ///
+    /// ```no_run
+    /// # fn main() -> jaccl::Result<()> {
+    /// let mut group = jaccl::init()?;
+    /// let grads: Vec<Vec<f32>> = vec![vec![1.0; 1 << 20]; 4];
+    /// // One all-reduce per bucket, in flight while this thread goes on computing.
+    /// let requests: Vec<_> = grads
+    ///     .into_iter()
+    ///     .map(|mut bucket| {
+    ///         group.start(move |g| {
+    ///             g.all_reduce_in_place(&mut bucket, jaccl::ReduceOp::Avg)?;
+    ///             Ok(bucket)
+    ///         })
+    ///     })
+    ///     .collect();
+    /// // ... compute ...
+    /// for request in requests.into_iter().rev() {
+    ///     let averaged: Vec<f32> = request.wait()?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// `op` may call any operation of the group it is given (several, even), not of another
+    /// group: a call that waits for another group's progress could wait forever. Argument
+    /// errors and every other error come out of [`Request::wait`]; after an error while data
+    /// moved, the group is poisoned as with blocking calls. In a group of one, or in an
+    /// operation that is itself running on the progress thread, `op` runs at once.
+    pub fn start<R, F>(&mut self, op: F) -> Request<R>
+    where
+        F: FnOnce(&mut Group) -> Result<R> + Send + 'static,
+        R: Send + 'static,
+    {
+        if self.on_progress_thread || self.alone() {
+            return Request::completed(op(self));
+        }
+        if self.progress.is_none() {
+            match Progress::spawn(self.progress_view()) {
+                Ok(progress) => self.progress = Some(progress),
+                Err(e) => {
+                    let e = Error::io(self.rank, "starting the progress thread", e);
+                    return Request::completed(Err(e));
+                }
+            }
+        }
+        let (request, complete) = Request::new();
+        let rank = self.rank;
+        let job = Box::new(move |g: &mut Group| {
+            let result = match g.closing() {
+                true => Err(progress::closed(rank)),
+                false => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(g)))
+                    .unwrap_or_else(|panic| Err(panicked(rank, &panic))),
+            };
+            complete(result);
+        });
+        if !self.progress.as_ref().is_some_and(|p| p.submit(job)) {
+            let e = std::io::Error::other("the progress thread has ended");
+            return Request::completed(Err(Error::io(rank, "starting an operation", e)));
+        }
+        request
+    }
+
+    /// Whether the group is being dropped, so that operations not started yet fail.
+    fn closing(&self) -> bool {
+        self.liveness.as_ref().is_some_and(|l| l.closing())
     }
 
     /// This process's rank, `0..size()`.
@@ -101,22 +246,17 @@ impl Group {
     /// [`Config::transport`] forced one; to the other ranks on other hosts TCP. Empty for a
     /// group of one, which needs none.
     pub fn transport(&self) -> Vec<(usize, Transport)> {
-        match &self.state {
-            State::Connected(c) => {
-                let mut peers = c.peers.clone();
-                if let Ok(late) = c.opened_late.lock() {
-                    peers.extend(late.iter().copied());
-                }
-                peers
-            }
-            _ => Vec::new(),
+        let mut peers = self.peers.clone();
+        if let Some(Ok(late)) = self.opened_late.as_ref().map(|l| l.lock()) {
+            peers.extend(late.iter().copied());
         }
+        peers
     }
 
     /// Whether every rank shares memory with this one, so collectives read each other's data
     /// directly instead of passing it around the ring.
     pub fn shares_memory_with_all(&self) -> bool {
-        matches!(&self.state, State::Connected(c) if c.collectives.shares_memory_with_all())
+        self.shares_memory
     }
 
     /// How ranks wait for their peers in this group (see [`Config::wait`]).
@@ -127,9 +267,9 @@ impl Group {
     /// The topology in use ([`Topology::Ring`] or [`Topology::Mesh`]); `None` for a group of
     /// one.
     pub fn topology(&self) -> Option<Topology> {
-        match &self.state {
-            State::Alone => None,
-            _ if self.mesh => Some(Topology::Mesh),
+        match (self.size, self.mesh) {
+            (1, _) => None,
+            (_, true) => Some(Topology::Mesh),
             _ => Some(Topology::Ring),
         }
     }
@@ -137,10 +277,11 @@ impl Group {
     /// Makes every wait of this group ask `check`, at least every 100 ms while it sleeps, whether
     /// to stop; when `check` answers true, the operation fails with [`Error::Interrupted`]
     /// (and, having stopped half-way, poisons the group). Bindings use it to honour Ctrl-C
-    /// while a call waits for slow peers; `check` runs on the calling thread.
+    /// while a call waits for slow peers; `check` runs on the calling thread, and is not asked
+    /// by operations on the progress thread ([`Group::start`]).
     pub fn interrupt_when(&mut self, check: impl Fn() -> bool + Send + Sync + 'static) {
-        if let State::Connected(c) = &self.state {
-            c.liveness.set_interrupt(Some(std::sync::Arc::new(check)));
+        if let Some(liveness) = &self.liveness {
+            liveness.set_interrupt(Some(Arc::new(check)));
         }
     }
 
@@ -159,12 +300,25 @@ impl Group {
             root: 0,
             timeout: self.timeout,
             wait: self.wait,
+            interruptible: !self.on_progress_thread,
         }
     }
 
     /// Whether the group has one rank: its collectives are local copies.
     fn alone(&self) -> bool {
-        matches!(self.state, State::Alone)
+        self.size == 1
+    }
+
+    /// The group's state, once every operation started before has finished (unless this is
+    /// the progress thread, which runs them).
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        if let Some(progress) = &self.progress {
+            progress.settle();
+        }
+        self.state.lock().map_err(|_| {
+            let why = std::io::Error::other("an operation panicked earlier in this group");
+            Error::io(self.rank, "group", why)
+        })
     }
 
     /// The kernels of `reduce` over `dtype`, or why it does not apply.
@@ -239,7 +393,7 @@ impl Group {
         output: &mut [u8],
         f: impl FnOnce(&mut Collectives, &[u8], &mut [u8], &Call) -> Result<()>,
     ) -> Result<()> {
-        if matches!(self.state, State::Alone) {
+        if self.alone() {
             output.copy_from_slice(input);
             return Ok(());
         }
@@ -278,12 +432,14 @@ impl Group {
         call: Call,
         f: impl FnOnce(&mut Collectives, &Call) -> Result<()>,
     ) -> Result<()> {
-        let result = match &mut self.state {
+        let rank = self.rank;
+        let mut state = self.state()?;
+        let result = match &mut *state {
             State::Alone => return Ok(()),
             State::Failed { error, .. } => return Err(error.clone()),
             State::Connected(c) => f(&mut c.collectives, &call),
         };
-        let result = match (result, &self.state) {
+        let result = match (result, &*state) {
             // A closed connection may be the ring passing on a loss that the heartbeat is
             // about to announce: then name the rank that was really lost. Or its peer left the
             // group or failed, which the heartbeat passes on too: then say so, with the first
@@ -299,9 +455,9 @@ impl Group {
         if let Err(e) = &result
             && !e.is_local_argument_error()
         {
-            tracing::debug!(rank = self.rank, error = %e, "jaccl group poisoned");
+            tracing::debug!(rank, error = %e, "jaccl group poisoned");
             let mut heartbeat = None;
-            if let State::Connected(c) = &mut self.state {
+            if let State::Connected(c) = &mut *state {
                 c.liveness.fail(e);
                 if let Some(shm) = &c.shm {
                     shm.fail();
@@ -309,7 +465,7 @@ impl Group {
                 heartbeat = c.heartbeat.take();
             }
             // Dropping the connections closes them, so the peers fail promptly too.
-            self.state = State::Failed {
+            *state = State::Failed {
                 error: e.clone(),
                 _heartbeat: heartbeat,
             };
@@ -318,7 +474,7 @@ impl Group {
     }
 
     fn check_usable(&self) -> Result<()> {
-        match &self.state {
+        match &*self.state()? {
             State::Failed { error, .. } => Err(error.clone()),
             _ => Ok(()),
         }
@@ -368,12 +524,38 @@ fn normalise_bools(bytes: &mut [u8], dtype: Dtype) {
     }
 }
 
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(progress) = &mut self.progress {
+            // Stop the operation running and fail those queued, then wait for the thread:
+            // the operations own their buffers, and the connections go after it.
+            if let Some(liveness) = &self.liveness {
+                liveness.close();
+            }
+            progress.join();
+        }
+    }
+}
+
+/// The error of a nonblocking operation that panicked (a bug in it, or in the closure given
+/// to [`Group::start`]).
+fn panicked(rank: usize, panic: &(dyn std::any::Any + Send)) -> Error {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    let why = std::io::Error::other(format!("it panicked: {what}"));
+    Error::io(rank, "a nonblocking operation", why)
+}
+
 impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match &self.state {
-            State::Alone => "alone",
-            State::Connected(_) => "connected",
-            State::Failed { .. } => "failed",
+        let state = match self.state.try_lock().as_deref() {
+            Ok(State::Alone) => "alone",
+            Ok(State::Connected(_)) => "connected",
+            Ok(State::Failed { .. }) => "failed",
+            Err(_) => "busy",
         };
         f.debug_struct("Group")
             .field("rank", &self.rank)

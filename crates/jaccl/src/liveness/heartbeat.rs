@@ -108,7 +108,7 @@ impl Coordinator {
             if now.duration_since(p.heard) > self.window {
                 live.declare(Verdict::Lost {
                     peer: p.rank,
-                    why: silent(p.rank, self.window),
+                    why: silent(&live.name(p.rank), self.window),
                 });
                 p.watched = false;
             }
@@ -161,7 +161,7 @@ impl Coordinator {
             if heard.gone && p.watched {
                 live.declare(Verdict::Lost {
                     peer: p.rank,
-                    why: gone(p.rank),
+                    why: gone(live, p.rank),
                 });
                 p.watched = false;
             }
@@ -219,7 +219,7 @@ pub(crate) fn attend(
             if now.duration_since(coordinator.heard) > window {
                 live.declare(Verdict::Lost {
                     peer: 0,
-                    why: silent(0, window),
+                    why: silent(&live.name(0), window),
                 });
                 return;
             }
@@ -266,7 +266,7 @@ pub(crate) fn attend(
             if heard.gone {
                 live.declare(Verdict::Lost {
                     peer: 0,
-                    why: gone(0),
+                    why: gone(live, 0),
                 });
                 return;
             }
@@ -289,15 +289,19 @@ fn start(
     })
 }
 
-fn silent(rank: usize, window: Duration) -> String {
+fn silent(rank: &str, window: Duration) -> String {
     format!(
-        "rank {rank} has been silent for {window:?} (stopped, hung, or its host or network is \
+        "{rank} has been silent for {window:?} (stopped, hung, or its host or network is \
          gone; see Config::liveness / JACCL_LIVENESS)"
     )
 }
 
-fn gone(rank: usize) -> String {
-    format!("rank {rank}'s process ended or its connection to rank 0 was lost")
+fn gone(live: &Liveness, rank: usize) -> String {
+    format!(
+        "{}'s process ended or its connection to {} was lost",
+        live.name(rank),
+        live.name(0)
+    )
 }
 
 /// What a peer said since last time.

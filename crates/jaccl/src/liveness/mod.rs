@@ -53,6 +53,8 @@ pub(crate) use message::decode;
 /// What this rank knows about the others, shared by the heartbeat thread and the operations.
 pub(crate) struct Liveness {
     rank: usize,
+    /// In a sub-group, the job's rank of each of its ranks (for messages).
+    job_rank: Option<Arc<[usize]>>,
     /// Set once a verdict is in (checked on every wait: one load).
     lost: AtomicBool,
     verdict: Mutex<Option<Verdict>>,
@@ -60,6 +62,8 @@ pub(crate) struct Liveness {
     wake: OwnedFd,
     /// Asked after each sleep (sleeps then last at most [`INTERRUPT_EVERY`]).
     interrupt: Mutex<Option<InterruptCheck>>,
+    /// Set when the group is dropped with operations in flight ([`Liveness::close`]).
+    closing: AtomicBool,
     /// What the call in progress waits for, while it sleeps.
     blocked: Mutex<Option<Blocked>>,
     /// Numbers the stretches of waiting ([`Blocked::episode`]).
@@ -186,13 +190,25 @@ impl Flow {
 
 impl Liveness {
     /// No verdict yet; a heartbeat ([`coordinate`], [`attend`]) may deliver one.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn new(rank: usize) -> io::Result<Arc<Liveness>> {
+        Liveness::of_group(rank, None)
+    }
+
+    /// [`Liveness::new`] for a group whose rank `r` is the job's rank `job_rank[r]` (a
+    /// sub-group: messages name both).
+    pub(crate) fn of_group(
+        rank: usize,
+        job_rank: Option<Arc<[usize]>>,
+    ) -> io::Result<Arc<Liveness>> {
         Ok(Arc::new(Liveness {
             rank,
+            job_rank,
             lost: AtomicBool::new(false),
             verdict: Mutex::new(None),
             wake: event_counter()?,
             interrupt: Mutex::new(None),
+            closing: AtomicBool::new(false),
             blocked: Mutex::new(None),
             episodes: AtomicU64::new(0),
             stamp: AtomicU64::new(0),
@@ -203,6 +219,15 @@ impl Liveness {
             root: Mutex::new(None),
             failed: event_counter()?,
         }))
+    }
+
+    /// How messages name the group's `rank`: `rank 1`, or in a sub-group `rank 1 (the job's
+    /// rank 5)`.
+    pub(crate) fn name(&self, rank: usize) -> String {
+        match self.job_rank.as_ref().and_then(|j| j.get(rank)) {
+            Some(job) => format!("rank {rank} (the job's rank {job})"),
+            None => format!("rank {rank}"),
+        }
     }
 
     /// `rank` left the group and will never send again: it dropped its group (`farewell`
@@ -258,8 +283,16 @@ impl Liveness {
         }
     }
 
-    /// After a sleep: [`Error::Interrupted`] if the interrupt check asks to stop.
-    pub(crate) fn check_interrupt(&self, op: Op) -> Result<(), Error> {
+    /// After a sleep: [`Error::Closed`] if the group is being dropped, or
+    /// [`Error::Interrupted`] if the interrupt check asks to stop (only asked on the thread
+    /// that installed it: `interruptible`).
+    pub(crate) fn check_interrupt(&self, op: Op, interruptible: bool) -> Result<(), Error> {
+        if self.closing() {
+            return Err(Error::Closed { rank: self.rank });
+        }
+        if !interruptible {
+            return Ok(());
+        }
         let check = match self.interrupt.lock() {
             Ok(slot) => slot.clone(),
             Err(_) => None,
@@ -271,6 +304,18 @@ impl Liveness {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// The group is being dropped: the operation in flight stops at its next wait, which
+    /// this wakes, and fails with [`Error::Closed`].
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        signal(&self.wake);
+    }
+
+    /// Whether [`Liveness::close`] was called.
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 
     /// Records the verdict (the first stays) and wakes sleeping operations.

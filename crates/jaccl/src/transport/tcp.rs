@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustix::event::PollFd;
+use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
@@ -179,11 +179,26 @@ fn classify(e: Errno) -> LinkError {
     }
 }
 
-/// TCP's part in a group's set-up: a listener on the address the side channel reaches this
-/// rank at, published to the peers; a connection is opened by the rank whose right
-/// neighbour (or, off the ring, the higher rank) the other is.
+/// TCP's part in a group's set-up: an address published to the peers; a connection is
+/// opened by the rank whose right neighbour (or, off the ring, the higher rank) the other is.
+/// The group `init` makes listens on an ephemeral port of the address the side channel
+/// reaches this rank at, and keeps that listener for the job ([`TcpConnector::into_late`]);
+/// its sub-groups make their connections through that same listener ([`TcpConnector::through`]),
+/// so they need no port of their own.
 pub(crate) struct TcpConnector {
-    listener: TcpListener,
+    how: How,
+}
+
+enum How {
+    /// A listener of this connector's own.
+    Listening(TcpListener),
+    /// The job's listener, for the connections of group `group`, whose rank `r` is the job's
+    /// rank `job_rank[r]`.
+    Through {
+        job: Arc<LateTcp>,
+        group: u64,
+        job_rank: Arc<[usize]>,
+    },
 }
 
 impl TcpConnector {
@@ -193,8 +208,20 @@ impl TcpConnector {
     /// The listener cannot be made.
     pub(crate) fn new(ip: IpAddr) -> io::Result<TcpConnector> {
         Ok(TcpConnector {
-            listener: crate::os::listen_tcp(SocketAddr::new(ip, 0))?,
+            how: How::Listening(crate::os::listen_tcp(SocketAddr::new(ip, 0))?),
         })
+    }
+
+    /// Makes the connections of sub-group `group` through the job's listener: rank `r` of the
+    /// sub-group is the job's rank `job_rank[r]`.
+    pub(crate) fn through(job: Arc<LateTcp>, group: u64, job_rank: Arc<[usize]>) -> TcpConnector {
+        TcpConnector {
+            how: How::Through {
+                job,
+                group,
+                job_rank,
+            },
+        }
     }
 }
 
@@ -207,9 +234,11 @@ fn address(blob: &Value) -> std::result::Result<SocketAddr, String> {
 
 impl Connector for TcpConnector {
     fn publish(&self) -> Value {
-        self.listener
-            .local_addr()
-            .map_or(Value::Null, |a| Value::String(a.to_string()))
+        let address = match &self.how {
+            How::Listening(listener) => listener.local_addr().ok(),
+            How::Through { job, .. } => job.addresses.get(job.me.rank).copied().flatten(),
+        };
+        address.map_or(Value::Null, |a| Value::String(a.to_string()))
     }
 
     fn unusable(&self, blob: &Value) -> Option<String> {
@@ -236,13 +265,22 @@ impl Connector for TcpConnector {
                 accept_from.push((want.peer, want.wires));
             }
         }
-        let (outgoing, incoming) = establish(
-            &self.listener,
-            me,
-            &connect_to,
-            &accept_from,
-            request.deadline,
-        )?;
+        let (outgoing, incoming) = match &self.how {
+            How::Listening(listener) => {
+                establish(listener, me, &connect_to, &accept_from, request.deadline)?
+            }
+            How::Through {
+                job,
+                group,
+                job_rank,
+            } => job.establish(
+                *group,
+                job_rank,
+                &connect_to,
+                &accept_from,
+                request.deadline,
+            )?,
+        };
         let (mut outgoing, mut incoming) = (outgoing.into_iter(), incoming.into_iter());
         let boxed = |links: Vec<TcpLink>| {
             links
@@ -262,12 +300,17 @@ impl Connector for TcpConnector {
 }
 
 impl TcpConnector {
-    /// Keeps the listener for connections made after start-up ([`LateTcp`]): `published`
-    /// is what every rank's TCP connector published.
+    /// The job's listener, for connections made after start-up ([`LateTcp`]): this one's
+    /// own, kept (`published` is what every rank's TCP connector published), or the one it
+    /// made its connections through.
     ///
     /// # Errors
     /// The thread that accepts them cannot start.
-    pub(crate) fn into_late(self, me: Identity, published: &[Value]) -> io::Result<LateTcp> {
+    pub(crate) fn into_late(self, me: Identity, published: &[Value]) -> io::Result<Arc<LateTcp>> {
+        let listener = match self.how {
+            How::Listening(listener) => listener,
+            How::Through { job, .. } => return Ok(job),
+        };
         let addresses = published.iter().map(|b| address(b).ok()).collect();
         let parked = Arc::new(Parked {
             streams: Mutex::new(HashMap::new()),
@@ -275,25 +318,27 @@ impl TcpConnector {
             arrived: crate::os::event_counter()?,
         });
         let stop = Arc::new(AtomicBool::new(false));
-        let (listener, rank) = (self.listener, me.rank);
+        let rank = me.rank;
         let (me_, parked_, stop_) = (me.clone(), Arc::clone(&parked), Arc::clone(&stop));
         std::thread::Builder::new()
             .name(format!("jaccl-accept-{rank}"))
             .spawn(move || park_arrivals(&listener, &me_, &parked_, &stop_))?;
-        Ok(LateTcp {
+        Ok(Arc::new(LateTcp {
             me,
             addresses,
             parked,
             stop,
-        })
+        }))
     }
 }
 
-/// TCP connections made after start-up, when a call first needs them (to a rank off the
-/// ring): the start-up listener stays open, and a thread authenticates whoever connects to
-/// it and parks the connection until the call that needs it takes it. So a rank that
-/// connects never waits for the other to reach its call; only the data does.
+/// TCP connections made after start-up: when a call first needs them (to a rank off the
+/// ring), and those of sub-groups. The start-up listener stays open, and a thread
+/// authenticates whoever connects to it and parks the connection until the call that needs it
+/// takes it. So a rank that connects never waits for the other to reach its call; only the
+/// data does. Ranks here are the job's (the group `init` made).
 pub(crate) struct LateTcp {
+    /// This rank in the job.
     me: Identity,
     /// Every rank's listener, as it published it.
     addresses: Vec<Option<SocketAddr>>,
@@ -301,13 +346,31 @@ pub(crate) struct LateTcp {
     stop: Arc<AtomicBool>,
 }
 
-/// Connections accepted and authenticated, by `(group, rank, wire)` as their claims say.
+/// Connections accepted and authenticated, by what their claims say.
 struct Parked {
-    streams: Mutex<HashMap<(u64, usize, usize), TcpStream>>,
+    streams: Mutex<HashMap<Slot, TcpStream>>,
     /// Why the thread stopped accepting, if it failed.
     failure: Mutex<Option<String>>,
     /// Signalled when a connection is parked or the thread fails.
     arrived: std::os::fd::OwnedFd,
+}
+
+/// The links [`establish`] opens: `outgoing[i][w]` is wire `w` to the i-th peer it connects
+/// to, `incoming[i][w]` wire `w` from the i-th it accepts.
+type Established = (Vec<Vec<TcpLink>>, Vec<Vec<TcpLink>>);
+
+/// What a connection serves: its purpose, its group, the job's rank that opened it, its wire.
+pub(crate) type Slot = (Purpose, u64, usize, usize);
+
+/// Whether the job's listener takes a connection that claims `claim` (the job's ranks in it):
+/// links made on first use, of any group; and a sub-group's side channel and links.
+fn parks(claim: &Claim, me: &Identity) -> bool {
+    let purpose = match claim.purpose {
+        Purpose::Late => true,
+        Purpose::Side | Purpose::Data => claim.group != 0,
+        Purpose::Shm => false,
+    };
+    purpose && claim.size == me.size && claim.rank < me.size && claim.rank != me.rank
 }
 
 impl Drop for LateTcp {
@@ -318,8 +381,9 @@ impl Drop for LateTcp {
 }
 
 impl LateTcp {
-    /// Opens wire `wire` of group `group` to `peer` (which takes it with [`LateTcp::take`]),
-    /// until `deadline`; `go_on` is asked at least every second whether to keep trying.
+    /// Opens wire `wire` of group `group` to the job's rank `peer` (which takes it with
+    /// [`LateTcp::take`]), until `deadline`; `go_on` is asked at least every second whether to
+    /// keep trying.
     ///
     /// # Errors
     /// The peer published no address, the connection could not be made or was refused, or
@@ -332,23 +396,40 @@ impl LateTcp {
         deadline: Instant,
         go_on: &mut dyn FnMut() -> Result<()>,
     ) -> std::result::Result<TcpLink, DialError> {
-        let rank = self.me.rank;
+        let stream = self.dial(Purpose::Late, group, peer, wire, deadline, go_on)?;
+        late_link(stream).map_err(|e| DialError::Failed(format!("configuring it: {e}")))
+    }
+
+    /// Opens and authenticates a connection for `purpose`, wire `wire` of group `group`, to
+    /// the job's rank `peer`, until `deadline` (see [`LateTcp::open`]).
+    ///
+    /// # Errors
+    /// As [`LateTcp::open`].
+    pub(crate) fn dial(
+        &self,
+        purpose: Purpose,
+        group: u64,
+        peer: usize,
+        wire: usize,
+        deadline: Instant,
+        go_on: &mut dyn FnMut() -> Result<()>,
+    ) -> std::result::Result<TcpStream, DialError> {
         let addr =
             self.addresses.get(peer).copied().flatten().ok_or_else(|| {
                 DialError::Failed(format!("rank {peer} published no TCP address"))
             })?;
         let claim = Claim {
-            purpose: Purpose::Late,
-            rank,
+            purpose,
+            rank: self.me.rank,
             size: self.me.size,
             wire,
             group,
         };
-        let stream = dial(&self.me, peer, addr, claim, deadline, go_on)?;
-        late_link(stream).map_err(|e| DialError::Failed(format!("configuring it: {e}")))
+        dial(&self.me, peer, addr, claim, deadline, go_on)
     }
 
-    /// The connection `peer` opened for wire `wire` of group `group`, if it has arrived.
+    /// The connection the job's rank `peer` opened for wire `wire` of group `group`, if it has
+    /// arrived.
     ///
     /// # Errors
     /// Why the thread that accepts connections stopped, or the link could not be configured.
@@ -358,20 +439,107 @@ impl LateTcp {
         peer: usize,
         wire: usize,
     ) -> std::result::Result<Option<TcpLink>, String> {
+        let stream = self.take_stream((Purpose::Late, group, peer, wire))?;
+        stream
+            .map(late_link)
+            .transpose()
+            .map_err(|e| format!("configuring the connection from rank {peer}: {e}"))
+    }
+
+    /// The connection parked for `slot`, if it has arrived.
+    ///
+    /// # Errors
+    /// Why the thread that accepts connections stopped.
+    fn take_stream(&self, slot: Slot) -> std::result::Result<Option<TcpStream>, String> {
         let stream = match self.parked.streams.lock() {
-            Ok(mut streams) => streams.remove(&(group, peer, wire)),
+            Ok(mut streams) => streams.remove(&slot),
             Err(_) => None,
         };
-        if let Some(stream) = stream {
-            return late_link(stream)
-                .map(Some)
-                .map_err(|e| format!("configuring the connection from rank {peer}: {e}"));
+        if stream.is_some() {
+            return Ok(stream);
         }
         crate::os::drain(&self.parked.arrived);
         match self.parked.failure.lock().ok().and_then(|f| f.clone()) {
             Some(why) => Err(format!("this rank no longer accepts connections: {why}")),
             None => Ok(None),
         }
+    }
+
+    /// Waits until the connections of every slot of `slots` have arrived, or `deadline`.
+    ///
+    /// # Errors
+    /// The deadline passed (naming the ranks that did not connect), or the thread that
+    /// accepts connections stopped.
+    pub(crate) fn collect(&self, slots: &[Slot], deadline: Instant) -> Result<Vec<TcpStream>> {
+        let rank = self.me.rank;
+        let mut got: Vec<Option<TcpStream>> = slots.iter().map(|_| None).collect();
+        loop {
+            for (stream, slot) in got.iter_mut().zip(slots).filter(|(s, _)| s.is_none()) {
+                *stream = self
+                    .take_stream(*slot)
+                    .map_err(|why| Error::Bootstrap(format!("rank {rank}: {why}")))?;
+            }
+            if got.iter().all(Option::is_some) {
+                return Ok(got.into_iter().flatten().collect());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let absent: Vec<String> = got
+                    .iter()
+                    .zip(slots)
+                    .filter(|(s, _)| s.is_none())
+                    .map(|(_, (_, _, peer, wire))| format!("rank {peer} (wire {wire})"))
+                    .collect();
+                return Err(Error::Bootstrap(format!(
+                    "rank {rank}: timed out waiting for connections from {} (of the job's \
+                     ranks)",
+                    absent.join(", ")
+                )));
+            }
+            let mut fds = [PollFd::from_borrowed_fd(self.arrivals(), PollFlags::IN)];
+            crate::os::poll(&mut fds, left.min(Duration::from_millis(100)))
+                .map_err(|e| Error::io(rank, "waiting for connections", e))?;
+        }
+    }
+
+    /// The links of a sub-group `group` (see [`establish`]), through this listener: `wires`
+    /// connections to each `(peer, address, wires)` of `connect_to` and from each `(peer,
+    /// wires)` of `accept_from`, peers being the sub-group's ranks (the job's `job_rank[peer]`).
+    fn establish(
+        &self,
+        group: u64,
+        job_rank: &[usize],
+        connect_to: &[(usize, SocketAddr, usize)],
+        accept_from: &[(usize, usize)],
+        deadline: Instant,
+    ) -> Result<Established> {
+        let rank = self.me.rank;
+        let job = |peer: usize| job_rank.get(peer).copied().unwrap_or(usize::MAX);
+        let outgoing = connect_to
+            .iter()
+            .map(|&(peer, _, wires)| {
+                (0..wires)
+                    .map(|wire| {
+                        self.dial(Purpose::Data, group, job(peer), wire, deadline, &mut || {
+                            Ok(())
+                        })
+                        .map_err(|e| Error::Bootstrap(format!("rank {rank}: {e}")))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let slots: Vec<Slot> = accept_from
+            .iter()
+            .flat_map(|&(peer, wires)| {
+                (0..wires).map(move |w| (Purpose::Data, group, job(peer), w))
+            })
+            .collect();
+        let mut arrived = self.collect(&slots, deadline)?.into_iter();
+        let incoming = accept_from
+            .iter()
+            .map(|&(_, wires)| arrived.by_ref().take(wires).collect())
+            .collect();
+        links(outgoing, incoming, connect_to, accept_from, &self.me)
     }
 
     /// Readable when a connection may have arrived (see [`LateTcp::take`]).
@@ -397,14 +565,11 @@ fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &
         Some(stop),
         |claim, mut stream| {
             let reply_by = deadline_after(auth::HANDSHAKE_TIMEOUT);
-            let fits = claim.purpose == Purpose::Late
-                && claim.size == me.size
-                && claim.rank < me.size
-                && claim.rank != me.rank;
+            let fits = parks(&claim, me);
             let Ok(mut streams) = parked.streams.lock() else {
                 return Ok(Admission::Done);
             };
-            let key = (claim.group, claim.rank, claim.wire);
+            let key = (claim.purpose, claim.group, claim.rank, claim.wire);
             if !fits || streams.contains_key(&key) {
                 let why = format!(
                     "not expecting {:?} from rank {} (wire {}, group {:x}) here",
@@ -433,14 +598,13 @@ fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &
 /// another thread: every rank's handshakes as the connecting side need its neighbour to be
 /// accepting). Returns the links: `outgoing[i][w]` is wire `w` to `connect_to[i]`, and
 /// `incoming[i][w]` wire `w` from `accept_from[i]`.
-#[allow(clippy::type_complexity)]
 fn establish(
     listener: &TcpListener,
     me: &Identity,
     connect_to: &[(usize, SocketAddr, usize)],
     accept_from: &[(usize, usize)],
     deadline: Instant,
-) -> Result<(Vec<Vec<TcpLink>>, Vec<Vec<TcpLink>>)> {
+) -> Result<Established> {
     let stop = AtomicBool::new(false);
     let (incoming, outgoing) = std::thread::scope(|s| {
         let acceptor = s.spawn(|| accept_all(listener, me, accept_from, deadline, &stop));
@@ -456,8 +620,18 @@ fn establish(
         });
         (incoming, outgoing)
     });
-    let (outgoing, incoming) = (outgoing?, incoming?);
-    // Each wire of each neighbour receives for one lane in each direction.
+    links(outgoing?, incoming?, connect_to, accept_from, me)
+}
+
+/// The links over the streams of [`establish`], each receiving through its share of this
+/// rank's staging: each wire of each neighbour receives for one lane in each direction.
+fn links(
+    outgoing: Vec<Vec<TcpStream>>,
+    incoming: Vec<Vec<TcpStream>>,
+    connect_to: &[(usize, SocketAddr, usize)],
+    accept_from: &[(usize, usize)],
+    me: &Identity,
+) -> Result<Established> {
     let wires = connect_to.iter().map(|c| c.2);
     let wires = wires.chain(accept_from.iter().map(|a| a.1)).max();
     let staging = (STAGING_PER_RANK / (2 * wires.unwrap_or(1).max(1))).max(MIN_STAGING);

@@ -1,0 +1,320 @@
+//! Sub-groups: [`Group::split`] and [`Group::subgroup`], collective over the parent.
+//!
+//! Every rank of the parent contributes what it asks for (a color and a key, or the list of
+//! members) in an all-gather over the parent's own connections, so a rank that calls something
+//! else, or a different list, fails every rank with [`Error::Mismatch`] instead of hanging.
+//! Then the members of each new group form it as `init` forms a job
+//! (`crate::connect::connect_subgroup`): their own side channel, heartbeat and links, chosen
+//! from their own members (ranks of one host get shared memory and the direct collectives),
+//! made through the listener every rank keeps from start-up (no new port), authenticated with
+//! the job's secret. A sub-group shares nothing mutable with its parent, so both can be used
+//! at once from different threads, and either can be dropped first.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Group;
+use crate::config::Config;
+use crate::connect;
+use crate::dtype::{Dtype, ReduceOp};
+use crate::error::{Error, Op, Result};
+use crate::transport::tcp::LateTcp;
+
+/// What a group's sub-groups are made from.
+#[derive(Clone)]
+pub(super) struct Family {
+    /// The settings sub-groups inherit (this group's rank and size).
+    pub(super) config: Arc<Config>,
+    /// The listener every rank of the job keeps; `None` in a job of one rank.
+    job: Option<Arc<LateTcp>>,
+    /// The job's rank of each rank of this group.
+    job_rank: Arc<[usize]>,
+    /// This group's id, in every connection made for it (0: the group `init` made).
+    id: u64,
+    /// How many splits this group has made: with the id, it names the next sub-groups alike
+    /// on every rank (shared with the progress thread's view).
+    splits: Arc<AtomicU64>,
+}
+
+impl Family {
+    /// The family of the group `init` made from `config`.
+    pub(super) fn of_job(config: &Config, job: Option<Arc<LateTcp>>) -> Family {
+        let config = Config {
+            job_token: Some(config.token()),
+            ..config.clone()
+        };
+        Family {
+            job_rank: (0..config.size).collect(),
+            config: Arc::new(config),
+            job,
+            id: 0,
+            splits: Arc::default(),
+        }
+    }
+}
+
+/// What a rank asks of a split, as the all-gather carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    /// [`Group::split`]: `color` (`None`: no group) and `key`.
+    Split { color: Option<u32>, key: u32 },
+    /// [`Group::subgroup`]: a digest of the list of members.
+    Subgroup { digest: u64 },
+}
+
+/// Bytes of an [`Ask`]: kind (1 split, 2 subgroup), whether a color follows (0 or 1), color
+/// and key (u32 each, little-endian), digest (u64).
+const ASK_LEN: usize = 1 + 1 + 4 + 4 + 8;
+
+impl Ask {
+    fn encode(self) -> [u8; ASK_LEN] {
+        let mut b = [0u8; ASK_LEN];
+        match self {
+            Ask::Split { color, key } => {
+                b[0] = 1;
+                b[1] = u8::from(color.is_some());
+                b[2..6].copy_from_slice(&color.unwrap_or(0).to_le_bytes());
+                b[6..10].copy_from_slice(&key.to_le_bytes());
+            }
+            Ask::Subgroup { digest } => {
+                b[0] = 2;
+                b[10..18].copy_from_slice(&digest.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Reads what a peer sent (`None`: not an ask of ours).
+    fn decode(b: &[u8]) -> Option<Ask> {
+        let u32_at = |i: usize| b.get(i..i + 4)?.try_into().ok().map(u32::from_le_bytes);
+        match (b.len(), b.first(), b.get(1)) {
+            (ASK_LEN, Some(1), Some(&present @ (0 | 1))) => Some(Ask::Split {
+                color: (present == 1).then_some(u32_at(2)?),
+                key: u32_at(6)?,
+            }),
+            (ASK_LEN, Some(2), _) => Some(Ask::Subgroup {
+                digest: u64::from_le_bytes(b.get(10..18)?.try_into().ok()?),
+            }),
+            _ => None,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Ask::Split {
+                color: Some(c),
+                key,
+            } => format!("split(color {c}, key {key})"),
+            Ask::Split { color: None, key } => format!("split(no color, key {key})"),
+            Ask::Subgroup { digest } => format!("subgroup(a list with digest {digest:016x})"),
+        }
+    }
+}
+
+/// A digest of `values` (FNV-1a over their little-endian bytes), the same on every rank.
+fn digest(values: impl IntoIterator<Item = u64>) -> u64 {
+    values
+        .into_iter()
+        .flat_map(u64::to_le_bytes)
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
+
+impl Group {
+    /// Splits the group into sub-groups, as `MPI_Comm_split` does: every rank of this group
+    /// calls it; ranks that pass the same `color` form one new group, ordered by `key`, then by
+    /// their rank here (so equal keys keep this group's order); a rank's new rank is its place
+    /// in that order. A rank that passes `None` joins no group and gets `Ok(None)`.
+    ///
+    /// A sub-group is a [`Group`] of its own, with every operation, its own connections,
+    /// heartbeat and algorithms chosen from its own members (ranks of one host use shared
+    /// memory, and the direct collectives when all of them are on one host). It can be used
+    /// from another thread while this group (or a sibling) is in use, and outlive this group.
+    /// Its ranks are its own in everything it reports (a lost peer is named by its rank in the
+    /// sub-group). Forming it needs no new port: its connections go through the listener each
+    /// rank opened at start-up. Sub-groups can be split again.
+    ///
+    /// ```no_run
+    /// # fn main() -> jaccl::Result<()> {
+    /// let mut world = jaccl::init()?; // 8 ranks: 2 hosts × 4
+    /// let host = (world.rank() / 4) as u32;
+    /// // Tensor parallel inside each host, data parallel across hosts.
+    /// let mut tp = world.split(Some(host), 0)?.expect("every rank has a color");
+    /// let mut dp = world.split(Some(tp.rank() as u32), 0)?.expect("every rank has a color");
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| tp.barrier());
+    ///     s.spawn(|| dp.barrier());
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Mismatch`] naming a rank that called something else (or
+    /// [`Group::subgroup`]); the errors of a collective on this group (after which it is
+    /// poisoned); [`Error::Bootstrap`] when the new group cannot be formed in the start-up
+    /// timeout (a member died or is not in this split), which leaves this group usable.
+    pub fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Group>> {
+        let asks = self.gather_asks(Ask::Split { color, key })?;
+        let Some(color) = color else {
+            return Ok(None);
+        };
+        let mut members: Vec<(u32, usize)> = asks
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, ask)| match ask {
+                Ask::Split {
+                    color: Some(c),
+                    key,
+                } if *c == color => Some((*key, rank)),
+                _ => None,
+            })
+            .collect();
+        members.sort_unstable();
+        let members: Vec<usize> = members.into_iter().map(|(_, rank)| rank).collect();
+        self.form(&members, u64::from(color)).map(Some)
+    }
+
+    /// Makes a sub-group of `ranks` (ranks of this group, in the order of their new ranks):
+    /// every rank of this group calls it with the same list; the members get the new group,
+    /// the others `Ok(None)`. See [`Group::split`] for what a sub-group is.
+    ///
+    /// # Errors
+    /// [`Error::Mismatch`] naming a rank whose list differs, or that called something else;
+    /// [`Error::InvalidArgument`] (on every rank) for an empty list, a rank out of range or one
+    /// listed twice; otherwise as [`Group::split`].
+    pub fn subgroup(&mut self, ranks: &[usize]) -> Result<Option<Group>> {
+        let list = digest(ranks.iter().map(|&r| r as u64));
+        self.gather_asks(Ask::Subgroup { digest: list })?;
+        // Every rank has the same list now: each finds the same fault in it.
+        if ranks.is_empty() {
+            return Err(self.invalid(Op::Split, "the list of ranks is empty".into()));
+        }
+        for (i, &r) in ranks.iter().enumerate() {
+            if r >= self.size {
+                return Err(self.invalid(
+                    Op::Split,
+                    format!("rank {r} does not exist in a group of {}", self.size),
+                ));
+            }
+            if ranks[..i].contains(&r) {
+                return Err(self.invalid(Op::Split, format!("rank {r} is listed twice")));
+            }
+        }
+        if !ranks.contains(&self.rank) {
+            return Ok(None);
+        }
+        self.form(ranks, list).map(Some)
+    }
+
+    /// Every rank's ask, checked to be of the same kind as this rank's (and, for
+    /// [`Group::subgroup`], the same list).
+    fn gather_asks(&mut self, mine: Ask) -> Result<Vec<Ask>> {
+        self.check_usable()?;
+        let mut all = vec![0u8; ASK_LEN * self.size];
+        let call = self.call(Op::Split, Dtype::UInt8, ReduceOp::Sum, ASK_LEN);
+        self.copy_or_run(call, &mine.encode(), &mut all, |c, i, o, call| {
+            c.all_gather(i, o, call)
+        })?;
+        let mut asks = Vec::with_capacity(self.size);
+        for (peer, bytes) in all.chunks_exact(ASK_LEN).enumerate() {
+            let theirs = Ask::decode(bytes).ok_or_else(|| Error::Protocol {
+                rank: self.rank,
+                peer,
+                op: Op::Split,
+                detail: "its split request is not one of jaccl's".into(),
+            })?;
+            let same_kind =
+                matches!((mine, theirs), (Ask::Split { .. }, Ask::Split { .. })) || mine == theirs;
+            if !same_kind {
+                return Err(Error::Mismatch {
+                    rank: self.rank,
+                    peer,
+                    op: Op::Split,
+                    detail: format!(
+                        "this rank called {}, rank {peer} {}",
+                        mine.describe(),
+                        theirs.describe()
+                    ),
+                });
+            }
+            asks.push(theirs);
+        }
+        Ok(asks)
+    }
+
+    /// Forms the group of `members` (ranks of this group, in their new order; this rank among
+    /// them), told apart from the other groups of the same split by `label`.
+    fn form(&mut self, members: &[usize], label: u64) -> Result<Group> {
+        let split = self.family.splits.fetch_add(1, Ordering::Relaxed);
+        let id = digest([self.family.id, split, label]).max(1);
+        let rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| {
+                let why = std::io::Error::other("this rank is not a member of its own group");
+                Error::io(self.rank, "split", why)
+            })?;
+        let job_rank: Arc<[usize]> = members.iter().map(|&r| self.family.job_rank[r]).collect();
+        let config = Config {
+            rank,
+            size: members.len(),
+            ..(*self.family.config).clone()
+        };
+        let family = Family {
+            config: Arc::new(config.clone()),
+            job: self.family.job.clone(),
+            job_rank: Arc::clone(&job_rank),
+            id,
+            splits: Arc::default(),
+        };
+        if members.len() == 1 {
+            return Ok(Group::of_one(family));
+        }
+        let job = self.family.job.clone().ok_or_else(|| {
+            let why = std::io::Error::other("a group of one has no connections to split");
+            Error::io(self.rank, "split", why)
+        })?;
+        let connected = connect::connect_subgroup(&config, job, job_rank, id)?;
+        Ok(Group::connected(&config, connected, family))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asks_round_trip_and_foreign_bytes_are_not_asks() {
+        for ask in [
+            Ask::Split {
+                color: Some(7),
+                key: 3,
+            },
+            Ask::Split {
+                color: None,
+                key: u32::MAX,
+            },
+            Ask::Subgroup { digest: 42 },
+        ] {
+            assert_eq!(Ask::decode(&ask.encode()), Some(ask));
+        }
+        assert_eq!(Ask::decode(&[0u8; ASK_LEN]), None);
+        assert_eq!(Ask::decode(&[1u8, 2]), None);
+        let mut bad = Ask::Split {
+            color: None,
+            key: 1,
+        }
+        .encode();
+        bad[1] = 7;
+        assert_eq!(Ask::decode(&bad), None);
+    }
+
+    #[test]
+    fn digests_tell_lists_apart() {
+        assert_eq!(digest([1, 2]), digest([1, 2]));
+        assert_ne!(digest([1, 2]), digest([2, 1]));
+        assert_ne!(digest([0]), digest([0, 0]));
+    }
+}

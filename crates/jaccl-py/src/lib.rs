@@ -41,33 +41,88 @@ struct Group {
 /// the environment describe.
 #[pyfunction]
 fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
-    let mut group = py
+    let group = py
         .detach(|| jaccl::Config::from_env_with(&settings).and_then(jaccl::init_with))
         .map_err(|e| to_python(py, &e))?;
-    // While a call waits, run Python's signal handlers (on the main thread) every 100 ms: a
-    // handler that raises (Ctrl-C) stops the call, and its exception is raised in its place.
-    let interrupt = Arc::new(Mutex::new(None));
-    let raised = Arc::clone(&interrupt);
-    group.interrupt_when(move || {
-        Python::attach(|py| match py.check_signals() {
-            Ok(()) => false,
-            Err(e) => {
-                if let Ok(mut slot) = raised.lock() {
-                    *slot = Some(e);
+    Ok(Group::wrap(group))
+}
+
+impl Group {
+    /// The Python object of `group`.
+    fn wrap(mut group: jaccl::Group) -> Group {
+        // While a call waits, run Python's signal handlers (on the main thread) every 100 ms:
+        // a handler that raises (Ctrl-C) stops the call, and its exception is raised in its
+        // place. Operations on the progress thread (async_op) never ask it.
+        let interrupt = Arc::new(Mutex::new(None));
+        let raised = Arc::clone(&interrupt);
+        group.interrupt_when(move || {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    if let Ok(mut slot) = raised.lock() {
+                        *slot = Some(e);
+                    }
+                    true
                 }
-                true
+            })
+        });
+        Group {
+            rank: group.rank(),
+            size: group.size(),
+            transport: Mutex::new(transports(&group)),
+            topology: group.topology().map(|t| t.to_string()),
+            closed: AtomicBool::new(false),
+            inner: Mutex::new(Some(group)),
+            interrupt,
+        }
+    }
+}
+
+/// A nonblocking operation (`async_op=True`): the package's `jaccl.Work` wraps it. It owns
+/// references to the arrays the operation reads and writes until the operation ends.
+#[pyclass(module = "jaccl._native", frozen)]
+struct Work {
+    request: jaccl::Request<()>,
+}
+
+#[pymethods]
+impl Work {
+    /// Waits, with the GIL released, until the operation ends or `timeout` seconds pass
+    /// (`None`: no limit); returns whether it ended, or raises its error. Python's signal
+    /// handlers run every 100 ms meanwhile (Ctrl-C raises; the operation goes on).
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline = timeout
+            .map(|t| {
+                std::time::Duration::try_from_secs_f64(t.max(0.0))
+                    .unwrap_or(std::time::Duration::MAX)
+            })
+            .map(|t| std::time::Instant::now().checked_add(t));
+        let step = std::time::Duration::from_millis(100);
+        loop {
+            let left = match deadline {
+                None | Some(None) => step,
+                Some(Some(d)) => d
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(step),
+            };
+            if py.detach(|| self.request.wait_timeout(left)) {
+                return match self.request.outcome() {
+                    Some(Err(e)) => Err(to_python(py, &e)),
+                    _ => Ok(true),
+                };
             }
-        })
-    });
-    Ok(Group {
-        rank: group.rank(),
-        size: group.size(),
-        transport: Mutex::new(transports(&group)),
-        topology: group.topology().map(|t| t.to_string()),
-        closed: AtomicBool::new(false),
-        inner: Mutex::new(Some(group)),
-        interrupt,
-    })
+            py.check_signals()?;
+            if matches!(deadline, Some(Some(d)) if std::time::Instant::now() >= d) {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Whether the operation has ended (well or not).
+    fn is_completed(&self) -> bool {
+        self.request.is_done()
+    }
 }
 
 #[pymethods]
@@ -119,6 +174,10 @@ impl Group {
     }
 
     /// All-reduce of `input` into `output`, or of `output` in place when `input` is `None`.
+    ///
+    /// Every operation runs at once, or with `keep` (the arrays it uses, kept referenced until
+    /// it ends) on the group's progress thread, returning its `Work`.
+    #[pyo3(signature = (input, output, dtype, op, keep=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
@@ -126,31 +185,35 @@ impl Group {
         output: Memory,
         dtype: &str,
         op: &str,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
         match input {
-            Some(input) => self.run_on(py, &[input], output, |g, i, o| {
+            Some(input) => self.call(py, keep, &[input], output, move |g, i, o| {
                 g.all_reduce_raw(i[0], o, dtype, op)
             }),
-            None => self.run_on(py, &[], output, |g, _, o| {
+            None => self.call(py, keep, &[], output, move |g, _, o| {
                 g.all_reduce_raw_in_place(o, dtype, op)
             }),
         }
     }
 
+    #[pyo3(signature = (input, output, dtype, keep=None))]
     fn all_gather(
         &self,
         py: Python<'_>,
         input: Memory,
         output: Memory,
         dtype: &str,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.all_gather_raw(i[0], o, dtype)
         })
     }
 
+    #[pyo3(signature = (input, output, dtype, op, keep=None))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
@@ -158,18 +221,30 @@ impl Group {
         output: Memory,
         dtype: &str,
         op: &str,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.reduce_scatter_raw(i[0], o, dtype, op)
         })
     }
 
-    fn broadcast(&self, py: Python<'_>, data: Memory, dtype: &str, root: usize) -> PyResult<()> {
+    #[pyo3(signature = (data, dtype, root, keep=None))]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        data: Memory,
+        dtype: &str,
+        root: usize,
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[], data, |g, _, d| g.broadcast_raw(d, dtype, root))
+        self.call(py, keep, &[], data, move |g, _, d| {
+            g.broadcast_raw(d, dtype, root)
+        })
     }
 
+    #[pyo3(signature = (input, output, dtype, op, root, keep=None))]
     #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
@@ -179,13 +254,15 @@ impl Group {
         dtype: &str,
         op: &str,
         root: usize,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.reduce_raw(i[0], o, dtype, op, root)
         })
     }
 
+    #[pyo3(signature = (input, output, dtype, root, keep=None))]
     fn gather(
         &self,
         py: Python<'_>,
@@ -193,13 +270,15 @@ impl Group {
         output: Memory,
         dtype: &str,
         root: usize,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.gather_raw(i[0], o, dtype, root)
         })
     }
 
+    #[pyo3(signature = (input, output, dtype, root, keep=None))]
     fn scatter(
         &self,
         py: Python<'_>,
@@ -207,27 +286,32 @@ impl Group {
         output: Memory,
         dtype: &str,
         root: usize,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.scatter_raw(i[0], o, dtype, root)
         })
     }
 
+    #[pyo3(signature = (input, output, dtype, keep=None))]
     fn all_to_all(
         &self,
         py: Python<'_>,
         input: Memory,
         output: Memory,
         dtype: &str,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.all_to_all_raw(i[0], o, dtype)
         })
     }
 
     /// Counts in elements.
+    #[pyo3(signature = (input, send_counts, output, recv_counts, dtype, keep=None))]
+    #[allow(clippy::too_many_arguments)]
     fn all_to_all_v(
         &self,
         py: Python<'_>,
@@ -236,14 +320,16 @@ impl Group {
         output: Memory,
         recv_counts: Vec<usize>,
         dtype: &str,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.all_to_all_v_raw(i[0], &send_counts, o, &recv_counts, dtype)
         })
     }
 
     /// Counts in elements.
+    #[pyo3(signature = (input, output, counts, dtype, keep=None))]
     fn all_gather_v(
         &self,
         py: Python<'_>,
@@ -251,14 +337,17 @@ impl Group {
         output: Memory,
         counts: Vec<usize>,
         dtype: &str,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.all_gather_v_raw(i[0], o, &counts, dtype)
         })
     }
 
     /// Counts in elements.
+    #[pyo3(signature = (input, output, counts, dtype, op, keep=None))]
+    #[allow(clippy::too_many_arguments)]
     fn reduce_scatter_v(
         &self,
         py: Python<'_>,
@@ -267,29 +356,64 @@ impl Group {
         counts: Vec<usize>,
         dtype: &str,
         op: &str,
-    ) -> PyResult<()> {
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
-        self.run_on(py, &[input], output, |g, i, o| {
+        self.call(py, keep, &[input], output, move |g, i, o| {
             g.reduce_scatter_v_raw(i[0], o, &counts, dtype, op)
         })
     }
 
-    fn send(&self, py: Python<'_>, data: Memory, dst: usize, dtype: &str) -> PyResult<()> {
+    #[pyo3(signature = (data, dst, dtype, keep=None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        data: Memory,
+        dst: usize,
+        dtype: &str,
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[data], Memory::EMPTY, |g, i, _| {
+        self.call(py, keep, &[data], Memory::EMPTY, move |g, i, _| {
             g.send_raw(i[0], dst, dtype)
         })
     }
 
-    fn recv(&self, py: Python<'_>, out: Memory, src: usize, dtype: &str) -> PyResult<()> {
+    #[pyo3(signature = (out, src, dtype, keep=None))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        out: Memory,
+        src: usize,
+        dtype: &str,
+        keep: Keep,
+    ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.run_on(py, &[], out, |g, _, o| g.recv_raw(o, src, dtype))
+        self.call(py, keep, &[], out, move |g, _, o| g.recv_raw(o, src, dtype))
     }
 
-    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        self.run(py, jaccl::Group::barrier)
+    #[pyo3(signature = (keep=None))]
+    fn barrier(&self, py: Python<'_>, keep: Keep) -> PyResult<Option<Work>> {
+        self.call(py, keep, &[], Memory::EMPTY, |g, _, _| g.barrier())
+    }
+
+    /// `jaccl::Group::split`: the new group, or `None` for a rank without a color.
+    #[pyo3(signature = (color, key))]
+    fn split(&self, py: Python<'_>, color: Option<u32>, key: u32) -> PyResult<Option<Group>> {
+        let made = self.run(py, move |g| g.split(color, key))?;
+        Ok(made.map(Group::wrap))
+    }
+
+    /// `jaccl::Group::subgroup`: the new group, or `None` for a rank not in `ranks`.
+    fn subgroup(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<Group>> {
+        let made = self.run(py, move |g| g.subgroup(&ranks))?;
+        Ok(made.map(Group::wrap))
     }
 }
+
+/// The arrays a nonblocking call uses, which it keeps referenced until it ends; `None` for a
+/// blocking call.
+type Keep = Option<Vec<Py<PyAny>>>;
 
 impl Group {
     /// The group, for one call at a time (Python threads sharing a group take turns).
@@ -299,39 +423,76 @@ impl Group {
             .map_err(|_| PyRuntimeError::new_err("a jaccl call panicked earlier in this group"))
     }
 
-    /// Runs `f` on the group with the GIL released, over the bytes of the call's arrays
-    /// (`inputs` read, `output` written; they may not overlap); its error becomes a
+    /// Runs `f` on the group over the bytes of the call's arrays (`inputs` read, `output`
+    /// written; they may not overlap): with the GIL released at once, or, when `keep` holds
+    /// the arrays, on the group's progress thread, returning its [`Work`]. Its error becomes a
     /// `jaccl.errors` exception.
     #[allow(unsafe_code)]
-    fn run_on(
+    fn call(
         &self,
         py: Python<'_>,
+        keep: Keep,
         inputs: &[Memory],
         output: Memory,
-        f: impl FnOnce(&mut jaccl::Group, &[&[u8]], &mut [u8]) -> jaccl::Result<()> + Send,
-    ) -> PyResult<()> {
+        f: impl FnOnce(&mut jaccl::Group, &[&[u8]], &mut [u8]) -> jaccl::Result<()> + Send + 'static,
+    ) -> PyResult<Option<Work>> {
         if inputs.iter().any(|i| i.overlaps(output)) {
             return Err(overlap(py));
         }
-        // SAFETY: the package passes the `(address, length)` of C-contiguous arrays that it
-        // keeps referenced until this native call returns, the output writable (all checked
-        // in python/jaccl/__init__.py), and no input overlaps the output (checked above); the
-        // slices die with this call. Another thread writing one of them meanwhile is the
-        // caller's data race, as the package's documentation says.
-        let (inputs, output) = unsafe {
-            let inputs: Vec<&[u8]> = inputs.iter().map(|m| m.bytes()).collect();
-            (inputs, output.bytes_mut())
+        let inputs = inputs.to_vec();
+        let on_arrays = move |g: &mut jaccl::Group| {
+            // SAFETY: the package passes the `(address, length)` of C-contiguous arrays, the
+            // output writable (all checked in python/jaccl/__init__.py), that stay referenced
+            // until the operation ends: by the caller during a blocking call, by `keep`
+            // (dropped only after this closure) during a nonblocking one; no input overlaps
+            // the output (checked above), and the slices die with this closure. Another thread
+            // writing one of them meanwhile is the caller's data race, as the package's
+            // documentation says.
+            let (inputs, output) = unsafe {
+                let inputs: Vec<&[u8]> = inputs.iter().map(|m| m.bytes()).collect();
+                (inputs, output.bytes_mut())
+            };
+            f(g, &inputs, output)
         };
-        self.run(py, |g| f(g, &inputs, output))
+        match keep {
+            None => self.run(py, on_arrays).map(|()| None),
+            Some(arrays) => self.start(py, arrays, on_arrays).map(Some),
+        }
+    }
+
+    /// Starts `f` on the group's progress thread (`jaccl::Group::start`), keeping `arrays`
+    /// referenced until it ends.
+    fn start(
+        &self,
+        py: Python<'_>,
+        arrays: Vec<Py<PyAny>>,
+        f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<()> + Send + 'static,
+    ) -> PyResult<Work> {
+        let request = py.detach(|| {
+            let mut group = self.lock()?;
+            let Some(g) = group.as_mut() else {
+                return PyResult::Ok(None);
+            };
+            // The arrays go with the operation, once it has ended or the group has failed it
+            // (their references are dropped without the GIL: Python releases them when it
+            // next runs).
+            Ok(Some(g.start(move |g| {
+                let result = f(g);
+                drop(arrays);
+                result
+            })))
+        })?;
+        let request = request.ok_or_else(|| self.closed_error(py))?;
+        Ok(Work { request })
     }
 
     /// Runs `f` on the group with the GIL released; its error becomes a `jaccl.errors`
     /// exception.
-    fn run(
+    fn run<R: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<()> + Send,
-    ) -> PyResult<()> {
+        f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<R> + Send,
+    ) -> PyResult<R> {
         let result = py.detach(|| {
             let mut group = self.lock()?;
             let result = group.as_mut().map(f);
@@ -341,12 +502,8 @@ impl Group {
             }
             Ok(result)
         });
-        let closed = || {
-            let why = format!("rank {}: the group is closed", self.rank);
-            exception(py, "Error", why, Some(self.rank), None, None)
-        };
         result.and_then(|r| {
-            let r = r.ok_or_else(closed)?;
+            let r = r.ok_or_else(|| self.closed_error(py))?;
             r.map_err(|e| match e {
                 // The handler's own exception, the first time (later calls on the stopped
                 // group raise jaccl.errors.Interrupted).
@@ -359,6 +516,11 @@ impl Group {
                 e => to_python(py, &e),
             })
         })
+    }
+
+    fn closed_error(&self, py: Python<'_>) -> PyErr {
+        let why = format!("rank {}: the group is closed", self.rank);
+        exception(py, "Error", why, Some(self.rank), None, None)
     }
 }
 
@@ -406,6 +568,7 @@ fn to_python(py: Python<'_>, e: &jaccl::Error) -> PyErr {
         E::InvalidArgument(_) => ("InvalidArgument", None, None, None),
         E::Unsupported(_) => ("Unsupported", None, None, None),
         E::Io { rank, .. } => ("IoError", Some(*rank), None, None),
+        E::Closed { rank } => ("Error", Some(*rank), None, None),
         _ => ("Error", None, None, None),
     };
     let made = exception(py, class, msg, rank, peer, op);
@@ -439,6 +602,7 @@ fn exception(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Group>()?;
+    m.add_class::<Work>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     Ok(())
 }

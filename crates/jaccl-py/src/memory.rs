@@ -1,9 +1,10 @@
-//! The caller's arrays as byte slices: with the one call that takes them (`Group::run_on` in
+//! The caller's arrays as byte slices: with the one call that takes them (`Group::call` in
 //! lib.rs), the only `unsafe` of the bindings.
 //!
 //! The Python package (python/jaccl/__init__.py) passes each array as `(address, length)`: the
 //! data pointer and byte count of a C-contiguous numpy array that it keeps referenced until the
-//! call returns, and that it has checked to be writable where it is written. That works with
+//! call returns (for a nonblocking call, the native `Work` holds the references until the
+//! operation ends), and that it has checked to be writable where it is written. That works with
 //! the stable ABI of every CPython from 3.9 (the buffer protocol joined it only in 3.11), and
 //! costs nothing per call. `jaccl._native` is private: its functions trust those addresses.
 #![allow(unsafe_code)]

@@ -26,7 +26,7 @@ from . import _native, errors
 from .errors import *  # noqa: F403 (the exceptions are part of the package's API)
 from .errors import ConfigError, InvalidArgument
 
-__all__ = ["init", "Group", *errors.__all__]
+__all__ = ["init", "Group", "Work", *errors.__all__]
 
 # Settings of init(), each read as the JACCL_<NAME> variable would be.
 _SETTINGS = (
@@ -171,19 +171,36 @@ class Group:
         state = ", closed" if self.closed else ""
         return f"jaccl.Group(rank={self.rank}, size={self.size}, topology={self.topology!r}{state})"
 
-    def all_sum(self, x: Any, out: Any = None) -> Any:
+    def split(self, color: Optional[int], key: int = 0) -> Optional["Group"]:
+        """Splits the group as ``MPI_Comm_split`` does: every rank calls it; ranks with the same
+        ``color`` form a new group, ordered by ``key`` and then by their rank here; a rank
+        passing ``None`` gets ``None``. The new group has every method, its own connections
+        and algorithms (ranks of one host share memory), and can be used from another thread
+        while this one is in use. Ranks that call it differently raise :class:`Mismatch`."""
+        if color is not None and (not isinstance(color, int) or color < 0):
+            raise self._invalid("split", f"color must be None or a non-negative int, not {color!r}")
+        g = self._g.split(None if color is None else int(color), int(key))
+        return None if g is None else Group(g)
+
+    def subgroup(self, ranks: Any) -> Optional["Group"]:
+        """A new group of ``ranks`` (ranks of this group, in their new order): every rank calls
+        it with the same list; the others get ``None``. See :meth:`split`."""
+        g = self._g.subgroup([_rank(r) for r in ranks])
+        return None if g is None else Group(g)
+
+    def all_sum(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
         """Element-wise sum over all ranks (see :meth:`all_reduce`)."""
-        return self.all_reduce(x, "sum", out)
+        return self.all_reduce(x, "sum", out, async_op)
 
-    def all_max(self, x: Any, out: Any = None) -> Any:
+    def all_max(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
         """Element-wise maximum over all ranks (see :meth:`all_reduce`)."""
-        return self.all_reduce(x, "max", out)
+        return self.all_reduce(x, "max", out, async_op)
 
-    def all_min(self, x: Any, out: Any = None) -> Any:
+    def all_min(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
         """Element-wise minimum over all ranks (see :meth:`all_reduce`)."""
-        return self.all_reduce(x, "min", out)
+        return self.all_reduce(x, "min", out, async_op)
 
-    def all_reduce(self, x: Any, op: str = "sum", out: Any = None) -> Any:
+    def all_reduce(self, x: Any, op: str = "sum", out: Any = None, async_op: bool = False) -> Any:
         """Reduces ``x`` element-wise over all ranks with ``op``: ``"sum"``, ``"max"``,
         ``"min"``, ``"prod"``, ``"avg"`` (the sum divided by the ranks; integers round toward
         zero), or bitwise ``"band"``, ``"bor"``, ``"bxor"`` (integers and bool); every rank gets
@@ -193,22 +210,24 @@ class Group:
         a, dtype = self._input(x, "all_reduce")
         o, result = self._output(out, a.shape, a.dtype, "all_reduce")
         if _same_memory(a, o):
-            self._g.all_reduce(None, _memory(o), dtype, op)
+            work = self._g.all_reduce(None, _memory(o), dtype, op, _keep(async_op, o))
         else:
             a = _unshared(a, o)
-            self._g.all_reduce(_memory(a), _memory(o), dtype, op)
-        return result
+            work = self._g.all_reduce(_memory(a), _memory(o), dtype, op, _keep(async_op, a, o))
+        return _outcome(work, result)
 
-    def all_gather(self, x: Any, out: Any = None) -> Any:
+    def all_gather(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
         """Gathers every rank's ``x``: the result has shape ``(size, *x.shape)`` and row ``r``
         is rank r's ``x``."""
         a, dtype = self._input(x, "all_gather")
         o, result = self._output(out, (self.size,) + a.shape, a.dtype, "all_gather")
         a = _unshared(a, o)
-        self._g.all_gather(_memory(a), _memory(o), dtype)
-        return result
+        work = self._g.all_gather(_memory(a), _memory(o), dtype, _keep(async_op, a, o))
+        return _outcome(work, result)
 
-    def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
+    def reduce_scatter(
+        self, x: Any, op: str = "sum", out: Any = None, async_op: bool = False
+    ) -> Any:
         """Reduces ``x`` over all ranks and keeps this rank's block: ``x``'s first axis holds
         ``size`` blocks, and the result has shape ``(x.shape[0] // size, *x.shape[1:])``."""
         op = self._op(op, "reduce_scatter")
@@ -216,10 +235,10 @@ class Group:
         shape = self._blocks(a, "reduce_scatter")
         o, result = self._output(out, shape, a.dtype, "reduce_scatter")
         a = _unshared(a, o)
-        self._g.reduce_scatter(_memory(a), _memory(o), dtype, op)
-        return result
+        work = self._g.reduce_scatter(_memory(a), _memory(o), dtype, op, _keep(async_op, a, o))
+        return _outcome(work, result)
 
-    def broadcast(self, x: Any, root: int = 0, out: Any = None) -> Any:
+    def broadcast(self, x: Any, root: int = 0, out: Any = None, async_op: bool = False) -> Any:
         """Rank ``root``'s ``x`` on every rank: every rank passes an array of the same shape
         and type (other ranks' values are not read). Returns ``out`` (``out=x`` broadcasts in
         place, as ``torch.distributed.broadcast`` does), or a new array."""
@@ -227,36 +246,40 @@ class Group:
         o, result = self._output(out, a.shape, a.dtype, "broadcast")
         if not _same_memory(a, o):
             np.copyto(o, a)
-        self._g.broadcast(_memory(o), dtype, _rank(root))
-        return result
+        work = self._g.broadcast(_memory(o), dtype, _rank(root), _keep(async_op, o))
+        return _outcome(work, result)
 
-    def reduce(self, x: Any, op: str = "sum", root: int = 0, out: Any = None) -> Any:
+    def reduce(
+        self, x: Any, op: str = "sum", root: int = 0, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Reduces ``x`` over all ranks with ``op`` (as :meth:`all_reduce`) to rank ``root``,
         which gets the result (``out``, or a new array); the other ranks get ``None`` (an
         ``out`` they pass is not written)."""
         op = self._op(op, "reduce")
         a, dtype = self._input(x, "reduce")
         if self.rank != root:
-            self._g.reduce(_memory(a), (0, 0), dtype, op, _rank(root))
-            return None
+            work = self._g.reduce(_memory(a), (0, 0), dtype, op, _rank(root), _keep(async_op, a))
+            return _outcome(work, None)
         o, result = self._output(out, a.shape, a.dtype, "reduce")
         a = _unshared(a, o)
-        self._g.reduce(_memory(a), _memory(o), dtype, op, _rank(root))
-        return result
+        work = self._g.reduce(_memory(a), _memory(o), dtype, op, _rank(root), _keep(async_op, a, o))
+        return _outcome(work, result)
 
-    def gather(self, x: Any, root: int = 0, out: Any = None) -> Any:
+    def gather(self, x: Any, root: int = 0, out: Any = None, async_op: bool = False) -> Any:
         """Every rank's ``x`` to rank ``root``, which gets shape ``(size, *x.shape)`` (row r
         is rank r's ``x``); the other ranks get ``None``."""
         a, dtype = self._input(x, "gather")
         if self.rank != root:
-            self._g.gather(_memory(a), (0, 0), dtype, _rank(root))
-            return None
+            work = self._g.gather(_memory(a), (0, 0), dtype, _rank(root), _keep(async_op, a))
+            return _outcome(work, None)
         o, result = self._output(out, (self.size,) + a.shape, a.dtype, "gather")
         a = _unshared(a, o)
-        self._g.gather(_memory(a), _memory(o), dtype, _rank(root))
-        return result
+        work = self._g.gather(_memory(a), _memory(o), dtype, _rank(root), _keep(async_op, a, o))
+        return _outcome(work, result)
 
-    def scatter(self, x: Any = None, root: int = 0, out: Any = None) -> Any:
+    def scatter(
+        self, x: Any = None, root: int = 0, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Row block ``r`` of rank ``root``'s ``x`` (whose first axis holds ``size`` equal
         blocks) to rank r: the result has shape ``(x.shape[0] // size, *x.shape[1:])``. The
         other ranks pass ``out`` (or an ``x`` of the root's shape, which is not read)."""
@@ -272,24 +295,24 @@ class Group:
             _check_writable(o, self, "scatter")
             result = out
         if not is_root:
-            self._g.scatter((0, 0), _memory(o), dtype, _rank(root))
-            return result
+            work = self._g.scatter((0, 0), _memory(o), dtype, _rank(root), _keep(async_op, o))
+            return _outcome(work, result)
         a = _unshared(a, o)
-        self._g.scatter(_memory(a), _memory(o), dtype, _rank(root))
-        return result
+        work = self._g.scatter(_memory(a), _memory(o), dtype, _rank(root), _keep(async_op, a, o))
+        return _outcome(work, result)
 
-    def all_to_all(self, x: Any, out: Any = None) -> Any:
+    def all_to_all(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
         """Row block ``d`` of ``x`` (whose first axis holds ``size`` equal blocks) to rank d;
         block ``s`` of the result (the same shape as ``x``) is what rank s sent this rank."""
         a, dtype = self._input(x, "all_to_all")
         self._blocks(a, "all_to_all")
         o, result = self._output(out, a.shape, a.dtype, "all_to_all")
         a = _unshared(a, o)
-        self._g.all_to_all(_memory(a), _memory(o), dtype)
-        return result
+        work = self._g.all_to_all(_memory(a), _memory(o), dtype, _keep(async_op, a, o))
+        return _outcome(work, result)
 
     def all_to_all_v(
-        self, x: Any, send_counts: Any, recv_counts: Any, out: Any = None
+        self, x: Any, send_counts: Any, recv_counts: Any, out: Any = None, async_op: bool = False
     ) -> Any:
         """All-to-all with uneven blocks: the first ``send_counts[0]`` rows of ``x`` to rank
         0, the next ``send_counts[1]`` to rank 1, ...; the result has ``sum(recv_counts)``
@@ -307,16 +330,19 @@ class Group:
         o, result = self._output(out, (sum(recvs),) + a.shape[1:], a.dtype, "all_to_all_v")
         per_row = _row_elements(a)
         a = _unshared(a, o)
-        self._g.all_to_all_v(
+        work = self._g.all_to_all_v(
             _memory(a),
             [c * per_row for c in sends],
             _memory(o),
             [c * per_row for c in recvs],
             dtype,
+            _keep(async_op, a, o),
         )
-        return result
+        return _outcome(work, result)
 
-    def all_gather_v(self, x: Any, counts: Any, out: Any = None) -> Any:
+    def all_gather_v(
+        self, x: Any, counts: Any, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Gathers every rank's ``x`` when their first axes differ: ``counts[r]`` is rank r's
         number of rows (the same ``counts`` on every rank); the result stacks them in rank
         order, ``sum(counts)`` rows."""
@@ -325,10 +351,13 @@ class Group:
         o, result = self._output(out, (sum(counts),) + a.shape[1:], a.dtype, "all_gather_v")
         per_row = _row_elements(a)
         a = _unshared(a, o)
-        self._g.all_gather_v(_memory(a), _memory(o), [c * per_row for c in counts], dtype)
-        return result
+        counts = [c * per_row for c in counts]
+        work = self._g.all_gather_v(_memory(a), _memory(o), counts, dtype, _keep(async_op, a, o))
+        return _outcome(work, result)
 
-    def reduce_scatter_v(self, x: Any, counts: Any, op: str = "sum", out: Any = None) -> Any:
+    def reduce_scatter_v(
+        self, x: Any, counts: Any, op: str = "sum", out: Any = None, async_op: bool = False
+    ) -> Any:
         """Reduces ``x`` over all ranks (as :meth:`all_reduce`) and keeps this rank's rows:
         ``counts[r]`` rows for rank r, in rank order (the same ``counts`` on every rank)."""
         op = self._op(op, "reduce_scatter_v")
@@ -338,28 +367,32 @@ class Group:
         o, result = self._output(out, shape, a.dtype, "reduce_scatter_v")
         per_row = _row_elements(a)
         a = _unshared(a, o)
-        self._g.reduce_scatter_v(
-            _memory(a), _memory(o), [c * per_row for c in counts], dtype, op
+        work = self._g.reduce_scatter_v(
+            _memory(a),
+            _memory(o),
+            [c * per_row for c in counts],
+            dtype,
+            op,
+            _keep(async_op, a, o),
         )
-        return result
+        return _outcome(work, result)
 
-    def send(self, x: Any, dst: int) -> None:
+    def send(self, x: Any, dst: int, async_op: bool = False) -> Any:
         """Sends ``x`` to rank ``dst`` (any other rank), which calls :meth:`recv` with the
         same shape and type. The first message to a rank that is not a ring neighbour makes
         the connection (kept for the next ones)."""
         a, dtype = self._input(x, "send")
-        self._g.send(_memory(a), _rank(dst), dtype)
+        return _outcome(self._g.send(_memory(a), _rank(dst), dtype, _keep(async_op, a)), None)
 
-    def recv(self, out: Any, src: int) -> Any:
+    def recv(self, out: Any, src: int, async_op: bool = False) -> Any:
         """Receives into ``out`` what rank ``src`` sends; returns ``out``."""
         o, dtype = self._input(out, "recv")
         _check_writable(o, self, "recv")
-        self._g.recv(_memory(o), _rank(src), dtype)
-        return out
+        return _outcome(self._g.recv(_memory(o), _rank(src), dtype, _keep(async_op, o)), out)
 
-    def barrier(self) -> None:
+    def barrier(self, async_op: bool = False) -> Any:
         """Returns once every rank has entered."""
-        self._g.barrier()
+        return _outcome(self._g.barrier(_keep(async_op)), None)
 
     def _op(self, op: str, call: str) -> str:
         """jaccl's name of the reduction ``op``."""
@@ -429,6 +462,48 @@ class Group:
         e = InvalidArgument(f"rank {self.rank}: {op}: {why}")
         e.rank, e.op = self.rank, op
         return e
+
+
+class Work:
+    """A nonblocking operation, returned by every method of :class:`Group` called with
+    ``async_op=True``: the operation runs on the group's progress thread, after those started
+    before it, while this thread goes on. It keeps the arrays it uses alive until it ends; do
+    not write them meanwhile (a data race), nor read its result before :meth:`wait`."""
+
+    def __init__(self, native: "_native.Work", result: Any) -> None:
+        self._w = native
+        self._result = result
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Waits until the operation ends (at most ``timeout``: seconds or a ``timedelta``;
+        ``None``: no limit). Returns True once it has ended, False if the timeout passed first;
+        raises the operation's :mod:`jaccl.errors` exception if it failed. Ctrl-C raises
+        ``KeyboardInterrupt`` here (the operation goes on)."""
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        return self._w.wait(None if timeout is None else float(timeout))
+
+    def is_completed(self) -> bool:
+        """Whether the operation has ended (well or not: :meth:`wait` then tells)."""
+        return self._w.is_completed()
+
+    def result(self) -> Any:
+        """Waits for the operation and returns what the blocking call would have returned."""
+        self.wait()
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"jaccl.Work(completed={self.is_completed()})"
+
+
+def _keep(async_op: bool, *arrays: np.ndarray) -> Optional[List[np.ndarray]]:
+    """For a nonblocking call, the arrays its operation must keep alive; else ``None``."""
+    return list(arrays) if async_op else None
+
+
+def _outcome(work: Optional["_native.Work"], result: Any) -> Any:
+    """What a call returns: its result, or for a nonblocking one the :class:`Work`."""
+    return result if work is None else Work(work, result)
 
 
 def _as_array(x: Any) -> Optional[np.ndarray]:

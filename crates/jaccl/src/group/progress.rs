@@ -185,6 +185,15 @@ impl<R> Request<R> {
         true
     }
 
+    /// A copy of what the operation returned, once it has finished (for a request that
+    /// several threads look at, as bindings to other languages keep them).
+    pub fn outcome(&self) -> Option<Result<R>>
+    where
+        R: Clone,
+    {
+        self.slot.result().clone()
+    }
+
     /// Waits for the operation to finish and returns what it returned.
     ///
     /// # Errors

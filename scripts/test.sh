@@ -85,6 +85,11 @@ else
   echo "test.sh: no sshd or not root: the ssh tests will be skipped" >&2
 fi
 
+# Each step's wall time, on stderr, so that CI's budget can be read off its log.
+started=$SECONDS
+step() { echo "test.sh: [$((SECONDS - started)) s] $*" >&2; }
+
+step "cargo test --workspace"
 cargo test --workspace "$@"
 
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
@@ -94,6 +99,7 @@ target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, 
 # (bfloat16) and pytest from PyPI; then its tests run real jobs of 1-4 processes, and the
 # example under `jaccl launch` (the debug binary cargo test just built). PyTorch is too large
 # to install here: its tests skip, and the DLPack path is tested with numpy.
+step "the Python package and its tests"
 venv="$target/py-venv"
 if python3 -m venv "$venv" && "$venv/bin/pip" install -q numpy pytest ml_dtypes \
     && MATURIN_PEP517_ARGS="--locked" "$venv/bin/pip" install -q --force-reinstall --no-deps ./crates/jaccl-py; then
@@ -108,7 +114,9 @@ fi
 # scripts/fuzz.sh 3600), and the shared-memory and engine tests under ASan
 # (scripts/sanitize.sh).
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  step "fuzzing"
   scripts/fuzz.sh 30
+  step "AddressSanitizer"
   scripts/sanitize.sh
 else
   echo "test.sh: SKIPPED fuzzing and the sanitizer run: they need the nightly toolchain" >&2
@@ -133,7 +141,7 @@ if (( EUID == 0 )) && [[ -n "$RDMA_VM" ]]; then
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$RDMA_VM/run.sh --timeout 900 $shares --env-prefix JACCL_ --env-prefix RUST_ --" \
       JACCL_REQUIRE_RDMA=1 "$@"
   }
-  echo "test.sh: in the RDMA VM ($RDMA_VM)" >&2
+  step "in the RDMA VM ($RDMA_VM)"
   JACCL_TEST_NETS=rdma in_vm cargo test -p jaccl --test collectives --test errors --test link_local --test rdma_cleanup "$@" \
     -- --skip shared_memory_sizes --skip different_waiting_policies
   JACCL_TEST_NETS=mixed in_vm cargo test -p jaccl --test collectives "$@" \
@@ -142,6 +150,7 @@ if (( EUID == 0 )) && [[ -n "$RDMA_VM" ]]; then
   JACCL_TEST_NETS=rdma JACCL_REQUIRE_NETEM=1 in_vm cargo test -p jaccl --test processes "$@" \
     -- sigkill stopped operation_timeout device_file delay_and_loss
   in_vm cargo test -p jaccl-cli --test cli "$@" -- rdma
+  step "done"
 else
   echo "test.sh: SKIPPED the RDMA tests and the delay/loss test in the VM: they need root and" \
     "../shared/rdma-vm (or JACCL_RDMA_VM=DIR); on the host RDMA was checked to be unsupported" \

@@ -96,16 +96,20 @@ target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, 
 
 # The Python package (crates/jaccl-py): pip builds it with maturin (PEP 517) into a virtual
 # environment in the target directory, as the README's install does, with numpy, ml_dtypes
-# (bfloat16) and pytest from PyPI; then its tests run real jobs of 1-4 processes, and the
-# example under `jaccl launch` (the debug binary cargo test just built). PyTorch is too large
-# to install here: its tests skip, and the DLPack path is tested with numpy.
+# (bfloat16), pytest and PyTorch (CPU use of its PyPI wheel: about 3 GB to download, 5 GB
+# installed, 2-3 minutes here; JACCL_SKIP_TORCH=1 leaves it out and its tests skip) from PyPI;
+# then its tests run real jobs of 1-4 processes, the example under `jaccl launch` (the debug
+# binary cargo test just built), and the torch.distributed backend under torchrun.
 step "the Python package and its tests"
 venv="$target/py-venv"
-if python3 -m venv "$venv" && "$venv/bin/pip" install -q numpy pytest ml_dtypes \
+packages=(numpy pytest ml_dtypes)
+[[ -n "${JACCL_SKIP_TORCH:-}" ]] || packages+=("torch==${JACCL_TORCH_VERSION:-2.15.0}")
+if python3 -m venv "$venv" && "$venv/bin/pip" install -q "${packages[@]}" \
     && MATURIN_PEP517_ARGS="--locked" "$venv/bin/pip" install -q --force-reinstall --no-deps ./crates/jaccl-py; then
+  step "the Python tests"
   JACCL_BIN="$target/debug/jaccl" "$venv/bin/python" -m pytest -q crates/jaccl-py/tests
 else
-  echo "test.sh: SKIPPED the Python tests: could not make a venv with numpy, pytest and the package" >&2
+  echo "test.sh: SKIPPED the Python tests: could not make a venv with ${packages[*]} and the package" >&2
   [[ -z "${JACCL_REQUIRE_ALL:-}" ]] || exit 1
 fi
 

@@ -272,6 +272,11 @@ pub(crate) struct BenchArgs {
     /// Check the result of every timed operation, not only the first and the last.
     #[arg(long)]
     pub(crate) check: bool,
+    /// Measure on sub-groups (`Group::split`): the ranks split into this many groups of
+    /// consecutive ranks, which all run the sweep at once; the first reports. `--split 1`
+    /// measures a sub-group of every rank, to compare with the group `init` makes.
+    #[arg(long, value_name = "GROUPS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) split: Option<u16>,
     #[command(flatten)]
     pub(crate) group: GroupArgs,
     /// Also write one JSON object per size to this file (JSON lines).

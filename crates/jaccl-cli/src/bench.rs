@@ -118,12 +118,17 @@ pub(crate) fn under_launcher() -> bool {
 pub(crate) fn run_rank(args: &BenchArgs) -> Result<bool, String> {
     let mut config = Config::from_env().map_err(|e| e.to_string())?;
     args.group.apply(&mut config)?;
-    let mut g = jaccl::init_with(config).map_err(|e| e.to_string())?;
+    let mut world = jaccl::init_with(config).map_err(|e| e.to_string())?;
+    let leader = world.rank() == 0;
+    let mut sub = match args.split {
+        Some(groups) => Some(split(&mut world, usize::from(groups))?),
+        None => None,
+    };
+    let g = sub.as_mut().unwrap_or(&mut world);
     if args.op == BenchOp::SendRecv && g.size() < 2 {
         return Err("send-recv needs at least 2 ranks".into());
     }
     check_sweep(args, g.size())?;
-    let leader = g.rank() == 0;
     let sizes = sizes(args, g.size());
     let setup = report::Setup {
         op: args.op.name(),
@@ -138,16 +143,30 @@ pub(crate) fn run_rank(args: &BenchArgs) -> Result<bool, String> {
         check: args.check,
         json: args.json.clone(),
         plot: args.plot.clone(),
+        split: args.split.map(usize::from),
     };
-    let mut out = report::Report::new(&setup, &g, sizes.len(), leader)?;
+    let mut out = report::Report::new(&setup, g, sizes.len(), leader)?;
     let mut all_ok = true;
     for bytes in sizes {
-        let row = measure_dtype(&mut g, args, bytes).map_err(|e| e.to_string())?;
+        let row = measure_dtype(g, args, bytes).map_err(|e| e.to_string())?;
         all_ok &= row.wrong() == 0;
         out.row(row)?;
     }
     out.finish()?;
     Ok(all_ok)
+}
+
+/// The sub-group of `world` this rank measures with `--split groups`: consecutive ranks.
+fn split(world: &mut Group, groups: usize) -> Result<Group, String> {
+    let n = world.size();
+    if !n.is_multiple_of(groups) {
+        return Err(format!(
+            "--split {groups}: {n} ranks do not split into {groups} equal groups"
+        ));
+    }
+    let color = u32::try_from(world.rank() / (n / groups)).map_err(|e| e.to_string())?;
+    let sub = world.split(Some(color), 0).map_err(|e| e.to_string())?;
+    sub.ok_or_else(|| "split gave this rank no group".to_string())
 }
 
 fn measure_dtype(g: &mut Group, args: &BenchArgs, bytes: usize) -> jaccl::Result<Row> {

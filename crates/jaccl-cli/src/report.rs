@@ -32,6 +32,8 @@ pub(crate) struct Setup {
     /// Where to write JSON lines and the plot.
     pub(crate) json: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
+    /// `--split`: how many sub-groups the ranks were split into (the first reports).
+    pub(crate) split: Option<usize>,
 }
 
 /// Writes one line to stdout (whole, so it is not mixed with other ranks' lines).
@@ -217,8 +219,11 @@ impl<'a> Report<'a> {
             .as_ref()
             .map_or(String::new(), |r| format!(", {r}"));
         let wires = if self.wires == 1 { "wire" } else { "wires" };
+        let split = a.split.map_or(String::new(), |k| {
+            format!(" (a sub-group made by split, the first of {k})")
+        });
         print_line(&format!(
-            "# jaccl bench: {} ({}{redop}) on {} ranks, {}, {} {wires}",
+            "# jaccl bench: {} ({}{redop}) on {} ranks{split}, {}, {} {wires}",
             a.op, a.dtype, self.n, self.route, self.wires
         ));
         let iters = a

@@ -404,6 +404,17 @@ impl Group {
         Ok(made.map(Group::wrap))
     }
 
+    /// `jaccl::Group::subgroup_of_members`: the group of `ranks` that only they call.
+    fn subgroup_of_members(
+        &self,
+        py: Python<'_>,
+        ranks: Vec<usize>,
+        name: String,
+    ) -> PyResult<Group> {
+        let made = self.run(py, move |g| g.subgroup_of_members(&ranks, &name))?;
+        Ok(Group::wrap(made))
+    }
+
     /// `jaccl::Group::subgroup`: the new group, or `None` for a rank not in `ranks`.
     fn subgroup(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<Group>> {
         let made = self.run(py, move |g| g.subgroup(&ranks))?;

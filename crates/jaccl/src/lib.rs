@@ -1,9 +1,13 @@
 //! # jaccl: collective communication for machine-learning processes
 //!
-//! All-reduce, all-gather, reduce-scatter, send/recv and barrier between processes on one or
-//! many machines, after the design of Apple MLX's JACCL: a bidirectional, multi-wire,
-//! pipelined ring over TCP or RDMA verbs (InfiniBand, RoCE, Thunderbolt; libibverbs is loaded
-//! at run time), and shared memory between the ranks of one host.
+//! All-reduce, all-gather, reduce-scatter, broadcast, reduce, gather, scatter, all-to-all
+//! (equal and uneven), the variable-size all-gather and reduce-scatter, send/recv between any
+//! two ranks and barrier, between processes on one or many machines, after the design of Apple
+//! MLX's JACCL: a bidirectional, multi-wire, pipelined ring over TCP or RDMA verbs
+//! (InfiniBand, RoCE, Thunderbolt; libibverbs is loaded at run time), shared memory between
+//! the ranks of one host, and direct collectives over it when all ranks share a host. Groups
+//! split into sub-groups ([`Group::split`], [`Group::subgroup`]), and every operation can run
+//! on a group's progress thread while the caller computes ([`Group::start`]).
 //!
 //! ```no_run
 //! # fn main() -> jaccl::Result<()> {
@@ -47,9 +51,15 @@
 //!   same error. The others hear why through the heartbeat: a rank that fails because its peer
 //!   did names the first cause, not just a closed connection. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent
 //!   and leave the group usable.
-//! - `send`/`recv` with the ring topology only reach the two neighbours. Sends may come
-//!   before receives, even in a cycle of ranks: a rank blocked sending reads ahead what its
-//!   peers send it ([`Group::send`]).
+//! - `send`/`recv` reach any other rank (a connection off the ring is made on first use).
+//!   Sends may come before receives, even in a cycle of ranks: a rank blocked sending reads
+//!   ahead what its peers send it ([`Group::send`]).
+//! - **Reductions** ([`ReduceOp`]): sum, max, min and product for every type; average for
+//!   numbers (the sum in rank order, then divided by the number of ranks: floats in their own
+//!   type, integers toward zero); bitwise and, or, xor for integers and `bool`.
+//! - **Nonblocking operations** ([`Group::start`]) of one group run in the order they were
+//!   started, blocking calls included; each owns its buffers until its [`Request`] gives them
+//!   back.
 //!
 //! # Configuration
 //!

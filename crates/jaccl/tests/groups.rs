@@ -118,6 +118,27 @@ fn nested_splits_and_subgroups() {
 }
 
 #[test]
+fn sub_groups_that_only_their_members_form() {
+    for net in nets() {
+        with_group(net, 5, 1, |g| {
+            let rank = g.rank();
+            // Two groups at once, each formed by its members alone, one in a new order.
+            let (list, name) = if rank < 3 {
+                (vec![2, 0, 1], "first")
+            } else {
+                (vec![3, 4], "second")
+            };
+            let mut sub = g.subgroup_of_members(&list, name).unwrap();
+            check_members(&mut sub, rank, &list);
+            // The same members again, under another name: another group.
+            let mut again = g.subgroup_of_members(&list, "again").unwrap();
+            check_members(&mut again, rank, &list);
+            assert!(g.subgroup_of_members(&[(rank + 1) % 5], "x").is_err());
+        });
+    }
+}
+
+#[test]
 fn split_mismatches_are_errors_that_name_the_ranks_not_hangs() {
     for net in nets() {
         // Lists that differ: every rank fails with Mismatch naming one that differs from it.

@@ -587,27 +587,37 @@ fn child() {
 }
 
 /// The job's group `g`, a tensor-parallel group (ranks `2k, 2k + 1`) and a data-parallel one
-/// (ranks of one parity), each looping all-reduces on a thread of its own until one fails;
-/// says `READY` once every group has made its first call. Returns each group's first error.
+/// (ranks of one parity), each looping all-reduces on a thread of its own until it fails, or
+/// for a second after another one failed (so that every group that holds a lost rank finds
+/// out); says `READY` once every group has made its first call. Returns each group's first
+/// error.
 fn three_groups_until_one_fails(mut g: jaccl::Group) -> jaccl::Result<String> {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Mutex, PoisonError};
     let rank = g.rank();
     let tp = g.split(Some((rank / 2) as u32), 0)?.expect("a color");
     let dp = g.split(Some((rank % 2) as u32), 0)?.expect("a color");
-    let (started, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let started = AtomicUsize::new(0);
+    let first_failure: Mutex<Option<Instant>> = Mutex::new(None);
     let outcomes: Vec<String> = std::thread::scope(|s| {
         let runs: Vec<_> = [("world", g), ("tp", tp), ("dp", dp)]
             .into_iter()
             .map(|(name, mut group)| {
-                let (started, stop) = (&started, &stop);
+                let (started, first_failure) = (&started, &first_failure);
                 s.spawn(move || {
                     let input = vec![1f32; 1 << 18];
                     let mut out = vec![0f32; input.len()];
                     let mut first = true;
-                    while !stop.load(Ordering::Relaxed) {
+                    let failed_long_ago = || {
+                        let failed = *first_failure.lock().unwrap_or_else(PoisonError::into_inner);
+                        failed.is_some_and(|t| t.elapsed() > Duration::from_secs(1))
+                    };
+                    while !failed_long_ago() {
                         for len in [1 << 18, 8] {
                             if let Err(e) = group.all_sum(&input[..len], &mut out[..len]) {
-                                stop.store(true, Ordering::Relaxed);
+                                let mut failed =
+                                    first_failure.lock().unwrap_or_else(PoisonError::into_inner);
+                                failed.get_or_insert_with(Instant::now);
                                 return format!("{name}: {e:?}");
                             }
                         }

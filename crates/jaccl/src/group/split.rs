@@ -188,6 +188,38 @@ impl Group {
         let list = digest(ranks.iter().map(|&r| r as u64));
         self.gather_asks(Ask::Subgroup { digest: list })?;
         // Every rank has the same list now: each finds the same fault in it.
+        self.check_list(ranks)?;
+        if !ranks.contains(&self.rank) {
+            return Ok(None);
+        }
+        self.form(ranks, list).map(Some)
+    }
+
+    /// Makes a sub-group of `ranks` (ranks of this group, in the order of their new ranks) that
+    /// only its members call, each with the same `ranks` and `name`; `name` tells it apart
+    /// from every other sub-group of this group, and this rank must be among `ranks`. For
+    /// frameworks whose group creation reaches the members alone (PyTorch's `new_group` calls
+    /// its backend only there); otherwise [`Group::subgroup`] is safer, since members that
+    /// pass different lists or names never meet and fail only after the start-up timeout
+    /// ([`Error::Bootstrap`] naming the ranks that did not come).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a list without this rank, with a rank out of range or
+    /// listed twice; [`Error::Bootstrap`] as [`Group::split`].
+    pub fn subgroup_of_members(&self, ranks: &[usize], name: &str) -> Result<Group> {
+        self.check_list(ranks)?;
+        if !ranks.contains(&self.rank) {
+            return Err(self.invalid(Op::Split, format!("this rank is not in the list {ranks:?}")));
+        }
+        let label = digest(name.bytes().map(u64::from));
+        let list = digest(ranks.iter().map(|&r| r as u64));
+        // Odd ids, apart from those of `split` and `subgroup`, which are even.
+        let id = digest([self.family.id, label, list]) | 1;
+        self.form_with_id(ranks, id)
+    }
+
+    /// [`Error::InvalidArgument`] unless `ranks` is a non-empty list of distinct ranks.
+    fn check_list(&self, ranks: &[usize]) -> Result<()> {
         if ranks.is_empty() {
             return Err(self.invalid(Op::Split, "the list of ranks is empty".into()));
         }
@@ -202,10 +234,7 @@ impl Group {
                 return Err(self.invalid(Op::Split, format!("rank {r} is listed twice")));
             }
         }
-        if !ranks.contains(&self.rank) {
-            return Ok(None);
-        }
-        self.form(ranks, list).map(Some)
+        Ok(())
     }
 
     /// Every rank's ask, checked to be of the same kind as this rank's (and, for
@@ -248,7 +277,12 @@ impl Group {
     /// them), told apart from the other groups of the same split by `label`.
     fn form(&mut self, members: &[usize], label: u64) -> Result<Group> {
         let split = self.family.splits.fetch_add(1, Ordering::Relaxed);
-        let id = digest([self.family.id, split, label]).max(1);
+        let id = digest([self.family.id, split, label]) & !1;
+        self.form_with_id(members, id.max(2))
+    }
+
+    /// Forms the group of `members` (this rank among them) whose connections carry `id`.
+    fn form_with_id(&self, members: &[usize], id: u64) -> Result<Group> {
         let rank = members
             .iter()
             .position(|&r| r == self.rank)

@@ -1,0 +1,647 @@
+"""jaccl as a ``torch.distributed`` backend: ``init_process_group("jaccl")``.
+
+PyTorch finds it by itself from torch 2.10 on (the ``torch.distributed.backends`` entry point
+of this package); with older versions, ``import jaccl.torch`` first. Then every
+``torch.distributed`` call on CPU tensors, ``DistributedDataParallel``, FSDP, ``new_group``,
+``DeviceMesh`` and the functional collectives run over jaccl::
+
+    import torch.distributed as dist
+    dist.init_process_group("jaccl")          # under torchrun, or with init_method / store
+    dist.all_reduce(tensor)
+
+Start-up goes through the store torch gives each group: its rank 0 publishes the address of
+its coordinator and a fresh job secret there (under the group's own prefix), the others read
+them; torch's ``timeout`` is both the start-up and the operation timeout. A group that
+``new_group`` makes is a jaccl sub-group of the default one (``jaccl.Group`` formed by its
+members alone), with its own connections. Errors are raised as
+``torch.distributed.DistBackendError`` whose cause is the jaccl exception (``PeerLost``,
+``Timeout``...), which names the rank and its peer.
+"""
+
+import datetime
+import os
+import queue
+import secrets
+import socket
+import threading
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .. import _native, errors
+
+__all__ = ["ProcessGroupJaccl", "register"]
+
+# torch's base class of a Python-made Work (renamed over the versions).
+_WorkBase = getattr(dist, "_Work", None) or torch._C._distributed_c10d.Work
+
+# jaccl's element type of each torch dtype.
+_DTYPES = {
+    torch.bool: "bool",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.complex64: "complex64",
+}
+for _name in ("uint16", "uint32", "uint64"):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _name
+
+_R = dist.ReduceOp.RedOpType if hasattr(dist.ReduceOp, "RedOpType") else dist.ReduceOp
+# jaccl's reduction of each torch one (PREMUL_SUM: the input scaled, then summed).
+_OPS = {
+    _R.SUM: "sum",
+    _R.AVG: "avg",
+    _R.PRODUCT: "prod",
+    _R.MIN: "min",
+    _R.MAX: "max",
+    _R.BAND: "band",
+    _R.BOR: "bor",
+    _R.BXOR: "bxor",
+}
+_PREMUL_SUM = getattr(_R, "PREMUL_SUM", None)
+
+# The jaccl group of torch's default group, which new_group's groups are made from.
+_default_group: Optional["_native.Group"] = None
+_default_lock = threading.Lock()
+
+
+def register() -> None:
+    """Registers the ``"jaccl"`` backend with ``torch.distributed`` (for CPU tensors). Called on
+    ``import jaccl.torch``, and by torch itself through the package's entry point."""
+    if "JACCL" in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend("jaccl", _create, extended_api=True, devices=["cpu"])
+
+
+def _create(opts: Any, _backend_options: Any = None) -> "ProcessGroupJaccl":
+    """torch's creator of a group: the default one is a jaccl job started through the store,
+    the others sub-groups of it (formed by their members alone, as torch calls this only
+    there)."""
+    global _default_group
+    rank, size = opts.group_rank, opts.group_size
+    timeout = opts.timeout
+    members = list(getattr(opts, "global_ranks_in_group", []) or [])
+    name = str(getattr(opts, "group_id", "") or "")
+    with _default_lock:
+        parent = _default_group
+    if members and parent is not None and parent.size >= len(members):
+        g = _raising(lambda: parent.subgroup_of_members(members, name))
+    else:
+        g = _start_job(opts.store, rank, size, timeout)
+        if not members:
+            with _default_lock:
+                _default_group = g
+    return ProcessGroupJaccl(g, rank, size, timeout, opts.store)
+
+
+def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> "_native.Group":
+    """A jaccl job of `size` ranks whose rank 0 publishes its coordinator and a fresh secret in
+    `store` (already prefixed per group by torch)."""
+    if rank == 0:
+        coordinator = f"{_reachable_address(store)}:{_free_port()}"
+        store.set("jaccl/coordinator", coordinator)
+        store.set("jaccl/token", secrets.token_hex(32))
+    store.wait(["jaccl/coordinator", "jaccl/token"], timeout)
+    seconds = repr(max(timeout.total_seconds(), 0.001))
+    settings = {
+        "JACCL_RANK": str(rank),
+        "JACCL_SIZE": str(size),
+        "JACCL_COORDINATOR": store.get("jaccl/coordinator").decode(),
+        "JACCL_JOB_TOKEN": store.get("jaccl/token").decode(),
+        "JACCL_TIMEOUT": seconds,
+        "JACCL_STARTUP_TIMEOUT": seconds,
+    }
+    return _raising(lambda: _native.init(settings))
+
+
+def _reachable_address(store: Any) -> str:
+    """The address the other ranks can reach this one at: the interface towards the store's
+    host (a TCP store), else what this host's name resolves to; `JACCL_COORDINATOR`'s host if
+    it is set."""
+    configured = os.environ.get("JACCL_COORDINATOR", "")
+    if configured:
+        return configured.rsplit(":", 1)[0]
+    base = store
+    while hasattr(base, "underlying_store"):
+        base = base.underlying_store
+    host = getattr(base, "host", None)
+    if host:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host, getattr(base, "port", 1) or 1))
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _raising(call: Callable[[], Any]) -> Any:
+    """Runs `call`, raising its jaccl error as torch's ``DistBackendError`` (the jaccl
+    exception as its cause)."""
+    try:
+        return call()
+    except errors.Error as e:
+        raise _torch_error(e) from e
+
+
+def _torch_error(e: BaseException) -> BaseException:
+    if isinstance(e, errors.InvalidArgument):
+        return ValueError(str(e))
+    if isinstance(e, errors.Error):
+        made = dist.DistBackendError(str(e))
+        made.__cause__ = e
+        return made
+    return e
+
+
+def _reduction(op: Any) -> tuple:
+    """jaccl's name of torch's reduction `op`, and PREMUL_SUM's factor (else None)."""
+    kind = getattr(op, "op", op)
+    if _PREMUL_SUM is not None and kind == _PREMUL_SUM:
+        return "sum", op.factor
+    name = _OPS.get(kind)
+    if name is None:
+        raise ValueError(f"jaccl: unsupported reduction {op}")
+    return name, None
+
+
+class _Tensor:
+    """A tensor as jaccl reads or writes it: its memory, contiguous (a copy when it is not,
+    copied back with :meth:`finish` where the call writes it)."""
+
+    __slots__ = ("tensor", "buffer", "dtype")
+
+    def __init__(self, tensor: torch.Tensor, apart_from: Optional["_Tensor"] = None) -> None:
+        """`apart_from`: the output of the call that reads `tensor`, which it may not share
+        memory with (FSDP all-gathers a shard that lies inside the output): then a copy."""
+        if tensor.device.type != "cpu":
+            raise ValueError(f"jaccl: tensors must be on the CPU, not {tensor.device}")
+        dtype = _DTYPES.get(tensor.dtype)
+        if dtype is None:
+            raise ValueError(f"jaccl: element type {tensor.dtype} is not supported")
+        self.tensor = tensor
+        self.buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self.dtype = dtype
+        if apart_from is not None and _overlap(self.memory, apart_from.memory):
+            self.buffer = self.buffer.clone()
+
+    @property
+    def memory(self) -> tuple:
+        b = self.buffer
+        return (b.data_ptr(), b.numel() * b.element_size())
+
+    def finish(self) -> None:
+        if self.buffer is not self.tensor:
+            self.tensor.copy_(self.buffer)
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    """Whether two `(address, length)` ranges share a byte."""
+    return a[1] > 0 and b[1] > 0 and a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def _flat(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """The tensors one after the other in a new contiguous 1-D tensor."""
+    if not tensors:
+        return like.new_empty(0)
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copies `flat` back into `tensors`, one after the other."""
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+class _Work(_WorkBase):
+    """torch's handle of an operation: the jaccl operations it started (none if it ran at
+    once), then what to do on this thread once they are done (copies out of staging
+    buffers)."""
+
+    def __init__(
+        self,
+        pg: "ProcessGroupJaccl",
+        pending: List[Any],
+        result: Any,
+        finish: Optional[Callable[[], None]] = None,
+    ) -> None:
+        super().__init__()
+        self._pg = pg
+        self._pending = pending
+        self._result = result
+        self._finish = finish
+        self._error: Optional[BaseException] = None
+        self._done = False
+        self._lock = threading.Lock()
+        if not pending:
+            self._complete()
+
+    def _complete(self) -> None:
+        """Waits for the operations (the GIL released) and finishes; raises their error."""
+        with self._lock:
+            if not self._done:
+                try:
+                    for w in self._pending:
+                        w.wait(None)
+                    if self._finish is not None:
+                        self._finish()
+                except BaseException as e:
+                    self._error = _torch_error(e)
+                self._done = True
+                self._pending = []
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._complete()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or all(w.is_completed() for w in self._pending)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def result(self) -> Any:
+        self._complete()
+        return self._result
+
+    def source_rank(self) -> int:
+        raise RuntimeError("jaccl: source_rank applies to recv from any source, which jaccl lacks")
+
+    def get_future(self) -> "torch.futures.Future":
+        future: torch.futures.Future = torch.futures.Future()
+        if self._done:
+            _settle(future, self)
+        else:
+            self._pg._completer().put((future, self))
+        return future
+
+
+def _settle(future: "torch.futures.Future", work: _Work) -> None:
+    try:
+        work._complete()
+        future.set_result(work._result)
+    except BaseException as e:
+        future.set_exception(e)
+
+
+class ProcessGroupJaccl(dist.ProcessGroup):
+    """A ``torch.distributed`` process group over a jaccl group (made by torch through the
+    ``"jaccl"`` backend; see the module's documentation). Operations run in the order they are
+    called: blocking ones at once, ``async_op=True`` ones on the jaccl group's progress thread,
+    while the caller goes on."""
+
+    def __init__(
+        self,
+        group: "_native.Group",
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+        store: Any = None,
+    ) -> None:
+        super().__init__(rank, size)
+        self._g = group
+        self._timeout = timeout
+        self._store = store
+        self._queue: Optional["queue.Queue"] = None
+        self._name = ""
+        self._desc = ""
+
+    # What torch asks of a group.
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def getBackendName(self) -> str:
+        return "jaccl"
+
+    def name(self) -> str:
+        return "jaccl"
+
+    def abort(self) -> None:
+        self._g.close()
+
+    def shutdown(self) -> None:
+        self._g.close()
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupJaccl(rank={self.rank()}, size={self.size()})"
+
+    def _completer(self) -> "queue.Queue":
+        """A thread that completes futures (``Work.get_future``) in order, as their operations
+        end: the progress thread never waits for the GIL."""
+        if self._queue is None:
+            self._queue = queue.Queue()
+
+            def run(q: "queue.Queue") -> None:
+                while True:
+                    future, work = q.get()
+                    _settle(future, work)
+
+            threading.Thread(target=run, args=(self._queue,), name="jaccl-futures", daemon=True).start()
+        return self._queue
+
+    def _run(
+        self,
+        opts: Any,
+        calls: List[Callable[[Optional[list]], Any]],
+        keep: list,
+        result: Any,
+        finish: Optional[Callable[[], None]] = None,
+    ) -> _Work:
+        """Runs `calls` (native calls given their `keep` argument) at once, or on the progress
+        thread when the caller asked for an asynchronous operation (torch's `asyncOp`; without
+        it, always), and returns their Work."""
+        asynchronous = getattr(opts, "asyncOp", True) if opts is not None else True
+        if not asynchronous:
+            _raising(lambda: [c(None) for c in calls])
+            if finish is not None:
+                finish()
+            return _Work(self, [], result)
+        pending = _raising(lambda: [c(keep) for c in calls])
+        return _Work(self, [w for w in pending if w is not None], result, finish)
+
+    # Collectives.
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
+        op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        bufs = [_Tensor(t) for t in tensors]
+        if factor is not None:
+            for b in bufs:
+                b.buffer.mul_(factor)
+        calls = [
+            (lambda keep, b=b: self._g.all_reduce(None, b.memory, b.dtype, op, keep)) for b in bufs
+        ]
+        return self._run(opts, calls, [b.buffer for b in bufs], tensors, _finisher(bufs))
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
+        root = opts.rootRank if opts is not None else 0
+        bufs = [_Tensor(t) for t in tensors]
+        calls = [(lambda keep, b=b: self._g.broadcast(b.memory, b.dtype, root, keep)) for b in bufs]
+        return self._run(opts, calls, [b.buffer for b in bufs], tensors, _finisher(bufs))
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
+        op, factor = _reduction(opts.reduceOp)
+        root = opts.rootRank
+        bufs = [_Tensor(t) for t in tensors]
+        if factor is not None:
+            for b in bufs:
+                b.buffer.mul_(factor)
+        # The root's result goes over its input (torch's reduce is in place); the others'
+        # tensors are left as they are.
+        scratch = [b.buffer.clone() if self.rank() == root else b.buffer for b in bufs]
+
+        def call(keep: Optional[list], b: _Tensor, inp: torch.Tensor) -> Any:
+            out = b.memory if self.rank() == root else (0, 0)
+            return self._g.reduce((inp.data_ptr(), b.memory[1]), out, b.dtype, op, root, keep)
+
+        calls = [(lambda keep, b=b, i=i: call(keep, b, i)) for b, i in zip(bufs, scratch)]
+        keep = [b.buffer for b in bufs] + scratch
+        finish = _finisher(bufs) if self.rank() == root else None
+        return self._run(opts, calls, keep, tensors, finish)
+
+    def allgather(
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        stages = []
+        for outs, inp in zip(output_tensors, input_tensors):
+            src = _Tensor(inp)
+            flat = inp.new_empty(inp.numel() * self.size())
+            stages.append((src, flat, outs))
+        calls = [
+            (lambda keep, s=s, f=f: self._g.all_gather(s.memory, _mem(f), s.dtype, keep))
+            for s, f, _ in stages
+        ]
+
+        def finish() -> None:
+            for _, flat, outs in stages:
+                _unflatten(flat, outs)
+
+        keep = [t for s, f, _ in stages for t in (s.buffer, f)]
+        return self._run(opts, calls, keep, output_tensors, finish)
+
+    def allgather_coalesced(
+        self, output_lists: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self.allgather(output_lists, input_tensors, opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        outs = [_Tensor(o) for o in outputs]
+        pairs = [(o, _Tensor(i, o)) for o, i in zip(outs, inputs)]
+        calls = [
+            (lambda keep, o=o, i=i: self._g.all_gather(i.memory, o.memory, i.dtype, keep))
+            for o, i in pairs
+        ]
+        keep = [t.buffer for p in pairs for t in p]
+        return self._run(opts, calls, keep, outputs, _finisher([o for o, _ in pairs]))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(
+        self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
+    ) -> _Work:
+        inputs = [_flat(ins, out) for out, ins in zip(output_tensors, input_lists)]
+        return self.reduce_scatter_single_coalesced(output_tensors, inputs, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        pairs = []
+        for o, i in zip(outputs, inputs):
+            dst = _Tensor(o)
+            src = _Tensor(i, dst)
+            if factor is not None:
+                src.buffer = src.buffer * factor
+            pairs.append((dst, src))
+        calls = [
+            (lambda keep, o=o, i=i: self._g.reduce_scatter(i.memory, o.memory, i.dtype, op, keep))
+            for o, i in pairs
+        ]
+        keep = [t.buffer for p in pairs for t in p]
+        return self._run(opts, calls, keep, outputs, _finisher([o for o, _ in pairs]))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: List[int],
+        input_split_sizes: List[int],
+        opts: Any = None,
+    ) -> _Work:
+        o = _Tensor(output)
+        i = _Tensor(input, o)
+        n = self.size()
+        if not input_split_sizes and not output_split_sizes:
+            call = lambda keep: self._g.all_to_all(i.memory, o.memory, i.dtype, keep)  # noqa: E731
+        else:
+            row_in = input[0].numel() if input.dim() else 1
+            row_out = output[0].numel() if output.dim() else 1
+            rows_in = list(input_split_sizes) or [input.shape[0] // n] * n
+            rows_out = list(output_split_sizes) or [output.shape[0] // n] * n
+            sends = [r * row_in for r in rows_in]
+            recvs = [r * row_out for r in rows_out]
+            call = lambda keep: self._g.all_to_all_v(  # noqa: E731
+                i.memory, sends, o.memory, recvs, i.dtype, keep
+            )
+        return self._run(opts, [call], [o.buffer, i.buffer], output, _finisher([o]))
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(
+        self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        like = input_tensors[0] if input_tensors else output_tensors[0]
+        flat_in = _flat(input_tensors, like)
+        flat_out = like.new_empty(sum(t.numel() for t in output_tensors))
+        dtype = _Tensor(flat_in).dtype
+        sends = [t.numel() for t in input_tensors]
+        recvs = [t.numel() for t in output_tensors]
+        call = lambda keep: self._g.all_to_all_v(  # noqa: E731
+            _mem(flat_in), sends, _mem(flat_out), recvs, dtype, keep
+        )
+        return self._run(
+            opts, [call], [flat_in, flat_out], output_tensors, lambda: _unflatten(flat_out, output_tensors)
+        )
+
+    def gather(
+        self, output_lists: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        root = opts.rootRank
+        stages = []
+        for k, inp in enumerate(input_tensors):
+            src = _Tensor(inp)
+            flat = inp.new_empty(inp.numel() * self.size() if self.rank() == root else 0)
+            outs = output_lists[k] if self.rank() == root else []
+            stages.append((src, flat, outs))
+        calls = [
+            (lambda keep, s=s, f=f: self._g.gather(s.memory, _mem(f), s.dtype, root, keep))
+            for s, f, _ in stages
+        ]
+
+        def finish() -> None:
+            for _, flat, outs in stages:
+                _unflatten(flat, outs)
+
+        keep = [t for s, f, _ in stages for t in (s.buffer, f)]
+        return self._run(opts, calls, keep, output_lists, finish)
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        root = opts.rootRank
+        o = _Tensor(output) if self.rank() == root else None
+        i = _Tensor(input, o)
+        out = o.memory if o is not None else (0, 0)
+        call = lambda keep: self._g.gather(i.memory, out, i.dtype, root, keep)  # noqa: E731
+        keep = [i.buffer] + ([o.buffer] if o is not None else [])
+        return self._run(opts, [call], keep, output, _finisher([o] if o is not None else []))
+
+    gather_into_tensor = gather_single
+
+    def scatter(
+        self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
+    ) -> _Work:
+        root = opts.rootRank
+        stages = []
+        for k, out in enumerate(output_tensors):
+            dst = _Tensor(out)
+            if self.rank() == root:
+                flat = _flat(input_lists[k], out)
+            else:
+                flat = out.new_empty(0)
+            stages.append((dst, flat))
+        calls = [
+            (lambda keep, d=d, f=f: self._g.scatter(_mem(f), d.memory, d.dtype, root, keep))
+            for d, f in stages
+        ]
+        keep = [t for d, f in stages for t in (d.buffer, f)]
+        return self._run(opts, calls, keep, output_tensors, _finisher([d for d, _ in stages]))
+
+    # Point to point: messages between two ranks are matched in the order they are sent, whatever
+    # their tags.
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> _Work:
+        bufs = [_Tensor(t) for t in tensors]
+        calls = [(lambda keep, b=b: self._g.send(b.memory, dst, b.dtype, keep)) for b in bufs]
+        return self._run(None, calls, [b.buffer for b in bufs], tensors)
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> _Work:
+        bufs = [_Tensor(t) for t in tensors]
+        calls = [(lambda keep, b=b: self._g.recv(b.memory, src, b.dtype, keep)) for b in bufs]
+        return self._run(None, calls, [b.buffer for b in bufs], tensors, _finisher(bufs))
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> _Work:
+        raise RuntimeError("jaccl: recv needs a source rank (jaccl has no receive from any source)")
+
+    def barrier(self, opts: Any = None) -> _Work:
+        return self._run(opts, [lambda keep: self._g.barrier(keep)], [], None)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that fails naming the ranks that did not come: jaccl's liveness and
+        deadlock search name a dead, stopped or absent rank; the operation timeout ends the
+        rest."""
+        _raising(lambda: self._g.barrier(None))
+
+
+def _mem(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.numel() * t.element_size())
+
+
+def _finisher(bufs: Sequence[_Tensor]) -> Optional[Callable[[], None]]:
+    """Copies each staged output back into its tensor, if any was staged."""
+    staged = [b for b in bufs if b.buffer is not b.tensor]
+    if not staged:
+        return None
+    return lambda: [b.finish() for b in staged]
+
+
+register()

@@ -1,0 +1,154 @@
+"""jaccl against gloo through torch.distributed itself, nccl-tests style.
+
+    torchrun --nproc-per-node 4 -m jaccl.torch.bench [--sizes 8,64K,4M,32M] [--reps 3]
+
+Every rank joins the default group over jaccl and a group of the same ranks over gloo, then
+times each collective at each size on both, interleaved (the order alternates between
+repetitions), the best of `--reps` repetitions of a timed loop of about `--seconds` each, as
+the slowest rank saw it. Rank 0 prints one line per (collective, size): the time and bus
+bandwidth of each backend and their ratio; at 8 B also jaccl's own Python API on the same
+connections (`jaccl.Group`), which shows what torch's dispatch costs per call. `--json FILE`
+writes the rows as JSON lines.
+"""
+
+import argparse
+import json
+import time
+from typing import Callable, Dict, List
+
+import torch
+import torch.distributed as dist
+
+import jaccl
+
+SIZES = "8,64,512,4K,64K,512K,4M,32M"
+OPS = "all_reduce,broadcast,all_gather_into_tensor,reduce_scatter_tensor,all_to_all_single,reduce,gather,scatter"
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().rstrip("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(s[:-1] if scale > 1 else s) * scale
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factors."""
+    return {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather_into_tensor": (n - 1) / n,
+        "reduce_scatter_tensor": (n - 1) / n,
+        "all_to_all_single": (n - 1) / n,
+        "gather": (n - 1) / n,
+        "scatter": (n - 1) / n,
+    }.get(op, 1.0)
+
+
+def call(op: str, size: int, group: dist.ProcessGroup, rank: int, n: int) -> Callable[[], None]:
+    """One `op` of `size` bytes per rank's buffer (float32) on `group`."""
+    count = max(size // 4, 1)
+    block = max(count // n, 1)
+    x = torch.ones(count)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "broadcast":
+        return lambda: dist.broadcast(x, src=0, group=group)
+    if op == "reduce":
+        return lambda: dist.reduce(x, dst=0, group=group)
+    if op == "all_gather_into_tensor":
+        inp, out = torch.ones(block), torch.empty(block * n)
+        return lambda: dist.all_gather_into_tensor(out, inp, group=group)
+    if op == "reduce_scatter_tensor":
+        inp, out = torch.ones(block * n), torch.empty(block)
+        return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
+    if op == "all_to_all_single":
+        inp, out = torch.ones(block * n), torch.empty(block * n)
+        return lambda: dist.all_to_all_single(out, inp, group=group)
+    if op == "gather":
+        inp = torch.ones(block)
+        outs = [torch.empty(block) for _ in range(n)] if rank == 0 else None
+        return lambda: dist.gather(inp, outs, dst=0, group=group)
+    if op == "scatter":
+        out = torch.empty(block)
+        ins = [torch.ones(block) for _ in range(n)] if rank == 0 else None
+        return lambda: dist.scatter(out, ins, src=0, group=group)
+    raise SystemExit(f"unknown op {op}")
+
+
+def timed(run: Callable[[], None], seconds: float, barrier: Callable[[], None]) -> float:
+    """Seconds per call: warm up, then about `seconds` of calls (the count agreed by all)."""
+    run()
+    barrier()
+    start = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - start < seconds / 10 or calls < 3:
+        run()
+        calls += 1
+    per_call = (time.perf_counter() - start) / calls
+    iters = torch.tensor([max(3, int(seconds / max(per_call, 1e-7)))], dtype=torch.int64)
+    dist.all_reduce(iters, op=dist.ReduceOp.MIN)  # over jaccl: all ranks agree
+    barrier()
+    start = time.perf_counter()
+    for _ in range(int(iters.item())):
+        run()
+    took = torch.tensor([(time.perf_counter() - start) / int(iters.item())], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return took.item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=SIZES)
+    parser.add_argument("--ops", default=OPS)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=0.2)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("jaccl")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    groups: Dict[str, dist.ProcessGroup] = {"jaccl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    direct = jaccl.Group(dist.group.WORLD._g)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rows: List[dict] = []
+    if rank == 0:
+        print(f"# jaccl.torch.bench: {n} ranks, float32, best of {args.reps}, µs per call (slowest rank); busbw GB/s")
+        print(f"# {'op':>22} {'size':>10} {'jaccl':>10} {'busbw':>7} {'gloo':>10} {'busbw':>7} {'gloo/jaccl':>10}")
+    for op in args.ops.split(","):
+        for size in sizes:
+            best = {name: float("inf") for name in groups}
+            for rep in range(args.reps):
+                order = list(groups) if rep % 2 == 0 else list(reversed(groups))
+                for name in order:
+                    g = groups[name]
+                    t = timed(call(op, size, g, rank, n), args.seconds, lambda: dist.barrier(group=g))
+                    best[name] = min(best[name], t)
+            row = {"op": op, "bytes": size, "ranks": n}
+            for name, t in best.items():
+                row[f"{name}_us"] = t * 1e6
+                row[f"{name}_busbw"] = size / t / 1e9 * bus_factor(op, n)
+            if op == "all_reduce" and size <= 8:
+                x = torch.ones(max(size // 4, 1))
+                direct_t = min(
+                    timed(lambda: direct.all_sum(x, out=x), args.seconds, direct.barrier) for _ in range(args.reps)
+                )
+                row["jaccl_python_us"] = direct_t * 1e6
+            rows.append(row)
+            if rank == 0:
+                ratio = row["gloo_us"] / row["jaccl_us"]
+                print(
+                    f"  {op:>22} {size:>10} {row['jaccl_us']:>10.1f} {row['jaccl_busbw']:>7.3f} "
+                    f"{row['gloo_us']:>10.1f} {row['gloo_busbw']:>7.3f} {ratio:>9.2f}x",
+                    flush=True,
+                )
+                if "jaccl_python_us" in row:
+                    overhead = row["jaccl_us"] - row["jaccl_python_us"]
+                    print(f"# {op} {size} B through jaccl.Group directly: {row['jaccl_python_us']:.1f} µs (torch adds {overhead:.1f} µs)", flush=True)
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

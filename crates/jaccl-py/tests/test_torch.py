@@ -1,0 +1,134 @@
+"""The torch.distributed backend, for real under torchrun: 2 and 4 ranks on one host, and 4
+ranks on 2 pretend hosts (two torchrun "nodes" whose ranks have different `JACCL_HOST_ID`s,
+so they talk TCP between the hosts and shared memory inside each). The ranks' code
+(torch_ranks.py) uses torch's API only. Skipped without torch, unless JACCL_REQUIRE_TORCH=1
+(CI), which makes a missing torch a failure."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+try:
+    import torch  # noqa: F401
+
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+    if os.environ.get("JACCL_REQUIRE_TORCH"):
+        raise
+
+pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script, args, nproc, nodes=1, env=None, timeout=300, expect_failure=False):
+    """Runs `script args` under torchrun on `nodes` pretend hosts of `nproc` ranks each (each
+    node its own torchrun with its own JACCL_HOST_ID); returns every rank's RESULT values."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
+    base.update(OMP_NUM_THREADS="1", JACCL_LIVENESS="2", MASTER_PORT=str(port))
+    base.update(env or {})
+    procs = []
+    for node in range(nodes):
+        node_env = dict(base, JACCL_HOST_ID=f"pretend-host-{node}") if nodes > 1 else base
+        command = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={port}",
+            str(script), *args,
+        ]
+        procs.append(
+            subprocess.Popen(command, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    results, failures = [], []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"torchrun did not finish within {timeout} s")
+        if p.returncode != 0 and not expect_failure:
+            failures.append(err[-6000:])
+        results += parse_results(out)
+    assert not failures, "\n".join(failures)
+    return results
+
+
+def parse_results(out: str) -> list:
+    """The values after each `RESULT ` in `out` (the ranks' lines may run into each other)."""
+    decoder, found = json.JSONDecoder(), []
+    for piece in out.split("RESULT ")[1:]:
+        value, _ = decoder.raw_decode(piece)
+        found.append(value)
+    return found
+
+
+RANKS = HERE / "torch_ranks.py"
+
+
+@pytest.mark.parametrize("nproc, nodes", [(2, 1), (4, 1), (2, 2)])
+def test_every_collective_and_dtype_matches_its_reference(nproc, nodes):
+    results = torchrun(RANKS, ["collectives"], nproc, nodes)
+    assert len(results) == nproc * nodes
+    for got in results:
+        assert got["wrong"] == [] and got["backend"] == "jaccl", got
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_new_group_and_a_2x2_device_mesh(nodes):
+    results = torchrun(RANKS, ["groups"], 4 // nodes, nodes)
+    assert [r["wrong"] for r in results] == [[]] * 4
+
+
+@pytest.mark.parametrize("how", ["env", "tcp", "file", "store"])
+def test_init_methods_and_stores(how, tmp_path):
+    results = torchrun(RANKS, ["init_methods", how], 2, env={"TEST_FILE": str(tmp_path / "rendezvous")})
+    assert [r["sum"] for r in results] == [[2.0, 2.0]] * 2
+
+
+def test_a_lost_rank_is_a_dist_backend_error_naming_it():
+    results = torchrun(RANKS, ["lose_a_rank"], 3, expect_failure=True)
+    assert len(results) == 2, results
+    for got in results:
+        assert got["error"] == "DistBackendError", got
+        assert got["cause"] == "PeerLost", got
+        assert got["peer"] in (1, 0, 2), got
+        assert "rank 1" in got["message"], got
+
+
+def example(name, nproc, *args, nodes=1):
+    return torchrun(ROOT / "examples" / name, list(args), nproc, nodes, timeout=600)
+
+
+def test_ddp_example_matches_gloo_and_keeps_ranks_identical():
+    jaccl = example("torch_ddp.py", 4, "--backend", "jaccl", "--steps", "30")
+    gloo = example("torch_ddp.py", 4, "--backend", "gloo", "--steps", "30")
+    assert len({r["weights"] for r in jaccl}) == 1, "weights differ between ranks"
+    ours, theirs = jaccl[0]["losses"], gloo[0]["losses"]
+    assert len(ours) == len(theirs) == 30
+    for a, b in zip(ours, theirs):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (ours, theirs)
+
+
+def test_fsdp_example():
+    results = example("torch_fsdp.py", 2)
+    assert all(r["ok"] for r in results), results
+
+
+def test_tensor_parallel_example_on_a_2x2_mesh():
+    results = example("torch_tp.py", 4)
+    assert all(r["ok"] for r in results), results

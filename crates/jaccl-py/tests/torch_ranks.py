@@ -1,0 +1,276 @@
+"""What each rank runs for test_torch.py, under torchrun: ``python torch_ranks.py CASE``.
+
+Written only against torch's public API: the backend is found by name (``"jaccl"``) through
+the package's entry point, with no jaccl import. Each case prints ``RESULT <json>`` lines;
+a case that finds a wrong value prints what and where instead of raising, so every rank
+reports."""
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DTYPES = [
+    torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+] + [getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)]
+R = dist.ReduceOp
+
+
+def report(value):
+    print("RESULT " + json.dumps(value), flush=True)
+
+
+def values(rank, n, dtype, op=None):
+    """Rank `rank`'s `n` values: small, so sums, products (0, 1, 2) and averages are exact."""
+    i = torch.arange(n)
+    if dtype == torch.bool:
+        return ((i + rank) % 3 != 0) if op in (R.MIN, R.PRODUCT, R.BAND) else ((i + rank) % 3 == 0)
+    v = (i * 7 + rank * 3) % 11
+    if op == R.PRODUCT:
+        v = v % 3
+    if dtype.is_complex:
+        return (v + 1j * ((v + 2) % 5)).to(dtype)
+    return v.to(dtype)
+
+
+def reference(op, arrays):
+    a = torch.stack(arrays)
+    if a.dtype == torch.bool:
+        a = a.to(torch.int64)
+        r = {R.SUM: a.amax(0), R.MAX: a.amax(0), R.MIN: a.amin(0), R.PRODUCT: a.prod(0),
+             R.BAND: a.amin(0), R.BOR: a.amax(0), R.BXOR: a.sum(0) % 2}[op]
+        return r.to(torch.bool)
+    wide = a.to(torch.complex128 if a.is_complex() else torch.float64)
+    if op == R.SUM:
+        return wide.sum(0).to(a.dtype)
+    if op == R.AVG:
+        if a.is_floating_point() or a.is_complex():
+            return (wide.sum(0) / len(arrays)).to(a.dtype)
+        s = wide.sum(0).to(torch.int64)
+        return torch.div(s, len(arrays), rounding_mode="trunc").to(a.dtype)
+    if op == R.PRODUCT:
+        return wide.prod(0).to(a.dtype)
+    if op == R.MAX:
+        return a.amax(0) if not a.is_complex() else None
+    if op == R.MIN:
+        return a.amin(0) if not a.is_complex() else None
+    f = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
+    out = a[0].clone()
+    for x in a[1:]:
+        out = f(out, x)
+    return out
+
+
+def ops_for(dtype):
+    if dtype == torch.bool:
+        return [R.SUM, R.MAX, R.MIN, R.PRODUCT, R.BAND, R.BOR, R.BXOR]
+    if dtype.is_complex:
+        return [R.SUM, R.AVG]  # what torch allows on complex tensors
+    ops = [R.SUM, R.AVG, R.PRODUCT, R.MAX, R.MIN]
+    if not (dtype.is_floating_point or dtype.is_complex):
+        ops += [R.BAND, R.BOR, R.BXOR]
+    return ops
+
+
+def supported(dtype):
+    """Whether this torch can do the arithmetic the references need on `dtype`."""
+    try:
+        reference(R.SUM, [values(0, 2, dtype), values(1, 2, dtype)])
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def collectives():
+    """Every collective of torch.distributed on every dtype, against references."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    wrong = []
+
+    def check(what, got, expect):
+        if expect is not None and not torch.equal(got.to(expect.dtype), expect):
+            wrong.append(f"{what}: {got.tolist()[:6]} != {expect.tolist()[:6]}")
+
+    for dtype in DTYPES:
+        if not supported(dtype):
+            continue
+        name = str(dtype)
+        for length in (1, 37):
+            for op in ops_for(dtype):
+                t = values(r, length, dtype, op)
+                try:
+                    expect = reference(op, [values(q, length, dtype, op) for q in range(n)])
+                except (RuntimeError, TypeError):
+                    continue  # this torch cannot compute the reference on this dtype
+                dist.all_reduce(t, op=op)
+                check(f"all_reduce {name} {op} {length}", t, expect)
+                t = values(r, length, dtype, op)
+                dist.reduce(t, dst=n - 1, op=op)
+                if r == n - 1:
+                    check(f"reduce {name} {op}", t, expect)
+            for root in range(n):
+                t = values(r, length, dtype)
+                dist.broadcast(t, src=root)
+                check(f"broadcast {name} root {root}", t, values(root, length, dtype))
+            mine = values(r, length, dtype)
+            out = [torch.empty_like(mine) for _ in range(n)]
+            dist.all_gather(out, mine)
+            for q in range(n):
+                check(f"all_gather {name} from {q}", out[q], values(q, length, dtype))
+            flat = torch.empty(n * length, dtype=dtype)
+            dist.all_gather_into_tensor(flat, mine)
+            check(f"all_gather_into_tensor {name}", flat, torch.cat([values(q, length, dtype) for q in range(n)]))
+            whole = [values(r * 10 + k, length, dtype) for k in range(n)]
+            if dtype != torch.bool:
+                got = torch.empty(length, dtype=dtype)
+                dist.reduce_scatter(got, whole)
+                check(f"reduce_scatter {name}", got, reference(R.SUM, [values(q * 10 + r, length, dtype) for q in range(n)]))
+                got = torch.empty(length, dtype=dtype)
+                dist.reduce_scatter_tensor(got, torch.cat(whole))
+                check(f"reduce_scatter_tensor {name}", got, reference(R.SUM, [values(q * 10 + r, length, dtype) for q in range(n)]))
+            # Gather and scatter to and from every root.
+            for root in range(n):
+                out = [torch.empty_like(mine) for _ in range(n)] if r == root else None
+                dist.gather(mine, out, dst=root)
+                if r == root:
+                    for q in range(n):
+                        check(f"gather {name} root {root} from {q}", out[q], values(q, length, dtype))
+                got = torch.empty_like(mine)
+                dist.scatter(got, [values(root * 10 + q, length, dtype) for q in range(n)] if r == root else None, src=root)
+                check(f"scatter {name} root {root}", got, values(root * 10 + r, length, dtype))
+            # All-to-all, even and uneven (rank s sends s + d + 1 rows to rank d), and of lists.
+            send = [values(r * 100 + d, (r + d) % 3, dtype) for d in range(n)]
+            recv = [torch.empty((s + r) % 3, dtype=dtype) for s in range(n)]
+            dist.all_to_all(recv, send)
+            for s in range(n):
+                check(f"all_to_all list {name} from {s}", recv[s], values(s * 100 + r, (s + r) % 3, dtype))
+            rows_out = [s + r + 1 for s in range(n)]
+            rows_in = [r + d + 1 for d in range(n)]
+            inp = torch.cat([values(r * 100 + d, (r + d + 1) * 2, dtype).reshape(-1, 2) for d in range(n)])
+            out = torch.empty(sum(rows_out), 2, dtype=dtype)
+            dist.all_to_all_single(out, inp, rows_out, rows_in)
+            expect = torch.cat([values(s * 100 + r, (s + r + 1) * 2, dtype).reshape(-1, 2) for s in range(n)])
+            check(f"all_to_all_single uneven {name}", out, expect)
+            out = torch.empty(n * length, dtype=dtype)
+            dist.all_to_all_single(out, torch.cat([values(r * 100 + d, length, dtype) for d in range(n)]))
+            check(f"all_to_all_single {name}", out, torch.cat([values(s * 100 + r, length, dtype) for s in range(n)]))
+    # PREMUL_SUM: each input scaled, then summed.
+    t = torch.full((5,), float(r + 1))
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    check("premul_sum", t, torch.full((5,), sum(0.5 * (q + 1) for q in range(n))))
+    # Every ordered pair of ranks, send and recv.
+    for src in range(n):
+        for dst in range(n):
+            if src == dst:
+                continue
+            if r == src:
+                dist.send(torch.full((3,), src * 10 + dst), dst=dst, tag=src)
+            elif r == dst:
+                got = torch.empty(3, dtype=torch.int64)
+                dist.recv(got, src=src, tag=src)
+                check(f"send {src} -> {dst}", got, torch.full((3,), src * 10 + dst))
+    # Non-contiguous tensors work (through a copy).
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()
+    expect = t * n
+    dist.all_reduce(t)
+    check("non-contiguous all_reduce", t, expect)
+    base = torch.zeros(n, 6)
+    view = base[:, ::2]
+    dist.all_gather_into_tensor(view, torch.full((3,), float(r)))
+    check("non-contiguous all_gather output", view, torch.arange(n, dtype=torch.float32).repeat_interleave(3).reshape(n, 3))
+    # Async handles, waited in reverse; blocking calls in between run after them.
+    works = [(k, torch.full((1000,), float(r + k))) for k in range(16)]
+    handles = [dist.all_reduce(t, async_op=True) for _, t in works]
+    b = torch.ones(1)
+    dist.all_reduce(b)
+    check("blocking after async", b, torch.full((1,), float(n)))
+    for (k, t), h in reversed(list(zip(works, handles))):
+        h.wait()
+        check(f"async all_reduce {k}", t, torch.full((1000,), float(sum(q + k for q in range(n)))))
+    fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
+    check("future", fut.wait()[0], torch.full((3,), float(n)))
+    # The functional collectives find the group by its name.
+    import torch.distributed._functional_collectives as funcol
+    got = funcol.wait_tensor(funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD))
+    check("functional all_reduce", got, torch.full((4,), float(n)))
+    got = funcol.wait_tensor(funcol.all_gather_tensor(torch.full((2,), float(r)), 0, dist.group.WORLD))
+    check("functional all_gather", got, torch.arange(n, dtype=torch.float32).repeat_interleave(2))
+    dist.barrier()
+    report({"wrong": wrong, "backend": dist.get_backend(), "name": dist.group.WORLD.group_name})
+
+
+def groups():
+    """new_group and a 2 x 2 DeviceMesh (4 ranks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    r = dist.get_rank()
+    wrong = []
+    evens = dist.new_group([0, 2])
+    odds = dist.new_group([1, 3])
+    mine = evens if r % 2 == 0 else odds
+    t = torch.full((3,), float(r))
+    dist.all_reduce(t, group=mine)
+    expect = 2.0 if r % 2 == 0 else 4.0
+    if t.tolist() != [expect] * 3:
+        wrong.append(f"new_group all_reduce: {t.tolist()}")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    for dim in ("dp", "tp"):
+        g = mesh.get_group(dim)
+        t = torch.full((2,), float(r))
+        dist.all_reduce(t, group=g)
+        members = dist.get_process_group_ranks(g)
+        if t.tolist() != [float(sum(members))] * 2:
+            wrong.append(f"mesh {dim} {members}: {t.tolist()}")
+        if dist.get_backend(g) != "jaccl":
+            wrong.append(f"mesh {dim} backend {dist.get_backend(g)}")
+    report({"wrong": wrong})
+
+
+def init_methods():
+    """The default group made with the init method or store of argv[2] (2 ranks)."""
+    how = sys.argv[2]
+    r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if how == "env":
+        dist.init_process_group("jaccl", init_method="env://")
+    elif how == "tcp":
+        port = int(os.environ["MASTER_PORT"]) + 2
+        dist.init_process_group("jaccl", init_method=f"tcp://127.0.0.1:{port}", rank=r, world_size=n)
+    elif how == "file":
+        dist.init_process_group("jaccl", init_method="file://" + os.environ["TEST_FILE"], rank=r, world_size=n)
+    else:
+        store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]) + 3, n, r == 0)
+        dist.init_process_group("jaccl", store=store, rank=r, world_size=n, timeout=timedelta(seconds=20))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    report({"sum": t.tolist()})
+
+
+def lose_a_rank():
+    """Rank 1 dies during an all-reduce: the others raise DistBackendError, caused by a
+    jaccl PeerLost that names rank 1."""
+    r = dist.get_rank()
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    if r == 1:
+        os._exit(3)
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+        report({"error": None})
+    except dist.DistBackendError as e:
+        cause = e.__cause__
+        report({"error": type(e).__name__, "cause": type(cause).__name__, "peer": getattr(cause, "peer", None), "message": str(e)})
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    case = sys.argv[1]
+    if case != "init_methods":
+        dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
+    {"collectives": collectives, "groups": groups, "init_methods": init_methods, "lose_a_rank": lose_a_rank}[case]()
+    if dist.is_initialized():
+        dist.destroy_process_group()

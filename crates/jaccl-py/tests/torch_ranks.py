@@ -173,6 +173,19 @@ def collectives():
                 got = torch.empty(3, dtype=torch.int64)
                 dist.recv(got, src=src, tag=src)
                 check(f"send {src} -> {dst}", got, torch.full((3,), src * 10 + dst))
+    # A ring exchange in a batch whose receives come first, and isend/irecv waited in reverse.
+    left, right = (r - 1) % n, (r + 1) % n
+    got = torch.empty(4)
+    ops = [dist.P2POp(dist.irecv, got, left), dist.P2POp(dist.isend, torch.full((4,), float(r)), right)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    check("batch_isend_irecv ring", got, torch.full((4,), float(left)))
+    inbox = [torch.empty(2) for _ in range(3)]
+    handles = [dist.irecv(t, src=left) for t in inbox] + [dist.isend(torch.full((2,), float(r * 10 + k)), dst=right) for k in range(3)]
+    for h in reversed(handles):
+        h.wait()
+    for k, t in enumerate(inbox):
+        check(f"irecv {k} from {left}", t, torch.full((2,), float(left * 10 + k)))
     # Non-contiguous tensors work (through a copy).
     t = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()
     expect = t * n

@@ -1,6 +1,7 @@
 //! [`Group`]: validates each call, dispatches it to the algorithm, and poisons itself when an
 //! operation fails half-way.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::{Heartbeat, Liveness};
 use crate::reduce::Reducer;
+use crate::transport::tcp::LateTcp;
 use crate::wait::WaitPolicy;
 
 mod ops;
@@ -20,7 +22,6 @@ mod split;
 
 use progress::Progress;
 pub use progress::Request;
-use split::Family;
 
 /// A set of ranks that run collectives together. Create one per process with [`crate::init`]
 /// or [`crate::init_with`], and sub-groups of it with [`Group::split`] and
@@ -56,7 +57,7 @@ pub struct Group {
     /// The connections and their state, shared with the progress thread's view.
     state: Arc<Mutex<State>>,
     /// The thread of nonblocking operations, once one was started (never in its own view).
-    progress: Option<Progress>,
+    progress: Option<Progress<Group>>,
     /// Whether this is the progress thread's view of the group.
     on_progress_thread: bool,
     /// What sub-groups are made from.
@@ -74,6 +75,39 @@ enum State {
         error: Error,
         _heartbeat: Option<Heartbeat>,
     },
+}
+
+/// What a group's sub-groups are made from.
+#[derive(Clone)]
+pub(super) struct Family {
+    /// The settings sub-groups inherit (this group's rank and size).
+    pub(super) config: Arc<Config>,
+    /// The listener every rank of the job keeps; `None` in a job of one rank.
+    pub(super) job: Option<Arc<LateTcp>>,
+    /// The job's rank of each rank of this group.
+    pub(super) job_rank: Arc<[usize]>,
+    /// This group's id, in every connection made for it (0: the group `init` made).
+    pub(super) id: u64,
+    /// How many splits this group has made: with the id, it names the next sub-groups alike
+    /// on every rank (shared with the progress thread's view).
+    pub(super) splits: Arc<AtomicU64>,
+}
+
+impl Family {
+    /// The family of the group `init` made from `config`.
+    pub(super) fn of_job(config: &Config, job: Option<Arc<LateTcp>>) -> Family {
+        let config = Config {
+            job_token: Some(config.token()),
+            ..config.clone()
+        };
+        Family {
+            job_rank: (0..config.size).collect(),
+            config: Arc::new(config),
+            job,
+            id: 0,
+            splits: Arc::default(),
+        }
+    }
 }
 
 /// How long a failed call waits for the heartbeat to explain it: a verdict, or its peer's
@@ -196,7 +230,7 @@ impl Group {
             return Request::completed(op(self));
         }
         if self.progress.is_none() {
-            match Progress::spawn(self.progress_view()) {
+            match Progress::spawn(self.progress_view(), self.rank) {
                 Ok(progress) => self.progress = Some(progress),
                 Err(e) => {
                     let e = Error::io(self.rank, "starting the progress thread", e);

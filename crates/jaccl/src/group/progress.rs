@@ -1,9 +1,9 @@
 //! Nonblocking operations: a progress thread per group runs the operations started with
-//! [`Group::start`] in the order they were started, while the caller's thread goes on; a
+//! [`crate::Group::start`] in the order they were started, while the caller's thread goes on; a
 //! [`Request`] is the caller's handle on one of them.
 //!
-//! The thread is made on the first [`Group::start`] and runs each operation on a view of the
-//! group that shares its state ([`Group::progress_view`]). A blocking call waits until every
+//! The thread is made on the first [`crate::Group::start`] and runs each operation on a view of the
+//! group that shares its state (`Group::progress_view`). A blocking call waits until every
 //! operation started before it has finished, then runs on the caller's thread, so operations
 //! of one group run in the order they were started, blocking ones included, and a blocking
 //! call costs nothing extra when none is outstanding. The thread waits the way calls do (spin
@@ -18,16 +18,15 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::Group;
 use crate::error::{Error, Result};
 
-/// An operation for the progress thread: it runs on the thread's view of the group and
+/// An operation for the progress thread: it runs on the thread's view `V` of the group and
 /// completes its request.
-type Job = Box<dyn FnOnce(&mut Group) + Send>;
+pub(super) type Job<V> = Box<dyn FnOnce(&mut V) + Send>;
 
-/// The progress thread of a group, once made.
-pub(super) struct Progress {
-    jobs: Option<Sender<Job>>,
+/// The progress thread of a group, once made; it runs operations on its view `V` of it.
+pub(super) struct Progress<V> {
+    jobs: Option<Sender<Job<V>>>,
     thread: Option<JoinHandle<()>>,
     outstanding: Arc<Outstanding>,
 }
@@ -64,14 +63,14 @@ impl Outstanding {
     }
 }
 
-impl Progress {
-    /// Starts the thread, which runs each job on `view`.
-    pub(super) fn spawn(mut view: Group) -> std::io::Result<Progress> {
-        let (jobs, queue): (Sender<Job>, Receiver<Job>) = mpsc::channel();
+impl<V: Send + 'static> Progress<V> {
+    /// Starts the thread (named after `rank`), which runs each job on `view`.
+    pub(super) fn spawn(mut view: V, rank: usize) -> std::io::Result<Progress<V>> {
+        let (jobs, queue): (Sender<Job<V>>, Receiver<Job<V>>) = mpsc::channel();
         let outstanding = Arc::new(Outstanding::default());
         let done = Arc::clone(&outstanding);
         let thread = std::thread::Builder::new()
-            .name(format!("jaccl-progress-{}", view.rank))
+            .name(format!("jaccl-progress-{rank}"))
             .spawn(move || {
                 for job in queue {
                     job(&mut view);
@@ -86,7 +85,7 @@ impl Progress {
     }
 
     /// Queues `job`; false if the thread is gone (it ended with a panic).
-    pub(super) fn submit(&self, job: Job) -> bool {
+    pub(super) fn submit(&self, job: Job<V>) -> bool {
         self.outstanding.add();
         let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
         if !sent {
@@ -110,7 +109,7 @@ impl Progress {
     }
 }
 
-/// The handle of an operation started with [`Group::start`]: wait for it to get what the
+/// The handle of an operation started with [`crate::Group::start`]: wait for it to get what the
 /// operation returned (the buffers it was given back, typically) or its error.
 ///
 /// Dropping a request does not stop the operation; its result is then dropped with it.

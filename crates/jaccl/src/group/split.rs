@@ -11,47 +11,13 @@
 //! at once from different threads, and either can be dropped first.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use super::Group;
+use super::{Family, Group};
 use crate::config::Config;
 use crate::connect;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
-use crate::transport::tcp::LateTcp;
-
-/// What a group's sub-groups are made from.
-#[derive(Clone)]
-pub(super) struct Family {
-    /// The settings sub-groups inherit (this group's rank and size).
-    pub(super) config: Arc<Config>,
-    /// The listener every rank of the job keeps; `None` in a job of one rank.
-    job: Option<Arc<LateTcp>>,
-    /// The job's rank of each rank of this group.
-    job_rank: Arc<[usize]>,
-    /// This group's id, in every connection made for it (0: the group `init` made).
-    id: u64,
-    /// How many splits this group has made: with the id, it names the next sub-groups alike
-    /// on every rank (shared with the progress thread's view).
-    splits: Arc<AtomicU64>,
-}
-
-impl Family {
-    /// The family of the group `init` made from `config`.
-    pub(super) fn of_job(config: &Config, job: Option<Arc<LateTcp>>) -> Family {
-        let config = Config {
-            job_token: Some(config.token()),
-            ..config.clone()
-        };
-        Family {
-            job_rank: (0..config.size).collect(),
-            config: Arc::new(config),
-            job,
-            id: 0,
-            splits: Arc::default(),
-        }
-    }
-}
 
 /// What a rank asks of a split, as the all-gather carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

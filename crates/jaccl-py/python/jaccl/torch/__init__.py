@@ -241,23 +241,38 @@ class _Work(_WorkBase):
     def __init__(
         self,
         pg: "ProcessGroupJaccl",
-        pending: List[Any],
+        pending: Optional[List[Any]],
         result: Any,
         finish: Optional[Callable[[], None]] = None,
+        start: Optional[Callable[[], List[Any]]] = None,
     ) -> None:
+        """`pending`: the jaccl operations; `None` with `start`, which starts them when the
+        group flushes its held receives (see `ProcessGroupJaccl.recv`)."""
         super().__init__()
         self._pg = pg
-        self._pending = pending
+        self._pending = pending or []
+        self._start = start
         self._result = result
         self._finish = finish
         self._error: Optional[BaseException] = None
         self._done = False
         self._lock = threading.Lock()
-        if not pending:
+        if not pending and start is None:
             self._complete()
+
+    def _begin(self) -> None:
+        """Starts a held operation (the group's flush calls it, in order)."""
+        start, self._start = self._start, None
+        if start is not None:
+            try:
+                self._pending = [w for w in _raising(start) if w is not None]
+            except BaseException as e:
+                self._error = e
 
     def _complete(self) -> None:
         """Waits for the operations (the GIL released) and finishes; raises their error."""
+        if self._start is not None:
+            self._pg._flush()
         with self._lock:
             if not self._done:
                 try:
@@ -277,6 +292,8 @@ class _Work(_WorkBase):
         return True
 
     def is_completed(self) -> bool:
+        if self._start is not None:
+            return False
         return self._done or all(w.is_completed() for w in self._pending)
 
     def is_success(self) -> bool:
@@ -328,6 +345,9 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         self._timeout = timeout
         self._store = store
         self._queue: Optional["queue.Queue"] = None
+        # Receives started asynchronously and not yet handed to jaccl (see `recv`).
+        self._held: List[_Work] = []
+        self._held_lock = threading.Lock()
         self._name = ""
         self._desc = ""
 
@@ -350,6 +370,15 @@ class ProcessGroupJaccl(dist.ProcessGroup):
 
     def name(self) -> str:
         return "jaccl"
+
+    # torch asks a group's backend for these (`batch_isend_irecv` does, of any group): this
+    # group is its own backend, without coalescing (its operations run one by one) or
+    # splitting (`split_group` needs a backend written in C++).
+    supports_coalescing = False
+    supports_splitting = False
+
+    def _get_backend(self, device: Any) -> "ProcessGroupJaccl":
+        return self
 
     def abort(self) -> None:
         self._g.close()
@@ -385,6 +414,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         """Runs `calls` (native calls given their `keep` argument) at once, or on the progress
         thread when the caller asked for an asynchronous operation (torch's `asyncOp`; without
         it, always), and returns their Work."""
+        self._flush()
         asynchronous = getattr(opts, "asyncOp", True) if opts is not None else True
         if not asynchronous:
             _raising(lambda: [c(None) for c in calls])
@@ -607,17 +637,34 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         return self._run(opts, calls, keep, output_tensors, _finisher([d for d, _ in stages]))
 
     # Point to point: messages between two ranks are matched in the order they are sent, whatever
-    # their tags.
+    # their tags. jaccl runs a group's operations in order, and a receive waits for its data;
+    # so that `batch_isend_irecv([irecv(left), isend(right)])` on every rank cannot wait for
+    # itself, a receive started asynchronously is held and handed to jaccl only when anything
+    # but a send comes next (or it is waited for): sends overtake the receives before them.
+    # Each direction between two ranks keeps its order, so messages match as they would.
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> _Work:
         bufs = [_Tensor(t) for t in tensors]
         calls = [(lambda keep, b=b: self._g.send(b.memory, dst, b.dtype, keep)) for b in bufs]
-        return self._run(None, calls, [b.buffer for b in bufs], tensors)
+        keep = [b.buffer for b in bufs]
+        pending = _raising(lambda: [c(keep) for c in calls])
+        return _Work(self, [w for w in pending if w is not None], tensors)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> _Work:
         bufs = [_Tensor(t) for t in tensors]
-        calls = [(lambda keep, b=b: self._g.recv(b.memory, src, b.dtype, keep)) for b in bufs]
-        return self._run(None, calls, [b.buffer for b in bufs], tensors, _finisher(bufs))
+        keep = [b.buffer for b in bufs]
+        calls = [(lambda b=b: self._g.recv(b.memory, src, b.dtype, keep)) for b in bufs]
+        work = _Work(self, None, tensors, _finisher(bufs), start=lambda: [c() for c in calls])
+        with self._held_lock:
+            self._held.append(work)
+        return work
+
+    def _flush(self) -> None:
+        """Hands the held receives to jaccl, in order."""
+        with self._held_lock:
+            held, self._held = self._held, []
+            for work in held:
+                work._begin()
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> _Work:
         raise RuntimeError("jaccl: recv needs a source rank (jaccl has no receive from any source)")
@@ -629,6 +676,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         """A barrier that fails naming the ranks that did not come: jaccl's liveness and
         deadlock search name a dead, stopped or absent rank; the operation timeout ends the
         rest."""
+        self._flush()
         _raising(lambda: self._g.barrier(None))
 
 

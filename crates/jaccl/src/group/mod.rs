@@ -2,7 +2,7 @@
 //! operation fails half-way.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use crate::algo::collectives::Collectives;
@@ -54,14 +54,51 @@ pub struct Group {
     opened_late: Option<late::Opened>,
     /// What the heartbeat found out; `None` for a group of one.
     liveness: Option<Arc<Liveness>>,
-    /// The connections and their state, shared with the progress thread's view.
-    state: Arc<Mutex<State>>,
+    /// The connections and their state: this group's alone until it starts a progress
+    /// thread, then shared with the thread's view (behind a lock).
+    state: Holder,
+    /// The error that poisoned the group, once one did (also in `state`): read without the
+    /// lock by every call's first check.
+    failure: Arc<OnceLock<Error>>,
     /// The thread of nonblocking operations, once one was started (never in its own view).
     progress: Option<Progress<Group>>,
     /// Whether this is the progress thread's view of the group.
     on_progress_thread: bool,
     /// What sub-groups are made from.
     family: Family,
+}
+
+/// Where a group's [`State`] lives.
+enum Holder {
+    /// In the group, which alone uses it: calls reach it without a lock.
+    Own(State),
+    /// Shared with the progress thread's view.
+    Shared(Arc<Mutex<State>>),
+}
+
+/// A group's [`State`] as one call has it.
+enum StateRef<'a> {
+    Own(&'a mut State),
+    Locked(MutexGuard<'a, State>),
+}
+
+impl std::ops::Deref for StateRef<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        match self {
+            StateRef::Own(s) => s,
+            StateRef::Locked(s) => s,
+        }
+    }
+}
+
+impl std::ops::DerefMut for StateRef<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        match self {
+            StateRef::Own(s) => s,
+            StateRef::Locked(s) => s,
+        }
+    }
 }
 
 enum State {
@@ -138,7 +175,8 @@ impl Group {
             peers: Vec::new(),
             opened_late: None,
             liveness: None,
-            state: Arc::new(Mutex::new(State::Alone)),
+            state: Holder::Own(State::Alone),
+            failure: Arc::default(),
             progress: None,
             on_progress_thread: false,
             family,
@@ -159,17 +197,23 @@ impl Group {
             peers: connected.peers.clone(),
             opened_late: Some(Arc::clone(&connected.opened_late)),
             liveness: Some(Arc::clone(&connected.liveness)),
-            state: Arc::new(Mutex::new(State::Connected(Box::new(connected)))),
+            state: Holder::Own(State::Connected(Box::new(connected))),
+            failure: Arc::default(),
             progress: None,
             on_progress_thread: false,
             family,
         }
     }
 
-    /// The progress thread's view: the same group, whose calls do not wait for the progress
-    /// thread (they run on it) and do not ask the caller's interrupt check (which belongs to
-    /// the caller's thread).
-    fn progress_view(&self) -> Group {
+    /// The progress thread's view: the same group (its state now shared behind a lock), whose
+    /// calls do not wait for the progress thread (they run on it) and do not ask the caller's
+    /// interrupt check (which belongs to the caller's thread).
+    fn progress_view(&mut self) -> Group {
+        let shared = match std::mem::replace(&mut self.state, Holder::Own(State::Alone)) {
+            Holder::Own(state) => Arc::new(Mutex::new(state)),
+            Holder::Shared(shared) => shared,
+        };
+        self.state = Holder::Shared(Arc::clone(&shared));
         Group {
             rank: self.rank,
             size: self.size,
@@ -181,7 +225,8 @@ impl Group {
             peers: self.peers.clone(),
             opened_late: self.opened_late.clone(),
             liveness: self.liveness.clone(),
-            state: Arc::clone(&self.state),
+            state: Holder::Shared(shared),
+            failure: Arc::clone(&self.failure),
             progress: None,
             on_progress_thread: true,
             family: self.family.clone(),
@@ -343,18 +388,6 @@ impl Group {
         self.size == 1
     }
 
-    /// The group's state, once every operation started before has finished (unless this is
-    /// the progress thread, which runs them).
-    fn state(&self) -> Result<MutexGuard<'_, State>> {
-        if let Some(progress) = &self.progress {
-            progress.settle();
-        }
-        self.state.lock().map_err(|_| {
-            let why = std::io::Error::other("an operation panicked earlier in this group");
-            Error::io(self.rank, "group", why)
-        })
-    }
-
     /// The kernels of `reduce` over `dtype`, or why it does not apply.
     fn reducer(&self, op: Op, dtype: Dtype, reduce: ReduceOp) -> Result<Reducer> {
         Reducer::new(dtype, reduce).ok_or_else(|| {
@@ -467,7 +500,8 @@ impl Group {
         f: impl FnOnce(&mut Collectives, &Call) -> Result<()>,
     ) -> Result<()> {
         let rank = self.rank;
-        let mut state = self.state()?;
+        let mut state = state_of(&mut self.state, self.progress.as_ref(), rank)?;
+        let failure = &self.failure;
         let result = match &mut *state {
             State::Alone => return Ok(()),
             State::Failed { error, .. } => return Err(error.clone()),
@@ -499,6 +533,7 @@ impl Group {
                 heartbeat = c.heartbeat.take();
             }
             // Dropping the connections closes them, so the peers fail promptly too.
+            let _ = failure.set(e.clone());
             *state = State::Failed {
                 error: e.clone(),
                 _heartbeat: heartbeat,
@@ -508,9 +543,9 @@ impl Group {
     }
 
     fn check_usable(&self) -> Result<()> {
-        match &*self.state()? {
-            State::Failed { error, .. } => Err(error.clone()),
-            _ => Ok(()),
+        match self.failure.get() {
+            Some(error) => Err(error.clone()),
+            None => Ok(()),
         }
     }
 
@@ -551,6 +586,26 @@ impl Group {
     }
 }
 
+/// The group's state in `holder`, once every operation started before has finished (`progress`
+/// runs them; none on the progress thread itself). A function of the fields, so that a call
+/// can borrow the others meanwhile.
+fn state_of<'a>(
+    holder: &'a mut Holder,
+    progress: Option<&Progress<Group>>,
+    rank: usize,
+) -> Result<StateRef<'a>> {
+    if let Some(progress) = progress {
+        progress.settle();
+    }
+    match holder {
+        Holder::Own(state) => Ok(StateRef::Own(state)),
+        Holder::Shared(shared) => shared.lock().map(StateRef::Locked).map_err(|_| {
+            let why = std::io::Error::other("an operation panicked earlier in this group");
+            Error::io(rank, "group", why)
+        }),
+    }
+}
+
 /// Makes `bool` bytes 0 or 1 (any other byte is true), as `bool` values must be.
 fn normalise_bools(bytes: &mut [u8], dtype: Dtype) {
     if dtype == Dtype::Bool {
@@ -585,11 +640,14 @@ fn panicked(rank: usize, panic: &(dyn std::any::Any + Send)) -> Error {
 
 impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match self.state.try_lock().as_deref() {
-            Ok(State::Alone) => "alone",
-            Ok(State::Connected(_)) => "connected",
-            Ok(State::Failed { .. }) => "failed",
-            Err(_) => "busy",
+        let name = |state: &State| match state {
+            State::Alone => "alone",
+            State::Connected(_) => "connected",
+            State::Failed { .. } => "failed",
+        };
+        let state = match &self.state {
+            Holder::Own(state) => name(state),
+            Holder::Shared(shared) => shared.try_lock().map_or("busy", |s| name(&s)),
         };
         f.debug_struct("Group")
             .field("rank", &self.rank)

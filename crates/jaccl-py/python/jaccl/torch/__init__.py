@@ -349,6 +349,8 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         self._held: List[_Work] = []
         self._held_lock = threading.Lock()
         self._name = ""
+        # What a blocking operation returns: torch waits on it at once and drops it.
+        self._completed = _Work(self, [], None)
         self._desc = ""
 
     # What torch asks of a group.
@@ -426,7 +428,22 @@ class ProcessGroupJaccl(dist.ProcessGroup):
 
     # Collectives.
 
+    def _blocking(self, opts: Any, tensors: List[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The one tensor of a blocking call that can take the short way (contiguous, on the
+        CPU, nothing held): what `dist.all_reduce(t)` costs beyond jaccl's own call is then a
+        few attribute reads."""
+        if opts is None or getattr(opts, "asyncOp", True) or len(tensors) != 1 or self._held:
+            return None
+        t = tensors[0]
+        return t if t.is_contiguous() and t.device.type == "cpu" else None
+
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
+        t = self._blocking(opts, tensors)
+        if t is not None:
+            op, dtype = _OPS.get(getattr(opts.reduceOp, "op", None)), _DTYPES.get(t.dtype)
+            if op is not None and dtype is not None:
+                _raising(lambda: self._g.all_reduce(None, (t.data_ptr(), t.nbytes), dtype, op, None))
+                return self._completed
         op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         bufs = [_Tensor(t) for t in tensors]
         if factor is not None:
@@ -441,6 +458,12 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
+        t = self._blocking(opts, tensors)
+        dtype = _DTYPES.get(t.dtype) if t is not None else None
+        if dtype is not None:
+            root = opts.rootRank
+            _raising(lambda: self._g.broadcast((t.data_ptr(), t.nbytes), dtype, root, None))
+            return self._completed
         root = opts.rootRank if opts is not None else 0
         bufs = [_Tensor(t) for t in tensors]
         calls = [(lambda keep, b=b: self._g.broadcast(b.memory, b.dtype, root, keep)) for b in bufs]

@@ -75,15 +75,14 @@ def call(op: str, size: int, group: dist.ProcessGroup, rank: int, n: int) -> Cal
 
 
 def timed(run: Callable[[], None], seconds: float, barrier: Callable[[], None]) -> float:
-    """Seconds per call: warm up, then about `seconds` of calls (the count agreed by all)."""
+    """Seconds per call: a warm-up, a probe of 5 calls, then about `seconds` of calls (every
+    rank makes the same number of calls: the count is agreed)."""
     run()
     barrier()
     start = time.perf_counter()
-    calls = 0
-    while time.perf_counter() - start < seconds / 10 or calls < 3:
+    for _ in range(5):
         run()
-        calls += 1
-    per_call = (time.perf_counter() - start) / calls
+    per_call = (time.perf_counter() - start) / 5
     iters = torch.tensor([max(3, int(seconds / max(per_call, 1e-7)))], dtype=torch.int64)
     dist.all_reduce(iters, op=dist.ReduceOp.MIN)  # over jaccl: all ranks agree
     barrier()

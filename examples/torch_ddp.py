@@ -4,7 +4,7 @@
 
 An MLP of about 2.1 M parameters learns a synthetic regression, 256 samples per rank and step.
 The only jaccl-specific thing is the backend's name: torch finds jaccl through the package's
-entry point (torch 2.10 and later; with older versions, `import jaccl.torch` first).
+entry point (torch 2.14 and later; with 2.10 to 2.13, `import jaccl.torch`, which this file does).
 
 Each rank prints one JSON line: the loss of every step (averaged over the ranks), a digest of
 the final weights (the same on every rank: DDP keeps them identical), and the step time with
@@ -19,6 +19,11 @@ import time
 
 import torch
 import torch.distributed as dist
+
+try:  # torch before 2.14 finds the "jaccl" backend only this way; later ones by its name
+    import jaccl.torch  # noqa: F401
+except ImportError:  # without jaccl (the gloo runs)
+    pass
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -15,6 +15,11 @@ import json
 
 import torch
 import torch.distributed as dist
+
+try:  # torch before 2.14 finds the "jaccl" backend only this way; later ones by its name
+    import jaccl.torch  # noqa: F401
+except ImportError:  # without jaccl (the gloo runs)
+    pass
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -39,6 +39,8 @@ def torchrun(script, args, nproc, nodes=1, env=None, timeout=300, expect_failure
     node its own torchrun with its own JACCL_HOST_ID); returns every rank's RESULT values."""
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
+    if os.environ.get("JACCL_TORCH_IMPORT"):
+        base["JACCL_TORCH_IMPORT"] = "1"  # a torch without entry points (see torch_ranks.py)
     base.update(OMP_NUM_THREADS="1", JACCL_LIVENESS="2", MASTER_PORT=str(port))
     base.update(env or {})
     procs = []

@@ -1,7 +1,8 @@
 """What each rank runs for test_torch.py, under torchrun: ``python torch_ranks.py CASE``.
 
 Written only against torch's public API: the backend is found by name (``"jaccl"``) through
-the package's entry point, with no jaccl import. Each case prints ``RESULT <json>`` lines;
+the package's entry point, with no jaccl import (for torch versions without entry points,
+``JACCL_TORCH_IMPORT=1`` makes it ``import jaccl.torch``, as their users must). Each case prints ``RESULT <json>`` lines;
 a case that finds a wrong value prints what and where instead of raising, so every rank
 reports."""
 
@@ -13,6 +14,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+if os.environ.get("JACCL_TORCH_IMPORT"):
+    import jaccl.torch  # noqa: F401
 
 DTYPES = [
     torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
@@ -250,6 +254,8 @@ def init_methods():
     if how == "env":
         dist.init_process_group("jaccl", init_method="env://")
     elif how == "tcp":
+        # torchrun's agent store would stand in for the tcp:// one in some torch versions.
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         port = int(os.environ["MASTER_PORT"]) + 2
         dist.init_process_group("jaccl", init_method=f"tcp://127.0.0.1:{port}", rank=r, world_size=n)
     elif how == "file":

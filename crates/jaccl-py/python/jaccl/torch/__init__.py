@@ -1,6 +1,6 @@
 """jaccl as a ``torch.distributed`` backend: ``init_process_group("jaccl")``.
 
-PyTorch finds it by itself from torch 2.10 on (the ``torch.distributed.backends`` entry point
+PyTorch finds it by itself from torch 2.14 on (the ``torch.distributed.backends`` entry point
 of this package); with older versions, ``import jaccl.torch`` first. Then every
 ``torch.distributed`` call on CPU tensors, ``DistributedDataParallel``, FSDP, ``new_group``,
 ``DeviceMesh`` and the functional collectives run over jaccl::
@@ -175,7 +175,11 @@ def _reduction(op: Any) -> tuple:
     """jaccl's name of torch's reduction `op`, and PREMUL_SUM's factor (else None)."""
     kind = getattr(op, "op", op)
     if _PREMUL_SUM is not None and kind == _PREMUL_SUM:
-        return "sum", op.factor
+        # The factor: an attribute in newer torch versions, before that only in its state.
+        factor = getattr(op, "factor", None)
+        if factor is None:
+            factor = op.__getstate__()[1]
+        return "sum", factor
     name = _OPS.get(kind)
     if name is None:
         raise ValueError(f"jaccl: unsupported reduction {op}")

@@ -452,13 +452,13 @@ impl Group {
         }
         let inputs = inputs.to_vec();
         let on_arrays = move |g: &mut jaccl::Group| {
-            // SAFETY: the package passes the `(address, length)` of C-contiguous arrays, the
-            // output writable (all checked in python/jaccl/__init__.py), that stay referenced
-            // until the operation ends: by the caller during a blocking call, by `keep`
-            // (dropped only after this closure) during a nonblocking one; no input overlaps
-            // the output (checked above), and the slices die with this closure. Another thread
-            // writing one of them meanwhile is the caller's data race, as the package's
-            // documentation says.
+            // The package passes the `(address, length)` of C-contiguous arrays, the output
+            // writable (all checked in python/jaccl/__init__.py), that stay referenced until
+            // the operation ends: by the caller during a blocking call, by `keep` (dropped
+            // only after this closure) during a nonblocking one. Another thread writing one of
+            // them meanwhile is the caller's data race, as the package's documentation says.
+            // SAFETY: as above, `Memory::bytes`' contract holds; no input overlaps the output
+            // (checked above), and the slices die with this closure.
             let (inputs, output) = unsafe {
                 let inputs: Vec<&[u8]> = inputs.iter().map(|m| m.bytes()).collect();
                 (inputs, output.bytes_mut())

@@ -112,13 +112,18 @@ def test_a_lost_rank_is_a_dist_backend_error_naming_it():
         assert "rank 1" in got["message"], got
 
 
-def example(name, nproc, *args, nodes=1):
-    return torchrun(ROOT / "examples" / name, list(args), nproc, nodes, timeout=600)
+def example(name, nproc, *args, nodes=1, expect_failure=False):
+    return torchrun(
+        ROOT / "examples" / name, list(args), nproc, nodes, timeout=600, expect_failure=expect_failure
+    )
 
 
 def test_ddp_example_matches_gloo_and_keeps_ranks_identical():
     jaccl = example("torch_ddp.py", 4, "--backend", "jaccl", "--steps", "30")
-    gloo = example("torch_ddp.py", 4, "--backend", "gloo", "--steps", "30")
+    # The reference run only needs its results: torch 2.10's gloo sometimes aborts in its
+    # teardown after every rank reported ("terminate called without an active exception").
+    gloo = example("torch_ddp.py", 4, "--backend", "gloo", "--steps", "30", expect_failure=True)
+    assert len(gloo) == 4, gloo
     assert len({r["weights"] for r in jaccl}) == 1, "weights differ between ranks"
     ours, theirs = jaccl[0]["losses"], gloo[0]["losses"]
     assert len(ours) == len(theirs) == 30

@@ -149,12 +149,12 @@ if [[ -n "$venv_oldest" ]]; then
 fi
 
 # Fuzzing and AddressSanitizer, on the nightly toolchain (the library itself builds on
-# stable): every fuzz target for 20 s from its corpus (scripts/fuzz.sh; a longer run:
-# scripts/fuzz.sh 3600), and the shared-memory and engine tests under ASan
-# (scripts/sanitize.sh).
+# stable): every fuzz target for 60 s from its corpus, as many at once as there are cores
+# (scripts/fuzz.sh; a longer run: scripts/fuzz.sh 3600), and the shared-memory and engine
+# tests under ASan (scripts/sanitize.sh).
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   step "fuzzing"
-  scripts/fuzz.sh 20
+  scripts/fuzz.sh
   step "AddressSanitizer"
   scripts/sanitize.sh
 else

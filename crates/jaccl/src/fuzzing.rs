@@ -49,13 +49,10 @@ impl<'a> Input<'a> {
     }
 }
 
-/// A connection's hello, then operation headers, as they arrive on data connections: each
-/// parsed, and compared with what this rank would expect.
-pub fn data_connection(bytes: &[u8]) {
-    if let Some(b) = bytes.first_chunk::<{ crate::auth::HELLO_LEN }>() {
-        let _ = crate::auth::Claim::parse(b);
-    }
-    let expect = crate::wire::Header {
+/// The header this rank would expect in the fuzz targets' calls: what a peer's header is
+/// compared with.
+fn expected_header() -> crate::wire::Header {
+    crate::wire::Header {
         seq: 3,
         kind: crate::wire::Kind::of(Op::AllReduce),
         dtype: Dtype::Float32,
@@ -63,7 +60,16 @@ pub fn data_connection(bytes: &[u8]) {
         sender: 1,
         count: 1024,
         root: 0,
-    };
+    }
+}
+
+/// A connection's hello, then operation headers, as they arrive on data connections: each
+/// parsed, and compared with what this rank would expect.
+pub fn data_connection(bytes: &[u8]) {
+    if let Some(b) = bytes.first_chunk::<{ crate::auth::HELLO_LEN }>() {
+        let _ = crate::auth::Claim::parse(b);
+    }
+    let expect = expected_header();
     for chunk in bytes.chunks(crate::wire::HEADER_LEN) {
         if let Some(b) = chunk.first_chunk::<{ crate::wire::HEADER_LEN }>()
             && let Ok(header) = crate::wire::Header::decode(b)
@@ -98,7 +104,7 @@ pub fn shared_memory(bytes: &[u8]) {
     let mut input = Input(bytes);
     let words = [input.u64(), input.u64()];
     if let Ok(header) = crate::wire::Header::from_words(words, 1) {
-        let _ = header.mismatch(&header);
+        let _ = expected_header().mismatch(&header);
         let _ = header.to_string();
     }
 }

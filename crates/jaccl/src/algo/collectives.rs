@@ -284,6 +284,9 @@ impl Collectives {
             }
             Broadcast::Tree => {
                 let plans = mesh::broadcast_tree(&g, root, data.len());
+                let partners = plans.iter().flat_map(|p| &p.transfers);
+                self.net
+                    .reach(partners.flat_map(|t| t.tx.into_iter().chain(t.rx)), call)?;
                 let mut rounds = Rounds {
                     net: &mut self.net,
                     plans: &plans,

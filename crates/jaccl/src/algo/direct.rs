@@ -221,11 +221,7 @@ impl Direct {
         seq: u64,
         channels: &mut [Channel],
     ) -> Result<()> {
-        let area = if n <= INLINE_BYTES {
-            self.board.inline(seq)
-        } else {
-            self.next_area()
-        };
+        let area = self.one_round_area(seq, n);
         self.write_area(area, input.unwrap_or(output));
         self.sync(call, Some(seq), channels)?;
         if keeps {
@@ -273,7 +269,7 @@ impl Direct {
             let at = k * chunk;
             let part = |len: usize| at.min(len)..(at + chunk).min(len);
             let mine = part(input.len());
-            let area = self.next_area();
+            let area = self.one_round_area(seq, largest);
             self.write_area(area, &input[mine]);
             self.sync(call, (k == 0).then_some(seq), channels)?;
             if !keeps {
@@ -306,7 +302,7 @@ impl Direct {
         let rounds = bytes.div_ceil(chunk).max(1);
         for k in 0..rounds {
             let range = (k * chunk).min(bytes)..((k + 1) * chunk).min(bytes);
-            let area = self.next_area();
+            let area = self.one_round_area(seq, bytes);
             if self.rank == root {
                 self.write_area(area, &data[range.clone()]);
             }
@@ -379,15 +375,19 @@ impl Direct {
         channels: &mut [Channel],
     ) -> Result<()> {
         let (seq, timing) = self.begin(call, input.len());
-        // Slots on cache-line boundaries.
-        let slot = (self.area_bytes() / self.size / 64 * 64).max(64);
-        let rounds = largest.div_ceil(slot).max(1);
+        // Slots on cache-line boundaries, or side by side inline.
+        let all_slots = largest.saturating_mul(self.size);
+        let slot = match all_slots <= INLINE_BYTES {
+            true => largest,
+            false => (self.area_bytes() / self.size / 64 * 64).max(64),
+        };
+        let rounds = largest.div_ceil(slot.max(1)).max(1);
         let streams_out = output.len() >= STREAM_OUT;
         for k in 0..rounds {
             let at = k * slot;
             let part =
                 |r: &Range<usize>| (r.start + at).min(r.end)..(r.start + at + slot).min(r.end);
-            let area = self.next_area();
+            let area = self.one_round_area(seq, all_slots);
             for &d in &self.others {
                 self.write_area(area + d * slot, &input[part(&sends[d])]);
             }
@@ -487,6 +487,17 @@ impl Direct {
     /// Copies `src` into this rank's own segment at `offset`, with this call's stores.
     fn write_area(&self, offset: usize, src: &[u8]) {
         self.board.write(offset, src, self.streaming);
+    }
+
+    /// Where call `seq` writes what it moves in a round, `bytes` in all: inline in the
+    /// mailbox line the peers wait on when it fits (it arrives with the stamp: one cache line
+    /// less to fetch), else the next round's area. Inline data of `seq`'s parity is
+    /// rewritten two calls later, after a synchronisation no peer passes before reading it.
+    fn one_round_area(&mut self, seq: u64, bytes: usize) -> usize {
+        match bytes <= INLINE_BYTES {
+            true => self.board.inline(seq),
+            false => self.next_area(),
+        }
     }
 
     /// The offset of the next round's area.

@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use super::engine::{Call, Network, Rounds, Scratch};
-use super::geometry::{Geometry, frame_bytes, lane_slice};
+use super::geometry::{Geometry, lane_slice, whole_frame};
 use super::plan::{Merge, Plan, Span, Step, Transfer};
 use crate::error::Result;
 use crate::reduce::{Reducer, copy};
@@ -47,7 +47,7 @@ pub(crate) fn swap_with(
                     recv: part(recv),
                     merge: Merge::Copy,
                 }],
-                frame: frame_bytes(slice.len()),
+                frame: whole_frame(slice.len()),
                 merge_after_send: false,
             }
         })

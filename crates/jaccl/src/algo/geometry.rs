@@ -37,6 +37,12 @@ pub(crate) fn frame_bytes(bytes: usize) -> usize {
     frame
 }
 
+/// The frame for a transfer of one step of `bytes`: the smallest that holds it all (at most
+/// 512 KiB), as nothing follows that halves would let overlap.
+pub(crate) fn whole_frame(bytes: usize) -> usize {
+    bytes.next_power_of_two().clamp(MIN_FRAME, MAX_FRAME)
+}
+
 /// `(rank + delta) mod size` for any signed delta.
 fn ring_index(rank: usize, delta: isize, size: usize) -> usize {
     let size_i = size as isize;
@@ -205,5 +211,14 @@ mod tests {
             let f = frame_bytes(b);
             assert!(f.is_power_of_two() && (4096..=512 * 1024).contains(&f));
         }
+    }
+
+    #[test]
+    fn a_whole_frame_holds_the_message_up_to_512k() {
+        assert_eq!(whole_frame(0), 4096);
+        assert_eq!(whole_frame(4097), 8192);
+        assert_eq!(whole_frame(32 * 1024), 32 * 1024);
+        assert_eq!(whole_frame(100_000), 128 * 1024);
+        assert_eq!(whole_frame(1 << 30), 512 * 1024);
     }
 }

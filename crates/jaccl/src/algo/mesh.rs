@@ -3,7 +3,7 @@
 //! connection both ways). The small collectives of the mesh use it: gathers, and with blocks
 //! taken from the input, reduce-scatter.
 
-use super::geometry::{Geometry, frame_bytes};
+use super::geometry::{Geometry, whole_frame};
 use super::plan::{Merge, Plan, Span, Step, Transfer};
 
 /// Every rank sends `send(p)` to every other rank p and receives p's into block p of the
@@ -32,7 +32,7 @@ pub(crate) fn exchange(
                     recv,
                     merge: Merge::Copy,
                 }],
-                frame: frame_bytes(send.len.max(recv.len)),
+                frame: whole_frame(send.len.max(recv.len)),
                 merge_after_send: false,
             }
         })
@@ -75,7 +75,7 @@ pub(crate) fn broadcast_tree(g: &Geometry, root: usize, bytes: usize) -> Vec<Pla
                         recv,
                         merge: Merge::Copy,
                     }],
-                    frame: frame_bytes(bytes),
+                    frame: whole_frame(bytes),
                     merge_after_send: false,
                 });
             }
@@ -97,7 +97,7 @@ pub(crate) fn broadcast_flat(g: &Geometry, root: usize, bytes: usize) -> Plan {
             recv,
             merge: Merge::Copy,
         }],
-        frame: frame_bytes(bytes),
+        frame: whole_frame(bytes),
         merge_after_send: false,
     };
     let transfers = match g.rank == root {

@@ -1,7 +1,7 @@
 //! Point to point: the plans of `send` and `recv`, one step on the channels to the peer (split
 //! over the ring's wires to a neighbour, one channel to another rank of the mesh).
 
-use super::geometry::{Geometry, frame_bytes, lane_slice};
+use super::geometry::{Geometry, lane_slice, whole_frame};
 use super::plan::{Merge, Plan, Span, Step, Transfer};
 
 /// Send of `bytes` to `dst`.
@@ -33,7 +33,7 @@ fn one_way(g: &Geometry, bytes: usize, peer: usize, sending: bool) -> Plan {
                     recv,
                     merge: Merge::Copy,
                 }],
-                frame: frame_bytes(len),
+                frame: whole_frame(len),
                 merge_after_send: false,
             }
         })

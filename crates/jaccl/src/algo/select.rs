@@ -33,6 +33,19 @@ const SMALL_MESSAGE: usize = 32 * 1024;
 /// round trip).
 const FLAT_BROADCAST_MAX: usize = 2048;
 
+/// Broadcasts of at most this many bytes among 4 or more ranks go down a binomial tree
+/// (`Broadcast::Tree`: ⌈log2 N⌉ rounds, the links to ranks that are not ring neighbours made
+/// on first use and kept), larger ones along the ring (`Broadcast::Chain`: N − 1 hops, but
+/// every rank sends the data once). Not without the mesh where the ring uses RDMA, whose
+/// neighbours' links are faster than the TCP links the tree would add. Measured over TCP on
+/// loopback (`jaccl bench --op broadcast`, µs, chain against tree, 3-4 runs): 4 ranks 64 KiB
+/// 122-178 against 51-64, 128 KiB 156-215 against 95-185, 512 KiB 411-481 against 243-675,
+/// 2 MiB 1478-2090 against 1931-2361; 6 ranks 64 KiB 255-346 against 77-133; 8 ranks 256 KiB
+/// 789-829 against 360-427; 8 B alike (4 ranks 12-13 against 10-12). The limit stays below
+/// where loopback's ties begin, as on a real link the root's ⌈log2 N⌉ sends cost bandwidth
+/// that loopback does not show.
+const TREE_BROADCAST_MAX: usize = 256 * 1024;
+
 /// All-reduce and all-gather gather whole blocks both ways while `size × block` is at most
 /// this: fewer hops beat fewer bytes up to there (measured on loopback at 2, 4 and 8 ranks:
 /// e.g. 64 KiB at 4 ranks took 290-350 µs gathered, 490 µs by the ring).
@@ -269,7 +282,7 @@ impl Shape {
             Broadcast::Flat
         } else if self.direct {
             Broadcast::Direct
-        } else if self.mesh && self.size > 3 && bytes <= MESH_LIMIT {
+        } else if (self.mesh || !self.rdma) && self.size > 3 && bytes <= TREE_BROADCAST_MAX {
             Broadcast::Tree
         } else {
             Broadcast::Chain
@@ -403,6 +416,10 @@ mod tests {
             ReduceScatter::Ring
         );
         assert_eq!(mesh8.reduce_scatter(8), ReduceScatter::Exchange);
+        assert_eq!(four.broadcast(TREE_BROADCAST_MAX), Broadcast::Tree);
+        assert_eq!(four.broadcast(TREE_BROADCAST_MAX + 1), Broadcast::Chain);
+        assert_eq!(rdma.broadcast(8), Broadcast::Chain);
+        assert_eq!(three.broadcast(8), Broadcast::Chain);
         let direct = Shape {
             direct: true,
             ..three

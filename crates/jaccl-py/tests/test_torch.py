@@ -10,6 +10,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -36,13 +37,20 @@ def free_port() -> int:
 
 def torchrun(script, args, nproc, nodes=1, env=None, timeout=300, expect_failure=False):
     """Runs `script args` under torchrun on `nodes` pretend hosts of `nproc` ranks each (each
-    node its own torchrun with its own JACCL_HOST_ID); returns every rank's RESULT values."""
+    node its own torchrun with its own JACCL_HOST_ID); returns every rank's RESULT values.
+    torchrun's scratch directories (torchelastic_*, which it leaves behind) go into a temporary
+    directory removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="jaccl-torchrun-") as scratch:
+        return _torchrun(script, args, nproc, nodes, dict(env or {}, TMPDIR=scratch), timeout, expect_failure)
+
+
+def _torchrun(script, args, nproc, nodes, env, timeout, expect_failure):
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
     if os.environ.get("JACCL_TORCH_IMPORT"):
         base["JACCL_TORCH_IMPORT"] = "1"  # a torch without entry points (see torch_ranks.py)
     base.update(OMP_NUM_THREADS="1", JACCL_LIVENESS="2", MASTER_PORT=str(port))
-    base.update(env or {})
+    base.update(env)
     procs = []
     for node in range(nodes):
         node_env = dict(base, JACCL_HOST_ID=f"pretend-host-{node}") if nodes > 1 else base

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every fuzz target of fuzz/ for SECONDS each (default 60, what CI runs through
-# scripts/test.sh), from the corpus in fuzz/corpus/TARGET, as many targets at once as the
+# Runs every fuzz target of fuzz/ for SECONDS each (default 60; CI, through scripts/test.sh,
+# runs 30), from the corpus in fuzz/corpus/TARGET, as many targets at once as the
 # machine has cores; inputs that find new paths go to a scratch directory, not the repository.
 # Prints each target's executions; a crash fails the script and leaves the input under
 # fuzz/artifacts/. Needs the nightly toolchain, and cargo-fuzz (installed from crates.io when

@@ -19,7 +19,7 @@ fn all_reduce_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
     for &len in lengths {
         for op in ops_of::<T>() {
             let ins = inputs::<T>(size, len, op);
-            let expect = bits_for(op, &reference_reduce(&ins, op));
+            let expect = bits_for(op, &expected_reduction::<T>(size, len, op));
             let what = format!("{} {op} len {len} rank {rank}/{size}", T::DTYPE);
             let mut out = vec![T::default(); len];
             g.all_reduce(&ins[rank], &mut out, op)
@@ -157,7 +157,7 @@ fn reduce_scatter_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64
     for &len in lengths {
         for op in ops_of::<T>() {
             let ins = inputs::<T>(size, size * len, op);
-            let full = reference_reduce(&ins, op);
+            let full = expected_reduction::<T>(size, size * len, op);
             let expect = bits_for(op, &full[rank * len..(rank + 1) * len]);
             let mut out = vec![T::default(); len];
             g.reduce_scatter(&ins[rank], &mut out, op)
@@ -591,9 +591,9 @@ mod properties {
                 g.reduce_scatter(&rs_in[rank], &mut rs, op).unwrap();
                 (bits(&out), gathered, rs)
             });
-            let expect = bits(&reference_reduce(&inputs::<f32>(size, len, op), op));
+            let expect = bits(&expected_reduction::<f32>(size, len, op));
             let gathered = inputs::<u16>(size, len, op).concat();
-            let rs_full = reference_reduce(&inputs::<i64>(size, size * len, op), op);
+            let rs_full = expected_reduction::<i64>(size, size * len, op);
             for (rank, (out, g, rs)) in results.into_iter().enumerate() {
                 prop_assert_eq!(&out, &expect);
                 prop_assert_eq!(&g, &gathered);

@@ -7,6 +7,8 @@
 #[macro_use]
 mod common;
 
+use std::any::TypeId;
+
 use common::*;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
@@ -19,7 +21,11 @@ fn data<T: TestElem>(rank: usize, i: usize) -> T {
 }
 
 fn vector<T: TestElem>(rank: usize, len: usize) -> Vec<T> {
-    (0..len).map(|i| data(rank, i)).collect()
+    let made = shared(
+        ("vector", TypeId::of::<T>(), rank, len, ReduceOp::Max),
+        || (0..len).map(|i| data::<T>(rank, i)).collect::<Vec<T>>(),
+    );
+    made.to_vec()
 }
 
 /// What non-roots pass as the root's buffers they do not use: `output` as long as the root's
@@ -63,7 +69,7 @@ fn broadcast_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
             let mut buf = vector::<T>(rank, len);
             g.broadcast(&mut buf, root)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_same(&bits(&buf), &bits(&vector::<T>(root, len)), &what);
+            assert_same_values(&buf, &vector::<T>(root, len), &what);
         }
     }
     Vec::new()
@@ -94,7 +100,7 @@ fn reduce_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
                 g.reduce(&ins[rank], &mut out, op, root)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 if rank == root {
-                    let expect = bits_for(op, &reference_reduce(&ins, op));
+                    let expect = bits_for(op, &expected_reduction::<T>(size, len, op));
                     assert_same(&bits_for(op, &out), &expect, &what);
                 } else {
                     assert_same(
@@ -121,7 +127,7 @@ fn reduce_to_every_root_with_every_reduction() {
             let mut out = vec![0f32; if rank == root { 300_001 } else { 0 }];
             g.reduce(&ins[rank], &mut out, op, root).unwrap();
             if rank == root {
-                let expect = bits(&reference_reduce(&ins, op));
+                let expect = bits(&expected_reduction::<f32>(size, 300_001, op));
                 assert_same(&bits(&out), &expect, &format!("reduce f32 {op} large"));
             }
         }
@@ -133,33 +139,30 @@ fn gather_scatter_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
     for len in lengths::<T>() {
         // Every rank's block, and the root's blocks to hand out, in rank order.
         let all: Vec<T> = (0..size).flat_map(|r| vector::<T>(r, len)).collect();
+        let mine = vector::<T>(rank, len);
+        let untouched = unused::<T>(rank, size * len);
         for root in 0..size {
             let what = format!("{} len {len} root {root} rank {rank}/{size}", T::DTYPE);
             let mut out = match rank == root {
                 true => vec![T::default(); size * len],
-                false => unused(rank, size * len),
+                false => untouched.clone(),
             };
-            let before = bits(&out);
-            g.gather(&vector::<T>(rank, len), &mut out, root)
+            g.gather(&mine, &mut out, root)
                 .unwrap_or_else(|e| panic!("gather {what}: {e}"));
             match rank == root {
-                true => assert_same(&bits(&out), &bits(&all), &format!("gather {what}")),
-                false => assert_same(&bits(&out), &before, &format!("gather {what}: non-root")),
+                true => assert_same_values(&out, &all, &format!("gather {what}")),
+                false => assert_same_values(&out, &untouched, &format!("gather {what}: non-root")),
             }
 
             // Scatter hands out block r of the root's `size` blocks (here: rank r's data).
             let input = match rank == root {
                 true => all.clone(),
-                false => unused(rank, size * len),
+                false => untouched.clone(),
             };
-            let mut mine = vec![T::default(); len];
-            g.scatter(&input, &mut mine, root)
+            let mut got = vec![T::default(); len];
+            g.scatter(&input, &mut got, root)
                 .unwrap_or_else(|e| panic!("scatter {what}: {e}"));
-            assert_same(
-                &bits(&mine),
-                &bits(&vector::<T>(rank, len)),
-                &format!("scatter {what}"),
-            );
+            assert_same_values(&got, &mine, &format!("scatter {what}"));
         }
     }
     Vec::new()
@@ -189,7 +192,7 @@ fn all_to_all_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
         let expect: Vec<T> = (0..size)
             .flat_map(|s| vector::<T>(s, size * block)[rank * block..(rank + 1) * block].to_vec())
             .collect();
-        assert_same(&bits(&out), &bits(&expect), &what);
+        assert_same_values(&out, &expect, &what);
     }
     Vec::new()
 }
@@ -251,7 +254,7 @@ fn all_to_all_v_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
                 (start..start + counts[s][rank]).map(move |i| data::<T>(s, i))
             })
             .collect();
-        assert_same(&bits(&out), &bits(&expect), &what);
+        assert_same_values(&out, &expect, &what);
     }
     Vec::new()
 }
@@ -294,7 +297,7 @@ fn all_gather_v_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
         g.all_gather_v(&vector::<T>(rank, counts[rank]), &mut out, &counts)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let expect: Vec<T> = (0..size).flat_map(|r| vector::<T>(r, counts[r])).collect();
-        assert_same(&bits(&out), &bits(&expect), &what);
+        assert_same_values(&out, &expect, &what);
     }
     Vec::new()
 }
@@ -325,7 +328,7 @@ fn reduce_scatter_v_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
             let mut out = vec![T::default(); counts[rank]];
             g.reduce_scatter_v(&ins[rank], &mut out, &counts, op)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
-            let full = reference_reduce(&ins, op);
+            let full = expected_reduction::<T>(size, total, op);
             let expect = bits_for(op, &full[start..start + counts[rank]]);
             assert_same(&bits_for(op, &out), &expect, &what);
         }

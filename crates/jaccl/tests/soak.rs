@@ -44,7 +44,7 @@ fn one<T: TestElem>(g: &mut Group, rng: &mut TestRng, step: usize) {
     match rng.random_range(0..12) {
         0 | 1 => {
             let ins = inputs::<T>(size, len, op);
-            let expect = bits_for(op, &reference_reduce(&ins, op));
+            let expect = bits_for(op, &expected_reduction::<T>(size, len, op));
             if rng.random_bool(0.5) {
                 let mut data = ins[rank].clone();
                 g.all_reduce_in_place(&mut data, op)
@@ -77,7 +77,7 @@ fn one<T: TestElem>(g: &mut Group, rng: &mut TestRng, step: usize) {
             g.reduce(&ins[rank], &mut out, op, root)
                 .unwrap_or_else(|e| panic!("reduce {what}: {e}"));
             if rank == root {
-                let expect = bits_for(op, &reference_reduce(&ins, op));
+                let expect = bits_for(op, &expected_reduction::<T>(size, len, op));
                 assert_eq!(bits_for(op, &out), expect, "reduce {what} root {root}");
             }
         }
@@ -151,13 +151,13 @@ fn one<T: TestElem>(g: &mut Group, rng: &mut TestRng, step: usize) {
             g.reduce_scatter_v(&ins[rank], &mut out, &counts, op)
                 .unwrap_or_else(|e| panic!("reduce_scatter_v {what}: {e}"));
             let start: usize = counts[..rank].iter().sum();
-            let full = reference_reduce(&ins, op);
+            let full = expected_reduction::<T>(size, total, op);
             let expect = bits_for(op, &full[start..start + counts[rank]]);
             assert_eq!(bits_for(op, &out), expect, "reduce_scatter_v {what}");
         }
         3 => {
             let ins = inputs::<T>(size, size * len, op);
-            let full = reference_reduce(&ins, op);
+            let full = expected_reduction::<T>(size, size * len, op);
             let mut out = vec![T::default(); len];
             g.reduce_scatter(&ins[rank], &mut out, op)
                 .unwrap_or_else(|e| panic!("reduce_scatter {what}: {e}"));

@@ -10,8 +10,11 @@
     clippy::panic
 )]
 
+use std::any::{Any, TypeId};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::net::TcpListener;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use jaccl::half::{bf16, f16};
@@ -558,12 +561,55 @@ impl TestElem for Complex32 {
     }
 }
 
-/// Inputs of every rank for a reduction test.
-pub fn inputs<T: TestElem>(size: usize, len: usize, op: ReduceOp) -> Vec<Vec<T>> {
-    (0..size)
-        .map(|r| (0..len).map(|i| T::value(r, i, op)).collect())
-        .collect()
+/// Inputs of every rank for a reduction test (made once for all the rank threads that ask).
+pub fn inputs<T: TestElem>(size: usize, len: usize, op: ReduceOp) -> Arc<Vec<Vec<T>>> {
+    shared(("inputs", TypeId::of::<T>(), size, len, op), || {
+        (0..size)
+            .map(|r| (0..len).map(|i| T::value(r, i, op)).collect())
+            .collect()
+    })
 }
+
+/// [`reference_reduce`] of [`inputs`]`(size, len, op)`, made once for all the rank threads.
+pub fn expected_reduction<T: TestElem>(size: usize, len: usize, op: ReduceOp) -> Arc<Vec<T>> {
+    shared(("reduction", TypeId::of::<T>(), size, len, op), || {
+        reference_reduce(&inputs::<T>(size, len, op), op)
+    })
+}
+
+/// What [`shared`] keeps a value under: what it is, its element type and its shape.
+pub type SharedKey = (&'static str, TypeId, usize, usize, ReduceOp);
+type SharedCell = Arc<OnceLock<Arc<dyn Any + Send + Sync>>>;
+
+/// The value `make` returns for `key`, made once for every rank thread that asks while it is
+/// among the last [`SHARED_KEPT`] asked for: each rank of a group checks the same inputs and
+/// references, which otherwise every rank builds again (most of a suite's time with 8 ranks).
+/// Threads asking while it is made wait for it.
+pub fn shared<V: Any + Send + Sync>(key: SharedKey, make: impl FnOnce() -> V) -> Arc<V> {
+    static KEPT: Mutex<VecDeque<(SharedKey, SharedCell)>> = Mutex::new(VecDeque::new());
+    let cell = {
+        let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        match kept.iter().find(|(k, _)| *k == key) {
+            Some((_, cell)) => Arc::clone(cell),
+            None => {
+                if kept.len() == SHARED_KEPT {
+                    kept.pop_front();
+                }
+                let cell = SharedCell::default();
+                kept.push_back((key, Arc::clone(&cell)));
+                cell
+            }
+        }
+    };
+    let value = Arc::clone(cell.get_or_init(|| Arc::new(make())));
+    value
+        .downcast()
+        .expect("a shared key names one type of value")
+}
+
+/// How many values [`shared`] keeps: enough for the ranks of the groups of two suites running
+/// at once, a call or two apart.
+const SHARED_KEPT: usize = 16;
 
 /// The reference all-reduce: a left fold over ranks (then the average's division).
 pub fn reference_reduce<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
@@ -598,6 +644,9 @@ pub fn bits_for<T: TestElem>(op: ReduceOp, v: &[T]) -> Vec<u64> {
 #[track_caller]
 pub fn assert_same(got: &[u64], expect: &[u64], what: &str) {
     assert_eq!(got.len(), expect.len(), "{what}: lengths differ");
+    if got == expect {
+        return;
+    }
     let wrong = got.iter().zip(expect).filter(|(a, b)| a != b).count();
     if let Some(i) = got.iter().zip(expect).position(|(a, b)| a != b) {
         panic!(
@@ -606,6 +655,17 @@ pub fn assert_same(got: &[u64], expect: &[u64], what: &str) {
             got[i],
             expect[i]
         );
+    }
+}
+
+/// [`assert_same`] of the values' bits, without making vectors of them (long vectors checked
+/// on every rank, for every root, made most of a suite's time).
+#[track_caller]
+pub fn assert_same_values<T: TestElem>(got: &[T], expect: &[T], what: &str) {
+    let same =
+        got.len() == expect.len() && got.iter().zip(expect).all(|(a, b)| a.bits() == b.bits());
+    if !same {
+        assert_same(&bits(got), &bits(expect), what);
     }
 }
 

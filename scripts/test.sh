@@ -165,7 +165,8 @@ fi
 
 # ../shared/rdma-vm boots a small VM with a Soft-RoCE device (rxe0): cargo builds here, the VM
 # runs each test binary (cargo's runner), with JACCL_REQUIRE_RDMA=1 so that a missing device is
-# a failure. There: the suites over RDMA (JACCL_TEST_NETS=rdma), `auto` across two pretend
+# a failure. There: the suites over RDMA (JACCL_TEST_NETS=rdma: the seed's collectives, the
+# rooted ones and all-to-all, the error contract), `auto` across two pretend
 # hosts (RDMA between them, shared memory inside), link-local GIDs only (a binary of its own:
 # it takes eth0's IPv4 address away), every RDMA object released (a binary of its own: it
 # counts the whole machine's), a device file, SIGKILL/SIGSTOP of a rank, `jaccl bench` and
@@ -182,7 +183,8 @@ if (( EUID == 0 )) && [[ -n "$RDMA_VM" ]]; then
       JACCL_REQUIRE_RDMA=1 "$@"
   }
   step "in the RDMA VM ($RDMA_VM)"
-  JACCL_TEST_NETS=rdma in_vm cargo test -p jaccl --test collectives --test errors --test link_local --test rdma_cleanup "$@" \
+  JACCL_TEST_NETS=rdma in_vm cargo test -p jaccl --test collectives --test rooted_and_all_to_all --test errors \
+    --test link_local --test rdma_cleanup "$@" \
     -- --skip shared_memory_sizes --skip different_waiting_policies
   JACCL_TEST_NETS=mixed in_vm cargo test -p jaccl --test collectives "$@" \
     -- transports_are_chosen wrappers_raw_api float_sums

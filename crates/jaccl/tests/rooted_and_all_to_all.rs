@@ -20,6 +20,8 @@ fn data<T: TestElem>(rank: usize, i: usize) -> T {
     T::value(rank, i, ReduceOp::Max)
 }
 
+/// Rank `rank`'s data of `len` elements (made once for all the rank threads: the key's
+/// size field holds the rank, and the reduction is the one [`data`] takes values for).
 fn vector<T: TestElem>(rank: usize, len: usize) -> Vec<T> {
     let made = shared(
         ("vector", TypeId::of::<T>(), rank, len, ReduceOp::Max),

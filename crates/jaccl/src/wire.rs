@@ -204,13 +204,18 @@ impl Header {
         })
     }
 
+    /// Whether `other` describes the same call (its sequence number and sender aside).
+    pub(crate) fn same_call(&self, other: &Header) -> bool {
+        self.kind == other.kind
+            && self.dtype == other.dtype
+            && self.reduce == other.reduce
+            && self.count == other.count
+            && self.root == other.root
+    }
+
     /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
     pub(crate) fn mismatch(&self, got: &Header) -> Option<String> {
-        let same_call = self.kind == got.kind
-            && self.dtype == got.dtype
-            && self.reduce == got.reduce
-            && self.count == got.count
-            && self.root == got.root;
+        let same_call = self.same_call(got);
         if same_call && self.seq == got.seq {
             return None;
         }

@@ -84,6 +84,68 @@ fn broadcast_from_every_root() {
     });
 }
 
+/// Many small broadcasts in a row, from a root that changes every few calls: over shared
+/// memory a root runs ahead of its receivers by up to its 256 eager lines and then waits for
+/// them, so this goes round the lines several times, in place and with every root.
+#[test]
+fn back_to_back_small_broadcasts_arrive_in_order() {
+    for net in nets() {
+        for size in [2, 4] {
+            with_group(net, size, 1, |g| {
+                let rank = g.rank();
+                for i in 0..1500u64 {
+                    let root = (i / 3) as usize % size;
+                    let sent = [i, !i, i * 31 + root as u64];
+                    let mut buf = if rank == root { sent } else { [u64::MAX; 3] };
+                    let what = format!("{net:?} broadcast #{i} from {root} at rank {rank}/{size}");
+                    g.broadcast(&mut buf, root)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(buf, sent, "{what}");
+                }
+            });
+        }
+    }
+}
+
+/// Ranks that each think they are the root: a root waits for no one, so the broadcast itself
+/// may succeed. Over shared memory the next call that waits for every rank fails with
+/// `Mismatch` on every rank (descriptions carry a digest of the calls before); over the
+/// network the leftover broadcast arrives instead of the barrier on at least one rank, and
+/// the others fail by their next call.
+#[test]
+fn ranks_that_disagree_on_the_root_fail_by_the_next_call() {
+    for net in nets() {
+        let errors = with_group(net, 2, 1, |g| {
+            let rank = g.rank();
+            let mut buf = [rank as u32; 2];
+            let first = g.broadcast(&mut buf, rank).and_then(|()| g.barrier());
+            (first.clone(), first.and_then(|()| g.barrier()))
+        });
+        let all_shared = matches!(net, Net::Shm | Net::MeshLocal);
+        for (rank, (first, by_next)) in errors.iter().enumerate() {
+            assert!(
+                matches!(
+                    by_next,
+                    Err(Error::Mismatch { .. } | Error::PeerLost { .. })
+                ),
+                "{net:?} rank {rank}: {by_next:?}"
+            );
+            if all_shared {
+                let Err(Error::Mismatch { detail, .. }) = first else {
+                    panic!("{net:?} rank {rank}: {first:?}");
+                };
+                assert!(detail.contains("different calls before"), "{detail}");
+            }
+        }
+        assert!(
+            errors
+                .iter()
+                .any(|(first, _)| matches!(first, Err(Error::Mismatch { .. }))),
+            "{net:?}: {errors:?}"
+        );
+    }
+}
+
 fn reduce_case<T: TestElem>(g: &mut Group) -> Vec<u64> {
     let (rank, size) = (g.rank(), g.size());
     for len in [0, 1, 13, 5000] {

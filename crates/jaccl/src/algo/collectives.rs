@@ -274,6 +274,10 @@ impl Collectives {
             output,
         };
         match self.shape.broadcast(data.len()) {
+            Broadcast::Eager => {
+                let direct = direct(&mut self.direct, call)?;
+                direct.broadcast_eager(data, root, call, &mut self.net.channels)
+            }
             Broadcast::Direct => {
                 let direct = direct(&mut self.direct, call)?;
                 direct.broadcast(data, root, call, &mut self.net.channels)

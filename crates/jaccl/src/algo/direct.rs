@@ -16,11 +16,20 @@
 //! - **All-gather**: per round, copy in, synchronise, copy every peer's part out.
 //! - **Reduce-scatter**: per round, copy in the peers' blocks, synchronise, reduce own block.
 //! - **Barrier**: one synchronisation.
+//! - **Small broadcast** (up to `EAGER_DATA_BYTES`, 40): eager. The root posts the data and the
+//!   call's description in one of its eager lines and goes on; the others wait for that line
+//!   only. It is a synchronisation point for every rank (each publishes its stamp), but the
+//!   root waits only when it comes back to a line a peer may still read, `EAGER_LINES`
+//!   broadcasts later: a rank that published a later stamp has read it.
 //!
 //! Each element is reduced in rank order 0, 1, …, N − 1 by exactly one rank (large) or by
 //! every rank in the same order (small), so every rank ends with the same bits, run after run.
 //! Every call starts by publishing its description; the first synchronisation checks every
 //! peer's, so ranks that call different things fail with `Mismatch` instead of mixing data.
+//! Eager broadcasts do not take a call slot (their root may be `EAGER_LINES` calls ahead):
+//! their description travels in the line, and a receiver checks its root's. What the root
+//! cannot check at once (another rank thought itself the root) shows at the next call that
+//! waits for every rank: descriptions carry a digest of the calls before ([`Direct::history`]).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -35,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::liveness::{Flow, Liveness};
 use crate::os::poll;
 use crate::reduce::{Reducer, copy};
-use crate::transport::shm::{Board, INLINE_BYTES};
+use crate::transport::shm::{Board, EAGER_LINES, INLINE_BYTES};
 use crate::transport::{Interest, Readiness};
 use crate::wait::{Backoff, Idle};
 use crate::wire::{HEADER_LEN, Header};
@@ -53,6 +62,13 @@ pub(crate) struct Direct {
     calls: u64,
     stamp: u64,
     rounds: u64,
+    /// A digest of every call so far, eager broadcasts included, as descriptions carry it in
+    /// their sequence field: ranks that agree on every call have the same.
+    history: u32,
+    /// The sequence field of the current call's description.
+    described: u32,
+    /// A stamp every peer was seen to have published: an eager root need not wait for it.
+    peers_reached: u64,
     /// Indices into `others` not yet seen at the current synchronisation point (reused).
     pending: Vec<usize>,
     scratch: Vec<u128>,
@@ -79,6 +95,9 @@ impl Direct {
             calls: 0,
             stamp: 0,
             rounds: 0,
+            history: 0,
+            described: 0,
+            peers_reached: 0,
             pending: Vec::with_capacity(size),
             scratch: vec![0; BLOCK / size_of::<u128>()],
             streaming: false,
@@ -318,6 +337,57 @@ impl Direct {
         Ok(())
     }
 
+    /// Broadcast of `data` (at most `EAGER_DATA_BYTES`) from `root`, eagerly (see the module
+    /// docs): back-to-back broadcasts pipeline, as MPI's eager ones do.
+    pub(crate) fn broadcast_eager(
+        &mut self,
+        data: &mut [u8],
+        root: usize,
+        call: &Call,
+        channels: &mut [Channel],
+    ) -> Result<()> {
+        let words = self.describe(call);
+        self.stamp += 1;
+        let stamp = self.stamp;
+        if self.rank == root {
+            // The line's last broadcast was at `stamp - EAGER_LINES`: read by every rank that
+            // has published a later stamp.
+            let read_by = (stamp + 1).saturating_sub(EAGER_LINES as u64);
+            if read_by > self.peers_reached {
+                self.wait_for_others(call, None, read_by, channels)?;
+                // They may be further on: fewer waits in a long pipeline.
+                let seen = self.others.iter().map(|&q| self.board.stamp_of(q)).min();
+                self.peers_reached = self.peers_reached.max(seen.unwrap_or(0));
+            }
+            self.board.post_eager(stamp, words, data);
+        }
+        self.publish(stamp);
+        if self.rank == root {
+            return Ok(());
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.clear();
+        // `others` is every rank but this one, in order.
+        pending.push(if root < self.rank { root } else { root - 1 });
+        let result = self.wait(call, None, Await::EagerLine, stamp, &mut pending, channels);
+        self.pending = pending;
+        result?;
+        if self.board.eager_stamp(root, stamp) != stamp {
+            return Err(Error::Mismatch {
+                rank: call.rank,
+                peer: root,
+                op: call.op,
+                detail: format!(
+                    "rank {root} is at this synchronisation point in another collective than \
+                     this broadcast from it"
+                ),
+            });
+        }
+        self.check_words(root, self.board.eager_call(root, stamp), call)?;
+        self.board.read_eager(root, stamp, data);
+        Ok(())
+    }
+
     /// Scatter from `root` of `input` (`size` blocks of `output.len()` bytes, read on the root
     /// only): per round, the root copies a part of every block into its area, and every rank
     /// copies its part out.
@@ -455,8 +525,8 @@ impl Direct {
         let seq = self.calls;
         self.calls += 1;
         // Published by the next stamp.
-        self.board
-            .publish_call(seq, call.header(seq as u32, self.rank).to_words());
+        let words = self.describe(call);
+        self.board.publish_call(seq, words);
         // Stores as rank 0 said with the previous call (any choice is correct; they only
         // differ in speed, so a late hint costs nothing but time).
         let class = StoreTuner::class(bytes);
@@ -548,24 +618,45 @@ impl Direct {
     /// description must match this rank's.
     fn sync(&mut self, call: &Call, check: Option<u64>, channels: &mut [Channel]) -> Result<()> {
         self.stamp += 1;
-        let target = self.stamp;
-        self.board.publish_stamp(target);
-        self.liveness.published(target);
+        self.publish(self.stamp);
+        self.wait_for_others(call, check, self.stamp, channels)
+    }
+
+    /// Publishes that this rank reached synchronisation point `stamp`, and wakes the peers.
+    fn publish(&self, stamp: u64) {
+        self.board.publish_stamp(stamp);
+        self.liveness.published(stamp);
         for &q in &self.others {
             self.board.wake(q);
         }
+    }
+
+    /// Waits until every other rank has reached synchronisation point `target` (checking
+    /// descriptions as [`Direct::sync`] says).
+    fn wait_for_others(
+        &mut self,
+        call: &Call,
+        check: Option<u64>,
+        target: u64,
+        channels: &mut [Channel],
+    ) -> Result<()> {
         let mut pending = std::mem::take(&mut self.pending);
         pending.clear();
         pending.extend(0..self.others.len());
-        let result = self.wait(call, check, target, &mut pending, channels);
+        let result = self.wait(call, check, Await::Stamp, target, &mut pending, channels);
         self.pending = pending;
-        result
+        result?;
+        self.peers_reached = self.peers_reached.max(target);
+        Ok(())
     }
 
+    /// Waits until every `pending` peer (indices into `others`) has reached synchronisation
+    /// point `target`, as `awaiting` says to see it.
     fn wait(
         &self,
         call: &Call,
         check: Option<u64>,
+        awaiting: Await,
         target: u64,
         pending: &mut Vec<usize>,
         channels: &mut [Channel],
@@ -577,7 +668,7 @@ impl Direct {
             let mut i = 0;
             while i < pending.len() {
                 let peer = self.others[pending[i]];
-                match self.arrival(peer, target) {
+                match self.arrival(peer, awaiting, target) {
                     Arrival::Arrived => {
                         if let Some(seq) = check {
                             self.check_call(peer, seq, call)?;
@@ -614,8 +705,11 @@ impl Direct {
     }
 
     /// Whether `peer` has reached synchronisation point `target`, or left the group first.
-    fn arrival(&self, peer: usize, target: u64) -> Arrival {
-        if self.board.stamp_of(peer) >= target {
+    fn arrival(&self, peer: usize, awaiting: Await, target: u64) -> Arrival {
+        // An eager root stamps its line before its mailbox: polling the line fetches one
+        // cache line where the data is, not two.
+        let posted = awaiting == Await::EagerLine && self.board.eager_stamp(peer, target) == target;
+        if posted || self.board.stamp_of(peer) >= target {
             return Arrival::Arrived;
         }
         match self.board.departed(peer) {
@@ -769,10 +863,19 @@ impl Direct {
 
     /// Checks that `peer` describes call `seq` as this rank does.
     fn check_call(&self, peer: usize, seq: u64, call: &Call) -> Result<()> {
-        let sender = crate::wire::to_u32(peer);
-        let words = self.board.call_of(peer, seq);
-        let expect = call.header(seq as u32, peer);
-        let detail = match Header::from_words(words, sender) {
+        self.check_words(peer, self.board.call_of(peer, seq), call)
+    }
+
+    /// Checks that `peer`'s description `words` of its current call is this rank's.
+    fn check_words(&self, peer: usize, words: [u64; 2], call: &Call) -> Result<()> {
+        let expect = call.header(self.described, peer);
+        let detail = match Header::from_words(words, crate::wire::to_u32(peer)) {
+            Ok(got) if got.same_call(&expect) && got.seq != expect.seq => Some(format!(
+                "rank {peer} and this rank made different calls before this {} (one of them \
+                 skipped or repeated a call, or they disagreed on a broadcast's root, type or \
+                 length)",
+                call.op
+            )),
             Ok(got) => expect.mismatch(&got),
             Err(why) => Some(format!("unreadable call description: {why}")),
         };
@@ -786,6 +889,25 @@ impl Direct {
             }),
         }
     }
+
+    /// The description of `call` (the next one), from [`Direct::history`]; advances the
+    /// history past it.
+    fn describe(&mut self, call: &Call) -> [u64; 2] {
+        self.described = self.history;
+        let words = call.header(self.described, self.rank).to_words();
+        let mixed = (words[0] ^ words[1].rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.history = (mixed >> 32) as u32;
+        words
+    }
+}
+
+/// How a wait sees that a peer reached a synchronisation point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Await {
+    /// Its stamp.
+    Stamp,
+    /// Its eager line for the point, or its stamp (an eager broadcast's receivers).
+    EagerLine,
 }
 
 /// `size` byte ranges of `block` bytes, back to back.

@@ -195,7 +195,7 @@ impl Liveness {
         Liveness::of_group(rank, None)
     }
 
-    /// [`Liveness::new`] for a group whose rank `r` is the job's rank `job_rank[r]` (a
+    /// The liveness (no verdict yet) of a group whose rank `r` is the job's rank `job_rank[r]` (a
     /// sub-group: messages name both).
     pub(crate) fn of_group(
         rank: usize,

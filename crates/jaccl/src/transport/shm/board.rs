@@ -10,11 +10,14 @@ use std::sync::atomic::Ordering;
 
 use rustix::event::PollFd;
 
-use super::segment::{INLINE, Mailbox};
-use super::{Local, Peer, Shm};
+use super::segment::{EAGER_BYTES, EagerLine, INLINE, Mailbox};
+use super::{Local, Mapping, Peer, Shm};
 
 /// Bytes of data a call description carries inline, in the line peers wait on.
 pub(crate) const INLINE_BYTES: usize = INLINE;
+/// Bytes of data an eager broadcast carries ([`Board::post_eager`]).
+pub(crate) const EAGER_DATA_BYTES: usize = EAGER_BYTES;
+pub(crate) use super::segment::EAGER_LINES;
 
 /// Every rank's segment, as this rank reaches it.
 pub(crate) struct Board {
@@ -37,11 +40,16 @@ impl Board {
         self.peers.get(rank)?.as_deref()
     }
 
-    fn mailbox_of(&self, rank: usize) -> Mailbox<'_> {
+    /// The main mapping of `rank`'s segment (this rank's own included).
+    fn main_of(&self, rank: usize) -> &Mapping {
         match self.peer(rank) {
-            Some(peer) => peer.mailbox(),
-            None => self.local.mailbox(),
+            Some(peer) => &peer.main,
+            None => &self.local.main,
         }
+    }
+
+    fn mailbox_of(&self, rank: usize) -> Mailbox<'_> {
+        Mailbox::of(self.main_of(rank))
     }
 
     /// Bytes of each of a rank's two areas: the most one round moves.
@@ -71,19 +79,13 @@ impl Board {
 
     /// Copies `dst.len()` bytes at `offset` of `rank`'s segment into `dst`.
     pub(crate) fn read(&self, rank: usize, offset: usize, dst: &mut [u8]) {
-        match self.peer(rank) {
-            Some(peer) => peer.main.read(offset, dst),
-            None => self.local.main.read(offset, dst),
-        }
+        self.main_of(rank).read(offset, dst);
     }
 
     /// [`Board::read`] with non-temporal stores into `dst`, for destinations far larger than
     /// the caches (see [`super::sys::copy_streaming`]).
     pub(crate) fn read_streaming(&self, rank: usize, offset: usize, dst: &mut [u8]) {
-        match self.peer(rank) {
-            Some(peer) => peer.main.read_streaming(offset, dst),
-            None => self.local.main.read_streaming(offset, dst),
-        }
+        self.main_of(rank).read_streaming(offset, dst);
     }
 
     /// Runs `f` over `len` bytes at `offset` of `rank`'s segment (this rank's own included).
@@ -94,10 +96,7 @@ impl Board {
         len: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> R {
-        match self.peer(rank) {
-            Some(peer) => peer.main.with_bytes(offset, len, f),
-            None => self.local.main.with_bytes(offset, len, f),
-        }
+        self.main_of(rank).with_bytes(offset, len, f)
     }
 
     /// Publishes the description of call `seq` (visible to peers with the next stamp).
@@ -129,6 +128,38 @@ impl Board {
     /// collective this rank has not entered.
     pub(crate) fn ahead(&self, rank: usize) -> bool {
         self.stamp_of(rank) > self.local.mailbox().stamp().load(Ordering::Relaxed)
+    }
+
+    /// Posts an eager broadcast at synchronisation point `stamp` in this rank's eager line for
+    /// it: the call's description `words` and `data` (at most [`EAGER_DATA_BYTES`]), then the
+    /// stamp (a `Release` store: a peer that sees it sees the rest). The caller makes sure no
+    /// peer still reads the line (the broadcast `EAGER_LINES` before).
+    pub(crate) fn post_eager(&self, stamp: u64, words: [u64; 2], data: &[u8]) {
+        let line = EagerLine::of(&self.local.main, stamp);
+        self.local.main.write(line.data(), data);
+        for (word, value) in line.call().into_iter().zip(words) {
+            word.store(value, Ordering::Relaxed);
+        }
+        line.stamp().store(stamp, Ordering::Release);
+    }
+
+    /// The stamp of the eager broadcast in `rank`'s line for `stamp` (an `Acquire` load).
+    pub(crate) fn eager_stamp(&self, rank: usize, stamp: u64) -> u64 {
+        let line = EagerLine::of(self.main_of(rank), stamp);
+        line.stamp().load(Ordering::Acquire)
+    }
+
+    /// The description of the eager broadcast in `rank`'s line for `stamp` (read after
+    /// [`Board::eager_stamp`] said it is there).
+    pub(crate) fn eager_call(&self, rank: usize, stamp: u64) -> [u64; 2] {
+        let line = EagerLine::of(self.main_of(rank), stamp);
+        line.call().map(|w| w.load(Ordering::Relaxed))
+    }
+
+    /// Copies the first `dst.len()` bytes of the data in `rank`'s eager line for `stamp`.
+    pub(crate) fn read_eager(&self, rank: usize, stamp: u64, dst: &mut [u8]) {
+        let main = self.main_of(rank);
+        main.read(EagerLine::of(main, stamp).data(), dst);
     }
 
     /// Rank 0's store hints published with calls of `seq`'s parity.

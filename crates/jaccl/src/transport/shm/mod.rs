@@ -35,7 +35,7 @@ mod segment;
 mod setup;
 mod sys;
 
-pub(crate) use board::{Board, INLINE_BYTES};
+pub(crate) use board::{Board, EAGER_DATA_BYTES, EAGER_LINES, INLINE_BYTES};
 pub(crate) use segment::Layout;
 use segment::{Mailbox, State};
 use setup::Listener;

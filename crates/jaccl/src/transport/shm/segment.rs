@@ -1,12 +1,14 @@
 //! The layout of a rank's segment and typed views of its control words.
 //!
 //! ```text
-//! control     the mailbox (lines 0-1), then a tail and a head line per outgoing ring (whole pages)
+//! control     the mailbox (lines 0-1), the eager lines, then a tail and a head line per
+//!             outgoing ring (whole pages)
 //! 2 areas     the direct collectives' data (rounds alternate between them)
 //! rings       per outgoing ring, its bytes (both ends map them twice, back to back)
 //! ```
 //!
-//! Every line of the control page has one writer: the mailbox and the tails are the owner's,
+//! Every line of the control page has one writer: the mailbox, the eager lines and the tails
+//! are the owner's,
 //! a ring's head is its reader's (the peer). Page 0 and the areas are mapped as one
 //! [`Mapping`]; each ring separately, mirrored. What readers check of each value is written
 //! next to it: [`Mailbox`], and the ring cursors in `super::link`. A segment's size is checked
@@ -17,6 +19,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use super::sys::{self, Mapping};
 
 const LINE: usize = 64;
+/// Lines of eager broadcasts each rank has ([`EagerLine`]): how many calls a root may be ahead.
+pub(crate) const EAGER_LINES: usize = 256;
 /// Rings per wire: one to each side (the left and the right neighbour).
 const SIDES: usize = 2;
 
@@ -70,10 +74,11 @@ impl Layout {
         }
     }
 
-    /// Bytes of the control lines: the mailbox, then the cursors of every ring.
+    /// Bytes of the control lines: the mailbox, the eager lines, then the cursors of every
+    /// ring.
     fn control_len(&self) -> usize {
         let page = sys::page_size();
-        (2 * LINE + self.rings * 2 * LINE).div_ceil(page) * page
+        (RINGS_AT + self.rings * 2 * LINE).div_ceil(page) * page
     }
 
     /// Bytes of the control lines and the areas, mapped together.
@@ -99,7 +104,7 @@ impl Layout {
     /// Offsets of ring `i`'s tail (written by the owner) and head (written by the reader) in
     /// the control lines.
     pub(crate) fn ring_cursors(&self, i: usize) -> (usize, usize) {
-        let tail = 2 * LINE + i * 2 * LINE;
+        let tail = RINGS_AT + i * 2 * LINE;
         (tail, tail + LINE)
     }
 
@@ -113,6 +118,51 @@ impl Layout {
             b[i * 8..i * 8 + 8].copy_from_slice(&(v as u64).to_le_bytes());
         }
         b
+    }
+}
+
+/// Where the eager lines start in the control page (after the mailbox's two lines).
+const EAGER_AT: usize = 2 * LINE;
+/// Where the rings' cursors start in the control page.
+const RINGS_AT: usize = EAGER_AT + EAGER_LINES * LINE;
+
+/// One of a rank's eager lines (line `k` carries its eager broadcasts `k`, `k + EAGER_LINES`,
+/// …, see `algo::direct`): the synchronisation stamp of the broadcast it holds (written last,
+/// `Release`), the call's description (two words) and up to [`EAGER_BYTES`] bytes of data, so
+/// a receiver fetches one cache line. Written by its owner only. A reader compares the stamp
+/// with the one it expects, parses the description with `Header::from_words` and compares it
+/// with its own call, and reads only as many bytes as its own call has: no value becomes an
+/// index, a length or an offset.
+#[derive(Clone, Copy)]
+pub(crate) struct EagerLine<'a> {
+    main: &'a Mapping,
+    at: usize,
+}
+
+/// Bytes of data an eager line carries.
+pub(crate) const EAGER_BYTES: usize = LINE - 24;
+
+impl<'a> EagerLine<'a> {
+    /// Line `k % EAGER_LINES` of the segment mapped at `main`.
+    pub(crate) fn of(main: &'a Mapping, k: u64) -> EagerLine<'a> {
+        let at = EAGER_AT + (k % EAGER_LINES as u64) as usize * LINE;
+        EagerLine { main, at }
+    }
+
+    pub(crate) fn stamp(self) -> &'a AtomicU64 {
+        self.main.atomic_u64(self.at)
+    }
+
+    pub(crate) fn call(self) -> [&'a AtomicU64; 2] {
+        [
+            self.main.atomic_u64(self.at + 8),
+            self.main.atomic_u64(self.at + 16),
+        ]
+    }
+
+    /// Offset (in the main mapping) of the line's data.
+    pub(crate) fn data(self) -> usize {
+        self.at + 24
     }
 }
 

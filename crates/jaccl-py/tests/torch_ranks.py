@@ -208,6 +208,16 @@ def collectives():
     for (k, t), h in reversed(list(zip(works, handles))):
         h.wait()
         check(f"async all_reduce {k}", t, torch.full((1000,), float(sum(q + k for q in range(n)))))
+    # Operations that stage their lists, in flight together (each with a staging buffer of its
+    # own, given back as it ends and reused by the next), waited in reverse.
+    for _ in range(2):
+        outs = [[torch.empty(5) for _ in range(n)] for _ in range(3)]
+        handles = [dist.all_gather(outs[k], torch.full((5,), float(r * 10 + k)), async_op=True) for k in range(3)]
+        for h in reversed(handles):
+            h.wait()
+        for k in range(3):
+            for q in range(n):
+                check(f"async all_gather {k} from {q}", outs[k][q], torch.full((5,), float(q * 10 + k)))
     fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
     check("future", fut.wait()[0], torch.full((3,), float(n)))
     # The functional collectives find the group by its name.

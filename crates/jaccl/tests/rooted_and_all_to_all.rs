@@ -531,3 +531,31 @@ fn ranks_that_pass_different_counts_get_a_mismatch() {
         );
     }
 }
+
+/// A broadcast whose length differs between ranks, so that over shared memory some take the
+/// eager way and others not (a receiver, then the root, with the other length): every rank
+/// fails, none hangs, and one names the mismatch.
+#[test]
+fn broadcasts_of_different_lengths_fail_every_rank() {
+    for net in nets() {
+        for odd in [2, 0] {
+            let errors = with_group(net, 3, 1, |g| {
+                let len = if g.rank() == odd { 100 } else { 8 };
+                let mut buf = vec![1u8; len];
+                g.broadcast(&mut buf, 0).and_then(|()| g.barrier())
+            });
+            for (rank, e) in errors.iter().enumerate() {
+                assert!(
+                    matches!(e, Err(Error::Mismatch { .. } | Error::PeerLost { .. })),
+                    "{net:?} rank {odd} odd, rank {rank}: {e:?}"
+                );
+            }
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| matches!(e, Err(Error::Mismatch { .. }))),
+                "{net:?} rank {odd} odd: {errors:?}"
+            );
+        }
+    }
+}

@@ -49,6 +49,20 @@ impl WaitPolicy {
     }
 }
 
+impl WaitPolicy {
+    /// The policy for operations on the progress thread (nonblocking ones): the caller's own
+    /// thread computes beside it, and peers may be computing too, so it neither spins nor
+    /// yields for longer than [`SYSCALL_YIELD`] before it sleeps, whatever this policy says: a
+    /// waiting thread that yields stays runnable and takes its share of a core from the threads
+    /// that compute (docs/algorithms.md, "Nonblocking operations").
+    pub(crate) fn in_background(self) -> WaitPolicy {
+        WaitPolicy {
+            spin: Duration::ZERO,
+            yield_for: self.yield_for.min(SYSCALL_YIELD),
+        }
+    }
+}
+
 impl fmt::Display for WaitPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -186,6 +200,19 @@ mod tests {
         assert!("spin".parse::<WaitPolicy>().is_err());
         assert!("spin=fast".parse::<WaitPolicy>().is_err());
         assert!("nap=1s".parse::<WaitPolicy>().is_err());
+    }
+
+    #[test]
+    fn background_waits_never_spin_and_yield_briefly() {
+        for policy in [
+            WaitPolicy::auto(2, 2),
+            WaitPolicy::auto(8, 2),
+            WaitPolicy::SLEEP,
+        ] {
+            let bg = policy.in_background();
+            assert_eq!(bg.spin, Duration::ZERO);
+            assert_eq!(bg.yield_for, policy.yield_for.min(SYSCALL_YIELD));
+        }
     }
 
     #[test]

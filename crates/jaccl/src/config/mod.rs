@@ -196,7 +196,8 @@ pub struct Config {
     /// that two jobs on one coordinator address stay apart. `None` with [`Config::new`].
     pub launcher_job: Option<String>,
     /// How to wait for peers; `None` means [`WaitPolicy::auto`] for the ranks
-    /// and CPUs of this host.
+    /// and CPUs of this host. Nonblocking operations never spin and yield for at most 50 µs
+    /// before they sleep, whatever this says (the caller computes beside them).
     pub wait: Option<WaitPolicy>,
     /// Extra host identity: ranks share memory only when their hosts are the same and these
     /// are equal, so tests can play several hosts on one machine. `None` for real jobs.

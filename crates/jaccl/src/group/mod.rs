@@ -220,7 +220,7 @@ impl Group {
             wires: self.wires,
             mesh: self.mesh,
             timeout: self.timeout,
-            wait: self.wait,
+            wait: self.wait.in_background(),
             shares_memory: self.shares_memory,
             peers: self.peers.clone(),
             opened_late: self.opened_late.clone(),

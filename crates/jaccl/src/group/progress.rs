@@ -6,8 +6,10 @@
 //! group that shares its state (`Group::progress_view`). A blocking call waits until every
 //! operation started before it has finished, then runs on the caller's thread, so operations
 //! of one group run in the order they were started, blocking ones included, and a blocking
-//! call costs nothing extra when none is outstanding. The thread waits the way calls do (spin
-//! briefly, then sleep): on 2 cores it does not take the caller's core while it waits.
+//! call costs nothing extra when none is outstanding. The thread never spins and yields its
+//! CPU for at most 50 µs before it sleeps (`WaitPolicy::in_background`): the caller's thread
+//! computes beside it, and a thread that keeps yielding stays runnable and takes its share of
+//! a core from it.
 //!
 //! Dropping the group stops the operation running (it fails with [`Error::Closed`]), fails
 //! those not started, and joins the thread before the group's memory goes: an operation owns

@@ -9,10 +9,10 @@
 //!
 //! Every line of the control page has one writer: the mailbox, the eager lines and the tails
 //! are the owner's, a ring's head is its reader's (the peer). Page 0 and the areas are mapped
-//! as one
-//! [`Mapping`]; each ring separately, mirrored. What readers check of each value is written
-//! next to it: [`Mailbox`], and the ring cursors in `super::link`. A segment's size is checked
-//! (and sealed) before it is mapped, so no offset computed from this layout can fall outside.
+//! as one [`Mapping`]; each ring separately, mirrored. What readers check of each value is
+//! written next to it: [`Mailbox`], [`EagerLine`], and the ring cursors in `super::link`. A
+//! segment's size is checked (and sealed) before it is mapped, so no offset computed from this
+//! layout can fall outside.
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 

@@ -226,6 +226,30 @@ def collectives():
     check("functional all_reduce", got, torch.full((4,), float(n)))
     got = funcol.wait_tensor(funcol.all_gather_tensor(torch.full((2,), float(r)), 0, dist.group.WORLD))
     check("functional all_gather", got, torch.arange(n, dtype=torch.float32).repeat_interleave(2))
+    # The object collectives (pickles of different lengths over the byte collectives).
+    objects = [None] * n
+    dist.all_gather_object(objects, {"rank": r, "pad": "x" * r})
+    if objects != [{"rank": q, "pad": "x" * q} for q in range(n)]:
+        wrong.append(f"all_gather_object: {objects}")
+    listed = [r, "from"] if r == n - 1 else [None, None]
+    dist.broadcast_object_list(listed, src=n - 1)
+    if listed != [n - 1, "from"]:
+        wrong.append(f"broadcast_object_list: {listed}")
+    gathered = [None] * n if r == 0 else None
+    dist.gather_object(("gathered", r), gathered, dst=0)
+    if r == 0 and gathered != [("gathered", q) for q in range(n)]:
+        wrong.append(f"gather_object: {gathered}")
+    mine = [None]
+    dist.scatter_object_list(mine, [("scattered", q) for q in range(n)] if r == 1 else None, src=1)
+    if mine != [("scattered", r)]:
+        wrong.append(f"scatter_object_list: {mine}")
+    if r == 0:
+        dist.send_object_list([{"to": n - 1}, 2.5], dst=n - 1)
+    elif r == n - 1:
+        inbox = [None, None]
+        dist.recv_object_list(inbox, src=0)
+        if inbox != [{"to": n - 1}, 2.5]:
+            wrong.append(f"recv_object_list: {inbox}")
     dist.barrier()
     report({"wrong": wrong, "backend": dist.get_backend(), "name": dist.group.WORLD.group_name})
 

@@ -148,6 +148,7 @@ bad = {
     "read-only out": lambda: g.all_sum(x, out=np.frombuffer(bytes(32), np.float32)),
     "non-contiguous": lambda: g.all_sum(np.ones(16, np.float32)[::2]),
     "unsupported dtype": lambda: g.all_sum(np.ones(4, np.complex128)),
+    "other byte order": lambda: g.all_sum(np.ones(4, np.dtype(np.float32).newbyteorder())),
     "object": lambda: g.all_sum([1, 2, 3]),
     "op": lambda: g.all_reduce(x, op="median"),
     "bitwise on floats": lambda: g.all_reduce(x, op="band"),

@@ -147,3 +147,21 @@ def test_fsdp_example():
 def test_tensor_parallel_example_on_a_2x2_mesh():
     results = example("torch_tp.py", 4)
     assert all(r["ok"] for r in results), results
+
+
+def test_the_benchmark_against_gloo_runs_every_part(tmp_path):
+    """`python -m jaccl.torch.bench` (kept working, not timed here): a row per collective and
+    size with both backends' times, and the DDP step over each."""
+    from jaccl.torch import bench
+
+    rows_file = tmp_path / "rows.json"
+    args = ["--sizes", "8,64K", "--reps", "1", "--seconds", "0.01", "--ddp-steps", "2", "--json", str(rows_file)]
+    torchrun(bench.__file__, args, 2)
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    collectives = [r for r in rows if r["op"] != "ddp_step"]
+    assert {(r["op"], r["bytes"]) for r in collectives} == {
+        (op, size) for op in bench.OPS.split(",") for size in (8, 64 * 1024)
+    }
+    assert all(r["jaccl_us"] > 0 and r["gloo_us"] > 0 for r in collectives), collectives
+    (ddp,) = [r for r in rows if r["op"] == "ddp_step"]
+    assert all(ddp[f"{name}{mode}_ms"] > 0 for name in ("jaccl", "gloo") for mode in ("", "_no_sync")), ddp

@@ -9,6 +9,14 @@ the slowest rank saw it. Rank 0 prints one line per (collective, size): the time
 bandwidth of each backend and their ratio; at 8 B also jaccl's own Python API on the same
 connections (`jaccl.Group`), which shows what torch's dispatch costs per call. `--json FILE`
 writes the rows as JSON lines.
+
+Then the step of DistributedDataParallel training over each backend (`--ddp-steps`, 0 to
+skip): the model and batch of examples/torch_ddp.py (an MLP of 2.1 M parameters, 256 samples
+per rank), one DDP replica per backend, steps with gradient synchronisation and without it
+(`no_sync`: every rank computes at once) interleaved between the backends, each step timed
+after a barrier as the slowest rank saw it, medians. A step's synchronised time minus its
+unsynchronised time is what communication costs it; the last line gives that cost for both
+backends and jaccl's as a fraction of gloo's.
 """
 
 import argparse
@@ -94,6 +102,50 @@ def timed(run: Callable[[], None], seconds: float, barrier: Callable[[], None]) 
     return took.item()
 
 
+def ddp_step_ms(groups: Dict[str, dist.ProcessGroup], steps: int, rank: int) -> Dict[str, float]:
+    """Median step times (ms, slowest rank per step) of DDP over each group, with gradient
+    synchronisation (`name`) and without (`name` + "_no_sync"), interleaved."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    features, hidden, outputs, batch = 1024, 1024, 16, 256
+    replicas = {}
+    for name, g in groups.items():
+        torch.manual_seed(0)
+        mlp = nn.Sequential(
+            nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, outputs)
+        )
+        replicas[name] = (DDP(mlp, process_group=g), g)
+    optimizers = {name: torch.optim.SGD(ddp.parameters(), lr=0.01) for name, (ddp, _) in replicas.items()}
+    gen = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(batch, features, generator=gen), torch.randn(batch, outputs, generator=gen)
+
+    def train_step(name: str) -> None:
+        ddp, opt = replicas[name][0], optimizers[name]
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+
+    keys = [k for name in groups for k in (name, name + "_no_sync")]
+    times = torch.zeros(steps + 2, len(keys), dtype=torch.float64)
+    for i in range(steps + 2):  # the first two warm up
+        names = list(groups) if i % 2 == 0 else list(reversed(groups))
+        for name in names:
+            ddp, g = replicas[name]
+            for synced in (True, False):
+                dist.barrier(group=g)
+                start = time.perf_counter()
+                if synced:
+                    train_step(name)
+                else:
+                    with ddp.no_sync():
+                        train_step(name)
+                times[i, keys.index(name if synced else name + "_no_sync")] = time.perf_counter() - start
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    medians = times[2:].median(dim=0).values * 1e3
+    return {k: medians[j].item() for j, k in enumerate(keys)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=SIZES)
@@ -101,6 +153,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=0.2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--ddp-steps", type=int, default=30, help="DDP steps timed per backend and mode (0: none)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("jaccl")
@@ -142,6 +195,17 @@ def main() -> None:
                 if "jaccl_python_us" in row:
                     overhead = row["jaccl_us"] - row["jaccl_python_us"]
                     print(f"# {op} {size} B through jaccl.Group directly: {row['jaccl_python_us']:.1f} µs (torch adds {overhead:.1f} µs)", flush=True)
+    if args.ddp_steps > 0:
+        ms = ddp_step_ms(groups, args.ddp_steps, rank)
+        comm = {name: ms[name] - ms[name + "_no_sync"] for name in groups}
+        row = {"op": "ddp_step", "ranks": n, **{f"{k}_ms": v for k, v in ms.items()}}
+        row.update({f"{name}_communication_ms": c for name, c in comm.items()})
+        rows.append(row)
+        if rank == 0:
+            print(f"# DDP step, 2.1 M parameters, 256 samples per rank, median of {args.ddp_steps} (ms):")
+            for name in groups:
+                print(f"# {name:>6}: {ms[name]:.1f} synchronised, {ms[name + '_no_sync']:.1f} without (no_sync): communication {comm[name]:.1f}")
+            print(f"# communication jaccl / gloo: {comm['jaccl'] / comm['gloo']:.2f}", flush=True)
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             for row in rows:

@@ -56,16 +56,17 @@ for _name in ("uint16", "uint32", "uint64"):
         _DTYPES[getattr(torch, _name)] = _name
 
 _R = dist.ReduceOp.RedOpType if hasattr(dist.ReduceOp, "RedOpType") else dist.ReduceOp
-# jaccl's reduction of each torch one (PREMUL_SUM: the input scaled, then summed).
+# jaccl's reduction of each torch one, by the enum's value (PREMUL_SUM: the input scaled, then
+# summed). Keyed by value: hashing torch's enum costs more than an 8-byte all-reduce's Python.
 _OPS = {
-    _R.SUM: "sum",
-    _R.AVG: "avg",
-    _R.PRODUCT: "prod",
-    _R.MIN: "min",
-    _R.MAX: "max",
-    _R.BAND: "band",
-    _R.BOR: "bor",
-    _R.BXOR: "bxor",
+    int(_R.SUM): "sum",
+    int(_R.AVG): "avg",
+    int(_R.PRODUCT): "prod",
+    int(_R.MIN): "min",
+    int(_R.MAX): "max",
+    int(_R.BAND): "band",
+    int(_R.BOR): "bor",
+    int(_R.BXOR): "bxor",
 }
 _PREMUL_SUM = getattr(_R, "PREMUL_SUM", None)
 
@@ -181,7 +182,10 @@ def _reduction(op: Any) -> tuple:
         if factor is None:
             factor = op.__getstate__()[1]
         return "sum", factor
-    name = _OPS.get(kind)
+    try:
+        name = _OPS.get(int(kind))
+    except (TypeError, ValueError):
+        name = None
     if name is None:
         raise ValueError(f"jaccl: unsupported reduction {op}")
     return name, None
@@ -327,7 +331,8 @@ class _Work(_WorkBase):
             raise self._error
 
     def wait(self, timeout: Any = None) -> bool:
-        self._complete()
+        if not (self._done and self._error is None):  # (a finished operation: at once)
+            self._complete()
         return True
 
     def is_completed(self) -> bool:
@@ -485,12 +490,14 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         if opts is None or getattr(opts, "asyncOp", True) or len(tensors) != 1 or self._held:
             return None
         t = tensors[0]
-        return t if t.is_contiguous() and t.device.type == "cpu" else None
+        return t if t.is_cpu and t.is_contiguous() else None
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         t = self._blocking(opts, tensors)
         if t is not None:
-            op, dtype = _OPS.get(getattr(opts.reduceOp, "op", None)), _DTYPES.get(t.dtype)
+            kind = getattr(opts.reduceOp, "op", None)
+            op = _OPS.get(kind.value) if kind is not None else None
+            dtype = _DTYPES.get(t.dtype)
             if op is not None and dtype is not None:
                 _raising(lambda: self._g.all_reduce(None, (t.data_ptr(), t.nbytes), dtype, op, None))
                 return self._completed

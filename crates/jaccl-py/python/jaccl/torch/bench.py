@@ -7,7 +7,8 @@ times each collective at each size on both, interleaved (the order alternates be
 repetitions), the best of `--reps` repetitions of a timed loop of about `--seconds` each, as
 the slowest rank saw it. Rank 0 prints one line per (collective, size): the time and bus
 bandwidth of each backend and their ratio; at 8 B also jaccl's own Python API on the same
-connections (`jaccl.Group`), which shows what torch's dispatch costs per call. `--json FILE`
+connections (`jaccl.Group` on a numpy array), which shows what torch's dispatch costs per call
+(with more ranks than cores, every µs of CPU a call costs on each rank shows several times). `--json FILE`
 writes the rows as JSON lines.
 
 Then the step of DistributedDataParallel training over each backend (`--ddp-steps`, 0 to
@@ -24,6 +25,7 @@ import json
 import time
 from typing import Callable, Dict, List
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -167,23 +169,24 @@ def main() -> None:
         print(f"# {'op':>22} {'size':>10} {'jaccl':>10} {'busbw':>7} {'gloo':>10} {'busbw':>7} {'gloo/jaccl':>10}")
     for op in args.ops.split(","):
         for size in sizes:
-            best = {name: float("inf") for name in groups}
-            for rep in range(args.reps):
-                order = list(groups) if rep % 2 == 0 else list(reversed(groups))
-                for name in order:
-                    g = groups[name]
-                    t = timed(call(op, size, g, rank, n), args.seconds, lambda: dist.barrier(group=g))
-                    best[name] = min(best[name], t)
-            row = {"op": op, "bytes": size, "ranks": n}
-            for name, t in best.items():
-                row[f"{name}_us"] = t * 1e6
-                row[f"{name}_busbw"] = size / t / 1e9 * bus_factor(op, n)
+            # What to time, and the barrier before it: each backend through torch, and for the
+            # 8-byte all-reduce also jaccl's Python API on a numpy array (its fastest input).
+            runs = {name: (call(op, size, g, rank, n), lambda g=g: dist.barrier(group=g)) for name, g in groups.items()}
             if op == "all_reduce" and size <= 8:
-                x = torch.ones(max(size // 4, 1))
-                direct_t = min(
-                    timed(lambda: direct.all_sum(x, out=x), args.seconds, direct.barrier) for _ in range(args.reps)
-                )
-                row["jaccl_python_us"] = direct_t * 1e6
+                x = np.ones(max(size // 4, 1), np.float32)
+                runs["jaccl_python"] = (lambda: direct.all_sum(x, out=x), direct.barrier)
+            best = {name: float("inf") for name in runs}
+            for rep in range(args.reps):
+                order = list(runs) if rep % 2 == 0 else list(reversed(runs))
+                for name in order:
+                    run, barrier = runs[name]
+                    best[name] = min(best[name], timed(run, args.seconds, barrier))
+            row = {"op": op, "bytes": size, "ranks": n}
+            for name in groups:
+                row[f"{name}_us"] = best[name] * 1e6
+                row[f"{name}_busbw"] = size / best[name] / 1e9 * bus_factor(op, n)
+            if "jaccl_python" in best:
+                row["jaccl_python_us"] = best["jaccl_python"] * 1e6
             rows.append(row)
             if rank == 0:
                 ratio = row["gloo_us"] / row["jaccl_us"]
@@ -194,7 +197,7 @@ def main() -> None:
                 )
                 if "jaccl_python_us" in row:
                     overhead = row["jaccl_us"] - row["jaccl_python_us"]
-                    print(f"# {op} {size} B through jaccl.Group directly: {row['jaccl_python_us']:.1f} µs (torch adds {overhead:.1f} µs)", flush=True)
+                    print(f"# {op} {size} B through jaccl.Group on a numpy array: {row['jaccl_python_us']:.1f} µs (torch adds {overhead:.1f} µs)", flush=True)
     if args.ddp_steps > 0:
         ms = ddp_step_ms(groups, args.ddp_steps, rank)
         comm = {name: ms[name] - ms[name + "_no_sync"] for name in groups}

@@ -162,6 +162,35 @@ def collectives():
             out = torch.empty(n * length, dtype=dtype)
             dist.all_to_all_single(out, torch.cat([values(r * 100 + d, length, dtype) for d in range(n)]))
             check(f"all_to_all_single {name}", out, torch.cat([values(s * 100 + r, length, dtype) for s in range(n)]))
+    # Types jaccl cannot reduce (torch's float8s) still move, as bytes; reducing them fails.
+    for dtype in [getattr(torch, t) for t in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, t)]:
+        name = str(dtype)
+
+        def bits(seed, length):  # the values of `seed` in `dtype`, compared as bytes
+            return values(seed, length, torch.float32).to(dtype)
+
+        for root in range(n):
+            t = bits(r, 37)
+            dist.broadcast(t, src=root)
+            check(f"broadcast {name} root {root}", t.view(torch.uint8), bits(root, 37).view(torch.uint8))
+        flat = torch.empty(n * 37, dtype=dtype)
+        dist.all_gather_into_tensor(flat, bits(r, 37))
+        check(f"all_gather_into_tensor {name}", flat.view(torch.uint8),
+              torch.cat([bits(q, 37) for q in range(n)]).view(torch.uint8))
+        recv = [torch.empty((s + r) % 3, dtype=dtype) for s in range(n)]
+        dist.all_to_all(recv, [bits(r * 100 + d, (r + d) % 3) for d in range(n)])
+        for s in range(n):
+            check(f"all_to_all list {name} from {s}", recv[s].view(torch.uint8), bits(s * 100 + r, (s + r) % 3).view(torch.uint8))
+        out = torch.empty(n * 5, dtype=dtype)
+        dist.all_to_all_single(out, torch.cat([bits(r * 100 + d, 5) for d in range(n)]))
+        check(f"all_to_all_single {name}", out.view(torch.uint8),
+              torch.cat([bits(s * 100 + r, 5) for s in range(n)]).view(torch.uint8))
+        try:
+            dist.all_reduce(bits(r, 3))
+            wrong.append(f"all_reduce {name}: no error")
+        except ValueError as e:
+            if "cannot be reduced" not in str(e):
+                wrong.append(f"all_reduce {name}: {e}")
     # PREMUL_SUM: each input scaled, then summed.
     t = torch.full((5,), float(r + 1))
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))

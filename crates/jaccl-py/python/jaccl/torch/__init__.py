@@ -54,6 +54,9 @@ _DTYPES = {
 for _name in ("uint16", "uint32", "uint64"):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _name
+# How operations that only move data (all but the reductions) carry a type jaccl lacks (torch's
+# float8s, which FSDP2 all-gathers with float8 training): as unsigned integers of its size.
+_MOVED_AS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
 _R = dist.ReduceOp.RedOpType if hasattr(dist.ReduceOp, "RedOpType") else dist.ReduceOp
 # jaccl's reduction of each torch one, by the enum's value (PREMUL_SUM: the input scaled, then
@@ -197,14 +200,20 @@ class _Tensor:
 
     __slots__ = ("tensor", "buffer", "dtype")
 
-    def __init__(self, tensor: torch.Tensor, apart_from: Optional["_Tensor"] = None) -> None:
+    def __init__(
+        self, tensor: torch.Tensor, apart_from: Optional["_Tensor"] = None, reduced: bool = False
+    ) -> None:
         """`apart_from`: the output of the call that reads `tensor`, which it may not share
-        memory with (FSDP all-gathers a shard that lies inside the output): then a copy."""
+        memory with (FSDP all-gathers a shard that lies inside the output): then a copy.
+        `reduced`: whether the call computes with the elements (else it only moves them)."""
         if tensor.device.type != "cpu":
             raise ValueError(f"jaccl: tensors must be on the CPU, not {tensor.device}")
         dtype = _DTYPES.get(tensor.dtype)
+        if dtype is None and not reduced:
+            dtype = _MOVED_AS.get(tensor.element_size())
         if dtype is None:
-            raise ValueError(f"jaccl: element type {tensor.dtype} is not supported")
+            what = "reduced" if reduced else "moved"
+            raise ValueError(f"jaccl: element type {tensor.dtype} cannot be {what} by jaccl")
         self.tensor = tensor
         self.buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
         self.dtype = dtype
@@ -502,7 +511,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
                 _raising(lambda: self._g.all_reduce(None, (t.data_ptr(), t.nbytes), dtype, op, None))
                 return self._completed
         op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        bufs = [_Tensor(t) for t in tensors]
+        bufs = [_Tensor(t, reduced=True) for t in tensors]
         if factor is not None:
             for b in bufs:
                 b.buffer.mul_(factor)
@@ -529,7 +538,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         op, factor = _reduction(opts.reduceOp)
         root = opts.rootRank
-        bufs = [_Tensor(t) for t in tensors]
+        bufs = [_Tensor(t, reduced=True) for t in tensors]
         if factor is not None:
             for b in bufs:
                 b.buffer.mul_(factor)
@@ -622,8 +631,8 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         pairs = []
         for o, i in zip(outputs, inputs):
-            dst = _Tensor(o)
-            src = _Tensor(i, dst)
+            dst = _Tensor(o, reduced=True)
+            src = _Tensor(i, dst, reduced=True)
             if factor is not None:
                 src.buffer = src.buffer * factor
             pairs.append((dst, src))

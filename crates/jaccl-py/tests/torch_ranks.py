@@ -125,6 +125,16 @@ def collectives():
             dist.all_gather(out, mine)
             for q in range(n):
                 check(f"all_gather {name} from {q}", out[q], values(q, length, dtype))
+            # Lists of uneven tensors (rank q gives q + length elements), which torch allows.
+            out = [torch.empty(q + length, dtype=dtype) for q in range(n)]
+            dist.all_gather(out, values(r, r + length, dtype))
+            for q in range(n):
+                check(f"uneven all_gather {name} from {q}", out[q], values(q, q + length, dtype))
+            if dtype != torch.bool:
+                got = torch.empty(r + length, dtype=dtype)
+                dist.reduce_scatter(got, [values(r * 10 + d, d + length, dtype) for d in range(n)])
+                expect = reference(R.SUM, [values(q * 10 + r, r + length, dtype) for q in range(n)])
+                check(f"uneven reduce_scatter {name}", got, expect)
             flat = torch.empty(n * length, dtype=dtype)
             dist.all_gather_into_tensor(flat, mine)
             check(f"all_gather_into_tensor {name}", flat, torch.cat([values(q, length, dtype) for q in range(n)]))
@@ -284,7 +294,7 @@ def collectives():
 
 
 def groups():
-    """new_group and a 2 x 2 DeviceMesh (4 ranks)."""
+    """new_group, a 2 x 2 DeviceMesh, split_group and monitored_barrier (4 ranks)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     r = dist.get_rank()
@@ -307,6 +317,40 @@ def groups():
             wrong.append(f"mesh {dim} {members}: {t.tolist()}")
         if dist.get_backend(g) != "jaccl":
             wrong.append(f"mesh {dim} backend {dist.get_backend(g)}")
+    # split_group: torch 2.10 splits only groups bound to an accelerator.
+    try:
+        halves = dist.split_group(split_ranks=[[0, 1], [2]])  # rank 3 in neither
+        outside = halves is None or halves == dist.GroupMember.NON_GROUP_MEMBER
+        if outside != (r == 3):
+            wrong.append(f"split_group member: {halves}")
+        elif not outside:
+            t = torch.full((2,), float(r * r + 1))
+            dist.all_reduce(t, group=halves)
+            expect = 3.0 if r < 2 else 5.0
+            if t.tolist() != [expect] * 2 or dist.get_backend(halves) != "jaccl":
+                wrong.append(f"split_group all_reduce: {t.tolist()}")
+            dist.monitored_barrier(group=halves)
+    except RuntimeError as e:
+        if "No device associated" not in str(e):
+            wrong.append(f"split_group: {e}")
+    # monitored_barrier: passes when all come; names the rank that did not (rank 3); the group
+    # stays usable. torch 2.10 lets only gloo groups run it.
+    try:
+        dist.monitored_barrier()
+        if r != 3:
+            try:
+                dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
+                wrong.append("monitored_barrier without rank 3: no error")
+            except dist.DistBackendError as e:
+                if r == 0 and "rank 3 did not come" not in str(e):
+                    wrong.append(f"monitored_barrier error on rank 0: {e}")
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        if t.item() != 4.0:
+            wrong.append(f"all_reduce after monitored_barrier: {t.item()}")
+    except ValueError as e:
+        if "GLOO" not in str(e):
+            wrong.append(f"monitored_barrier: {e}")
     report({"wrong": wrong})
 
 

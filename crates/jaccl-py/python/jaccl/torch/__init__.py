@@ -25,6 +25,7 @@ import queue
 import secrets
 import socket
 import threading
+import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -379,6 +380,15 @@ def _settle(future: "torch.futures.Future", work: _Work) -> None:
         future.set_exception(e)
 
 
+class _Marker(torch._C._distributed_c10d.Backend):
+    """What a jaccl group registers as its CPU backend, for torch's bookkeeping (the devices a
+    group serves, which `monitored_barrier`, `split_group` and the flight recorder ask for).
+    Operations never reach it: they are methods of the group itself."""
+
+    def getBackendName(self) -> str:
+        return "jaccl"
+
+
 class ProcessGroupJaccl(dist.ProcessGroup):
     """A ``torch.distributed`` process group over a jaccl group (made by torch through the
     ``"jaccl"`` backend; see the module's documentation). Operations run in the order they are
@@ -394,6 +404,14 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         store: Any = None,
     ) -> None:
         super().__init__(rank, size)
+        try:
+            marker = _Marker(rank, size)
+        except TypeError:  # torch 2.10 makes no backend in Python (nor asks for one)
+            marker = None
+        if marker is not None:
+            kind = dist.ProcessGroup.BackendType.CUSTOM
+            self._set_default_backend(kind)
+            self._register_backend(torch.device("cpu"), kind, marker)
         self._g = group
         self._timeout = timeout
         self._store = store
@@ -406,6 +424,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         self._completed = _Work(self, [], None)
         self._desc = ""
         self._staging = _Staging()
+        self._monitored = 0  # monitored barriers called (their keys in the store)
 
     # What torch asks of a group.
 
@@ -428,13 +447,36 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         return "jaccl"
 
     # torch asks a group's backend for these (`batch_isend_irecv` does, of any group): this
-    # group is its own backend, without coalescing (its operations run one by one) or
-    # splitting (`split_group` needs a backend written in C++).
+    # group is its own backend, without coalescing (its operations run one by one).
     supports_coalescing = False
-    supports_splitting = False
+    supports_splitting = True
 
     def _get_backend(self, device: Any) -> "ProcessGroupJaccl":
         return self
+
+    def get_group_store(self) -> Any:
+        return self._store
+
+    def split_group(
+        self,
+        ranks: List[int],
+        timeout: Optional[datetime.timedelta] = None,
+        opts: Any = None,
+        group_name: Optional[str] = None,
+        group_desc: Optional[str] = None,
+        device_types: Any = None,
+    ) -> Optional["ProcessGroupJaccl"]:
+        """torch's `split_group`: the group of `ranks` (ranks of this group), a jaccl sub-group
+        its members make alone; None on the ranks outside it."""
+        if self.rank() not in ranks:
+            return None
+        members, name = list(ranks), group_name or ""
+        g = _raising(lambda: self._g.subgroup_of_members(members, name))
+        store = dist.PrefixStore(f"jaccl/split/{name}/", self._store) if self._store is not None else None
+        child = ProcessGroupJaccl(g, members.index(self.rank()), len(members), timeout or self._timeout, store)
+        child.setGroupName(name)
+        child.setGroupDesc(group_desc or "")
+        return child
 
     def abort(self) -> None:
         self._g.close()
@@ -565,19 +607,23 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         stages = []
         for outs, inp in zip(output_tensors, input_tensors):
             src = _Tensor(inp)
-            flat = self._staging.take(inp, inp.numel() * self.size())
-            stages.append((src, flat, outs))
-        calls = [
-            (lambda keep, s=s, f=f: self._g.all_gather(s.memory, _mem(f), s.dtype, keep))
-            for s, f, _ in stages
-        ]
+            counts = [t.numel() for t in outs]
+            flat = self._staging.take(inp, sum(counts))
+            stages.append((src, flat, outs, _uneven(counts)))
+
+        def call(keep: Optional[list], src: _Tensor, flat: torch.Tensor, counts: Optional[list]) -> Any:
+            if counts is None:
+                return self._g.all_gather(src.memory, _mem(flat), src.dtype, keep)
+            return self._g.all_gather_v(src.memory, _mem(flat), counts, src.dtype, keep)
+
+        calls = [(lambda keep, s=s, f=f, c=c: call(keep, s, f, c)) for s, f, _, c in stages]
 
         def finish() -> None:
-            for _, flat, outs in stages:
+            for _, flat, outs, _ in stages:
                 _unflatten(flat, outs)
 
-        keep = [t for s, f, _ in stages for t in (s.buffer, f)]
-        staged = [f for _, f, _ in stages]
+        keep = [t for s, f, _, _ in stages for t in (s.buffer, f)]
+        staged = [f for _, f, _, _ in stages]
         return self._run(opts, calls, keep, output_tensors, finish, staged)
 
     def allgather_coalesced(
@@ -608,7 +654,8 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
     ) -> _Work:
         inputs = [self._staging.flat(ins, out) for out, ins in zip(output_tensors, input_lists)]
-        return self._reduce_scatter(output_tensors, inputs, opts, inputs)
+        counts = [_uneven([t.numel() for t in ins]) for ins in input_lists]
+        return self._reduce_scatter(output_tensors, inputs, opts, inputs, counts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -626,8 +673,10 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         inputs: List[torch.Tensor],
         opts: Any,
         staged: Sequence[torch.Tensor] = (),
+        uneven: Optional[List[Optional[list]]] = None,
     ) -> _Work:
-        """The reduce-scatters of `inputs` into `outputs`; `staged`: see `_run`."""
+        """The reduce-scatters of `inputs` into `outputs`; `staged`: see `_run`; `uneven`:
+        per input, each rank's element count where they differ (else None)."""
         op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         pairs = []
         for o, i in zip(outputs, inputs):
@@ -636,10 +685,14 @@ class ProcessGroupJaccl(dist.ProcessGroup):
             if factor is not None:
                 src.buffer = src.buffer * factor
             pairs.append((dst, src))
-        calls = [
-            (lambda keep, o=o, i=i: self._g.reduce_scatter(i.memory, o.memory, i.dtype, op, keep))
-            for o, i in pairs
-        ]
+
+        def call(keep: Optional[list], o: _Tensor, i: _Tensor, counts: Optional[list]) -> Any:
+            if counts is None:
+                return self._g.reduce_scatter(i.memory, o.memory, i.dtype, op, keep)
+            return self._g.reduce_scatter_v(i.memory, o.memory, counts, i.dtype, op, keep)
+
+        counts = uneven or [None] * len(pairs)
+        calls = [(lambda keep, o=o, i=i, c=c: call(keep, o, i, c)) for (o, i), c in zip(pairs, counts)]
         keep = [t.buffer for p in pairs for t in p]
         return self._run(opts, calls, keep, outputs, _finisher([o for o, _ in pairs]), staged)
 
@@ -779,12 +832,53 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> _Work:
         return self._run(opts, [lambda keep: self._g.barrier(keep)], [], None)
 
-    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """A barrier that fails naming the ranks that did not come: jaccl's liveness and
-        deadlock search name a dead, stopped or absent rank; the operation timeout ends the
-        rest."""
+    def monitored_barrier(
+        self, timeout: Optional[datetime.timedelta] = None, wait_all_ranks: bool = False
+    ) -> None:
+        """torch's debugging barrier, through the group's store: every rank checks in, rank 0
+        waits up to `timeout` for them and then lets them go, or raises naming the first
+        rank that did not come (all of them with `wait_all_ranks`); the others raise if rank 0
+        does not let them go in time. No jaccl operation is involved, so the group stays
+        usable after a failure."""
+        if self._store is None:
+            raise RuntimeError("jaccl: monitored_barrier needs the group's store")
         self._flush()
-        _raising(lambda: self._g.barrier(None))
+        timeout = timeout or self._timeout
+        self._monitored += 1
+        key = f"jaccl/monitored/{self._monitored}"
+        me, store = self.rank(), self._store
+        if me != 0:
+            store.set(f"{key}/{me}", b"")
+            try:
+                store.wait([f"{key}/done"], timeout)
+            except dist.DistStoreError as e:
+                raise dist.DistBackendError(
+                    f"rank {me}: monitored_barrier: rank 0 did not end it within {timeout} "
+                    "(it found a rank missing, or did not come itself)"
+                ) from e
+            return
+        deadline = time.monotonic() + timeout.total_seconds()
+        missing = []
+        for q in range(1, self.size()):
+            left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+            try:
+                store.wait([f"{key}/{q}"], left)
+            except dist.DistStoreError:
+                missing.append(q)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            raise dist.DistBackendError(
+                f"rank 0: monitored_barrier: rank{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(map(str, missing))} did not come within {timeout}"
+            )
+        store.set(f"{key}/done", b"")
+
+
+def _uneven(counts: List[int]) -> Optional[List[int]]:
+    """`counts` (each rank's elements in a list-taking all-gather or reduce-scatter) when they
+    differ, which takes jaccl's `_v` form (torch allows uneven lists); else None."""
+    return counts if len(set(counts)) > 1 else None
 
 
 def _mem(t: torch.Tensor) -> tuple:

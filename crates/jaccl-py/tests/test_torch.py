@@ -110,6 +110,12 @@ def test_init_methods_and_stores(how, tmp_path):
     assert [r["sum"] for r in results] == [[2.0, 2.0]] * 2
 
 
+def test_groups_made_again_in_one_process():
+    results = torchrun(RANKS, ["again"], 2)
+    expect = [[2.0, 2.0]] * 2 + [[2.0, 2.0, "jaccl"]] + [[2.0, 2.0]] * 3
+    assert [r["sums"] for r in results] == [expect] * 2
+
+
 def test_a_lost_rank_is_a_dist_backend_error_naming_it():
     # torchrun stops every rank once it sees one fail, every 0.1 s by default: sooner than a
     # loaded machine lets the survivors report (1 run in 6 here lost one). Every 5 s instead.

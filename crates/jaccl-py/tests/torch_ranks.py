@@ -375,6 +375,38 @@ def init_methods():
     report({"sum": t.tolist()})
 
 
+def again():
+    """Groups made again in one process (2 ranks): jaccl, then a gloo world with a jaccl group
+    inside, then jaccl three more times (by name, device-qualified, bound to a device): torch
+    gives each default group the same store prefix. (Gloo made twice in one process fails now
+    and then by itself, reading the last one's addresses: so once.)"""
+    sums = []
+
+    def one_job(*args, **kwargs):
+        dist.init_process_group(*args, **kwargs)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        sums.append(t.tolist())
+
+    one_job("jaccl")
+    dist.destroy_process_group()
+    one_job("gloo")
+    inside = dist.new_group(backend="jaccl")
+    t = torch.ones(2)
+    dist.all_reduce(t, group=inside)
+    sums.append(t.tolist() + [dist.get_backend(inside)])
+    dist.destroy_process_group()
+    for args, kwargs in [(("jaccl",), {}), (("cpu:jaccl",), {}), (("jaccl",), {"device_id": torch.device("cpu", 0)})]:
+        try:
+            one_job(*args, **kwargs)
+        except ValueError as e:  # torch 2.10 binds groups to accelerators only
+            if "accelerator" not in str(e):
+                raise
+            one_job(*args)
+        dist.destroy_process_group()
+    report({"sums": sums})
+
+
 def lose_a_rank():
     """Rank 1 dies during an all-reduce: the others raise DistBackendError, caused by a
     jaccl PeerLost that names rank 1."""
@@ -395,8 +427,9 @@ def lose_a_rank():
 
 if __name__ == "__main__":
     case = sys.argv[1]
-    if case != "init_methods":
+    if case not in ("init_methods", "again"):
         dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
-    {"collectives": collectives, "groups": groups, "init_methods": init_methods, "lose_a_rank": lose_a_rank}[case]()
+    {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
+     "lose_a_rank": lose_a_rank}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -74,11 +74,6 @@ _OPS = {
 }
 _PREMUL_SUM = getattr(_R, "PREMUL_SUM", None)
 
-# The jaccl group of torch's default group, which new_group's groups are made from.
-_default_group: Optional["_native.Group"] = None
-_default_lock = threading.Lock()
-
-
 def register() -> None:
     """Registers the ``"jaccl"`` backend with ``torch.distributed`` (for CPU tensors). Called on
     ``import jaccl.torch``, and by torch itself through the package's entry point."""
@@ -88,40 +83,42 @@ def register() -> None:
 
 
 def _create(opts: Any, _backend_options: Any = None) -> "ProcessGroupJaccl":
-    """torch's creator of a group: the default one is a jaccl job started through the store,
-    the others sub-groups of it (formed by their members alone, as torch calls this only
-    there)."""
-    global _default_group
+    """torch's creator of a group: the default one is a jaccl job started through the store;
+    the others, when the default group is jaccl's, sub-groups of it (formed by their members
+    alone, as torch calls this only there), else jobs of their own."""
     rank, size = opts.group_rank, opts.group_size
     timeout = opts.timeout
     members = list(getattr(opts, "global_ranks_in_group", []) or [])
     name = str(getattr(opts, "group_id", "") or "")
-    with _default_lock:
-        parent = _default_group
-    if members and parent is not None and parent.size >= len(members):
-        g = _raising(lambda: parent.subgroup_of_members(members, name))
+    world = dist.group.WORLD if members else None
+    if isinstance(world, ProcessGroupJaccl):
+        g = _raising(lambda: world._g.subgroup_of_members(members, name))
     else:
         g = _start_job(opts.store, rank, size, timeout)
-        if not members:
-            with _default_lock:
-                _default_group = g
     return ProcessGroupJaccl(g, rank, size, timeout, opts.store)
 
 
 def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> "_native.Group":
     """A jaccl job of `size` ranks whose rank 0 publishes its coordinator and a fresh secret in
-    `store` (already prefixed per group by torch)."""
+    `store` (already prefixed per group by torch).
+
+    torch gives a group made again after `destroy_process_group` the same prefix, so the keys of
+    the last job are still there: each job's keys carry its number, which every rank learns by
+    counting the ranks that came before it (no rank starts the next job before all have counted
+    themselves into this one, since the job needs all of them to start)."""
+    job = (store.add("jaccl/ranks", 1) - 1) // size
+    coordinator_key, token_key = f"jaccl/{job}/coordinator", f"jaccl/{job}/token"
     if rank == 0:
         coordinator = f"{_reachable_address(store)}:{_free_port()}"
-        store.set("jaccl/coordinator", coordinator)
-        store.set("jaccl/token", secrets.token_hex(32))
-    store.wait(["jaccl/coordinator", "jaccl/token"], timeout)
+        store.set(coordinator_key, coordinator)
+        store.set(token_key, secrets.token_hex(32))
+    store.wait([coordinator_key, token_key], timeout)
     seconds = repr(max(timeout.total_seconds(), 0.001))
     settings = {
         "JACCL_RANK": str(rank),
         "JACCL_SIZE": str(size),
-        "JACCL_COORDINATOR": store.get("jaccl/coordinator").decode(),
-        "JACCL_JOB_TOKEN": store.get("jaccl/token").decode(),
+        "JACCL_COORDINATOR": store.get(coordinator_key).decode(),
+        "JACCL_JOB_TOKEN": store.get(token_key).decode(),
         "JACCL_TIMEOUT": seconds,
         "JACCL_STARTUP_TIMEOUT": seconds,
     }
@@ -456,6 +453,10 @@ class ProcessGroupJaccl(dist.ProcessGroup):
 
     def get_group_store(self) -> Any:
         return self._store
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        """What torch calls for `init_process_group(device_id=...)`: nothing to do, a jaccl
+        group is connected when it is made."""
 
     def split_group(
         self,

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 import jaccl
+import jaccl.torch  # noqa: F401 (registers the backend: torch before 2.14 has no entry points)
 
 SIZES = "8,64,512,4K,64K,512K,4M,32M"
 OPS = "all_reduce,broadcast,all_gather_into_tensor,reduce_scatter_tensor,all_to_all_single,reduce,gather,scatter"

@@ -229,6 +229,14 @@ def collectives():
         h.wait()
     for k, t in enumerate(inbox):
         check(f"irecv {k} from {left}", t, torch.full((2,), float(left * 10 + k)))
+    # A receive polled until it completes (for at most 30 s), its send posted after it.
+    got = torch.empty(3)
+    polled = dist.irecv(got, src=left)
+    dist.isend(torch.full((3,), float(r)), dst=right)
+    deadline = time.monotonic() + 30
+    while not polled.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    check("irecv polled with is_completed", got, torch.full((3,), float(left)))
     # Non-contiguous tensors work (through a copy).
     t = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()
     expect = t * n

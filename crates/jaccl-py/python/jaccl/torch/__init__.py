@@ -343,8 +343,8 @@ class _Work(_WorkBase):
         return True
 
     def is_completed(self) -> bool:
-        if self._start is not None:
-            return False
+        if self._pg._held:  # whoever polls needs the held receives started (see `recv`)
+            self._pg._flush()
         return self._done or all(w.is_completed() for w in self._pending)
 
     def is_success(self) -> bool:
@@ -801,7 +801,8 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     # their tags. jaccl runs a group's operations in order, and a receive waits for its data;
     # so that `batch_isend_irecv([irecv(left), isend(right)])` on every rank cannot wait for
     # itself, a receive started asynchronously is held and handed to jaccl only when anything
-    # but a send comes next (or it is waited for): sends overtake the receives before them.
+    # but a send comes next (or any operation is waited for or polled): sends overtake the
+    # receives before them.
     # Each direction between two ranks keeps its order, so messages match as they would.
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> _Work:

@@ -188,7 +188,7 @@ if (( EUID == 0 )) && [[ -n "$RDMA_VM" ]]; then
     -- --skip shared_memory_sizes --skip different_waiting_policies
   JACCL_TEST_NETS=mixed in_vm cargo test -p jaccl --test collectives "$@" \
     -- transports_are_chosen wrappers_raw_api float_sums
-  JACCL_TEST_NETS=rdma,mixed JACCL_SOAK=2000 in_vm cargo test -p jaccl --test soak "$@"
+  JACCL_TEST_NETS=rdma,mixed JACCL_SOAK=2000 in_vm cargo test -p jaccl --test soak "$@" -- --nocapture
   JACCL_TEST_NETS=rdma JACCL_REQUIRE_NETEM=1 in_vm cargo test -p jaccl --test processes "$@" \
     -- sigkill stopped operation_timeout device_file delay_and_loss
   in_vm cargo test -p jaccl-cli --test cli "$@" -- rdma

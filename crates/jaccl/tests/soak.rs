@@ -4,6 +4,9 @@
 //! `JACCL_SOAK` sets the number of collectives (default 10,000, about 15 s); the full run is
 //! `JACCL_SOAK=100000 cargo test --release -p jaccl --test soak -- --nocapture`.
 //! `JACCL_SOAK_SEED` replays a run (the seed of each is printed).
+//! A watchdog ends the process if no rank starts a collective for [`STALL`]: every operation
+//! has a 60 s timeout, so that is a wait that never ends, and it names the group and the
+//! step each rank is at (the test would otherwise hang until CI's limit, saying nothing).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 mod common;
 
@@ -13,9 +16,47 @@ use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
 use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Collectives per group, before a fresh group with other settings.
 const PER_GROUP: usize = 150;
+
+/// How long the watchdog lets the ranks go without starting a collective: longer than any
+/// operation's timeout (60 s) and liveness window together.
+const STALL: Duration = Duration::from_secs(180);
+
+/// What the watchdog reports: the group being run, and the step each rank last started.
+static GROUP: Mutex<String> = Mutex::new(String::new());
+static STEPS: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
+
+/// Ends the process with a report if the steps stop moving for [`STALL`].
+fn watchdog() {
+    std::thread::spawn(|| {
+        let steps = || {
+            STEPS
+                .iter()
+                .map(|s| s.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
+        let (mut last, mut since) = (steps(), Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_secs(5));
+            let now = steps();
+            if now != last {
+                (last, since) = (now, Instant::now());
+            } else if since.elapsed() >= STALL {
+                let group = GROUP.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                eprintln!(
+                    "soak: HANG: no collective started for {STALL:?} in {group}; \
+                     the step each rank started last (1-based): {now:?}"
+                );
+                std::process::exit(2);
+            }
+        }
+    });
+}
 
 fn rng(seed: u64) -> TestRng {
     let mut b = [0u8; 32];
@@ -33,6 +74,7 @@ fn length(rng: &mut TestRng) -> usize {
 /// draws the same choices from `rng`.
 fn one<T: TestElem>(g: &mut Group, rng: &mut TestRng, step: usize) {
     let (rank, size) = (g.rank(), g.size());
+    STEPS[rank].store(step + 1, Ordering::Relaxed);
     let ops = ops_of::<T>();
     let op = ops[rng.random_range(0..ops.len())];
     let root = rng.random_range(0..size);
@@ -217,6 +259,7 @@ fn random_collectives_match_the_reference() {
     eprintln!("soak: {total} collectives, JACCL_SOAK_SEED={seed}");
     let mut setup = rng(seed);
     let nets = nets();
+    watchdog();
     let mut done = 0;
     while done < total {
         let net = nets[setup.random_range(0..nets.len())];
@@ -224,6 +267,9 @@ fn random_collectives_match_the_reference() {
         let wires = setup.random_range(1..=4);
         let count = PER_GROUP.min(total - done);
         let group_seed = setup.random::<u64>();
+        *GROUP.lock().unwrap() = format!(
+            "the group of steps {done}.. ({net:?}, {size} ranks, {wires} wires, seed {seed})"
+        );
         with_group(net, size, wires, |g| {
             let mut r = rng(group_seed);
             for step in 0..count {

@@ -364,7 +364,7 @@ impl Group {
         })
     }
 
-    #[pyo3(signature = (data, dst, dtype, keep=None))]
+    #[pyo3(signature = (data, dst, dtype, keep=None, tag=0))]
     fn send(
         &self,
         py: Python<'_>,
@@ -372,14 +372,15 @@ impl Group {
         dst: usize,
         dtype: &str,
         keep: Keep,
+        tag: u32,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
         self.call(py, keep, &[data], Memory::EMPTY, move |g, i, _| {
-            g.send_raw(i[0], dst, dtype)
+            g.send_raw(i[0], dst, dtype, tag)
         })
     }
 
-    #[pyo3(signature = (out, src, dtype, keep=None))]
+    #[pyo3(signature = (out, src, dtype, keep=None, tag=0))]
     fn recv(
         &self,
         py: Python<'_>,
@@ -387,9 +388,12 @@ impl Group {
         src: usize,
         dtype: &str,
         keep: Keep,
+        tag: u32,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[], out, move |g, _, o| g.recv_raw(o, src, dtype))
+        self.call(py, keep, &[], out, move |g, _, o| {
+            g.recv_raw(o, src, dtype, tag)
+        })
     }
 
     #[pyo3(signature = (keep=None))]

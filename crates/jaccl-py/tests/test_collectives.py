@@ -162,6 +162,8 @@ bad = {
     "send to self": lambda: g.send(x, g.rank),
     "send to nobody": lambda: g.send(x, 7),
     "negative rank": lambda: g.recv(x, -1),
+    "negative tag": lambda: g.send(x, 1 - g.rank, tag=-1),
+    "tag beyond 32 bits": lambda: g.recv(x, 1 - g.rank, tag=1 << 32),
     "recv read-only": lambda: g.recv(np.frombuffer(bytes(32), np.float32), 1 - g.rank),
 }
 seen = {}
@@ -202,10 +204,11 @@ for a in range(n):
         if a == b:
             continue
         data = np.full(100, a * 10 + b, np.int16)
+        tag = a * 100_000 + b  # tagged like torch's send/recv (above 2^16 too)
         if g.rank == a:
-            g.send(data, b)
+            g.send(data, b, tag=tag)
         elif g.rank == b:
-            assert (g.recv(np.empty(100, np.int16), a) == data).all()
+            assert (g.recv(np.empty(100, np.int16), a, tag=tag) == data).all()
 report([g.topology, sorted(p for p, _ in g.transport)])
 """
     everyone = lambda r: sorted(set(range(4)) - {r})  # noqa: E731

@@ -59,6 +59,26 @@ except jaccl.Mismatch as e:
     assert results == [[[0, 1, "all_reduce"]], [[1, 0, "all_reduce"]]]
 
 
+def test_a_receive_with_another_tag_is_a_mismatch(run):
+    # Tags are checked, not matched: the message is not taken, the receiver learns why.
+    results = run(
+        2,
+        """
+g = jaccl.init(timeout="20s")
+if g.rank == 0:
+    g.send(np.ones(4, np.float32), 1, tag=7)
+    report("sent")
+else:
+    try:
+        g.recv(np.zeros(4, np.float32), 0, tag=8)
+        report("received")
+    except jaccl.Mismatch as e:
+        report([e.rank, e.peer, e.op, "with tag 7" in str(e)])
+""",
+    )
+    assert results == [["sent"], [[1, 0, "recv", True]]], results
+
+
 def test_ranks_that_both_receive_first_are_a_deadlock(run):
     # The default liveness window (10 s, a beat a second); a timeout far beyond the test's.
     results = run(

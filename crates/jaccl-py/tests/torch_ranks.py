@@ -205,16 +205,17 @@ def collectives():
     t = torch.full((5,), float(r + 1))
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     check("premul_sum", t, torch.full((5,), sum(0.5 * (q + 1) for q in range(n))))
-    # Every ordered pair of ranks, send and recv.
+    # Every ordered pair of ranks, send and recv, with tags (negative and above 2^16 too).
     for src in range(n):
         for dst in range(n):
             if src == dst:
                 continue
+            tag = src * 70_000 - dst
             if r == src:
-                dist.send(torch.full((3,), src * 10 + dst), dst=dst, tag=src)
+                dist.send(torch.full((3,), src * 10 + dst), dst=dst, tag=tag)
             elif r == dst:
                 got = torch.empty(3, dtype=torch.int64)
-                dist.recv(got, src=src, tag=src)
+                dist.recv(got, src=src, tag=tag)
                 check(f"send {src} -> {dst}", got, torch.full((3,), src * 10 + dst))
     # A ring exchange in a batch whose receives come first, and isend/irecv waited in reverse.
     left, right = (r - 1) % n, (r + 1) % n

@@ -128,8 +128,14 @@ pub(crate) struct Header {
     /// Elements in the caller's call (per-rank block for all-gather and reduce-scatter; for
     /// the variable-size collectives a digest of every rank's counts).
     pub(crate) count: u64,
-    /// The root of a rooted collective (0 otherwise).
+    /// The root of a rooted collective; a send's or receive's [`tag_digest`] (0 otherwise).
     pub(crate) root: u32,
+}
+
+/// A send/recv tag as headers carry it: the 16 bits a shared-memory call description has for
+/// it, the tag itself below 2^16 and a fold of both halves above.
+pub(crate) fn tag_digest(tag: u32) -> u16 {
+    (tag ^ (tag >> 16)) as u16
 }
 
 /// Counts of shared-memory call descriptions fit in 48 bits; the root takes the other 16.
@@ -249,6 +255,9 @@ impl fmt::Display for Header {
         }
         if self.kind.rooted() {
             write!(f, " to or from root {}", self.root)?;
+        }
+        if self.kind == Kind::SendRecv {
+            write!(f, " with tag {}", self.root)?;
         }
         Ok(())
     }

@@ -190,17 +190,26 @@ fn send_recv_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
     let (rank, size) = (g.rank(), g.size());
     let (left, right) = ((rank + size - 1) % size, (rank + 1) % size);
     for &len in lengths {
-        // Shift right, then left. Even ranks send first, odd ranks receive first.
-        for (to, from) in [(right, left), (left, right)] {
+        // Shift right, then left. Even ranks send first, odd ranks receive first. The left
+        // shift is tagged, with a tag above the 16 bits shared memory describes it in.
+        for (to, from, tag) in [(right, left, 0), (left, right, u32::MAX - len as u32)] {
             let mine: Vec<T> = (0..len).map(|i| T::value(rank, i, ReduceOp::Sum)).collect();
             let expect: Vec<T> = (0..len).map(|i| T::value(from, i, ReduceOp::Sum)).collect();
             let mut got = vec![T::default(); len];
+            let send = |g: &mut Group| match tag {
+                0 => g.send(&mine, to).unwrap(),
+                _ => g.send_tagged(&mine, to, tag).unwrap(),
+            };
+            let recv = |g: &mut Group, got: &mut [T]| match tag {
+                0 => g.recv(got, from).unwrap(),
+                _ => g.recv_tagged(got, from, tag).unwrap(),
+            };
             if rank % 2 == 0 {
-                g.send(&mine, to).unwrap();
-                g.recv(&mut got, from).unwrap();
+                send(g);
+                recv(g, &mut got);
             } else {
-                g.recv(&mut got, from).unwrap();
-                g.send(&mine, to).unwrap();
+                recv(g, &mut got);
+                send(g);
             }
             assert_eq!(
                 bits(&got),
@@ -490,8 +499,8 @@ fn wrappers_raw_api_and_mixed_sequences() {
                         ReduceOp::Sum,
                     ),
                     g.all_reduce_raw_in_place(&mut [0; 3], Dtype::UInt16, ReduceOp::Sum),
-                    g.send_raw(&odd, (rank + 1) % n, Dtype::UInt16),
-                    g.recv_raw(&mut [0; 3], (rank + 1) % n, Dtype::UInt16),
+                    g.send_raw(&odd, (rank + 1) % n, Dtype::UInt16, 0),
+                    g.recv_raw(&mut [0; 3], (rank + 1) % n, Dtype::UInt16, 0),
                 ] {
                     assert!(matches!(e, Err(jaccl::Error::InvalidArgument(_))), "{e:?}");
                 }
@@ -500,11 +509,11 @@ fn wrappers_raw_api_and_mixed_sequences() {
                     let mut got = vec![0u8; 20];
                     let data = vec![rank as u8 + 3; 20];
                     if rank % 2 == 0 {
-                        g.send_raw(&data, right, Dtype::Bool).unwrap();
-                        g.recv_raw(&mut got, left, Dtype::Bool).unwrap();
+                        g.send_raw(&data, right, Dtype::Bool, 0).unwrap();
+                        g.recv_raw(&mut got, left, Dtype::Bool, 0).unwrap();
                     } else {
-                        g.recv_raw(&mut got, left, Dtype::Bool).unwrap();
-                        g.send_raw(&data, right, Dtype::Bool).unwrap();
+                        g.recv_raw(&mut got, left, Dtype::Bool, 0).unwrap();
+                        g.send_raw(&data, right, Dtype::Bool, 0).unwrap();
                     }
                     // bool bytes arrive as 0 or 1.
                     assert_eq!(got, vec![1u8; 20]);

@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use common::*;
-use jaccl::{Config, Dtype, Error, Op, ReduceOp, Topology, Transport};
+use jaccl::{Config, Dtype, Error, Group, Op, ReduceOp, Topology, Transport};
 
 fn invalid(r: jaccl::Result<()>) -> String {
     match r {
@@ -414,33 +414,53 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
 }
 
 #[test]
-fn a_send_of_another_length_is_a_mismatch_at_the_receiver() {
+fn a_send_of_another_length_or_tag_is_a_mismatch_at_the_receiver() {
     for net in nets() {
-        send_of_another_length_on(net);
+        let r = p2p_on(
+            net,
+            |g, to| g.send(&[1u32; 8], to),
+            |g| g.recv(&mut [0u32; 9], 0),
+        );
+        expect_recv_mismatch(net, &r, "8 × u32");
+        // Tags are checked, not matched; tags above 2^16 too (shared memory describes a call
+        // with 16 bits for it).
+        let r = p2p_on(
+            net,
+            |g, to| g.send_tagged(&[1u32; 8], to, 7),
+            |g| g.recv_tagged(&mut [0u32; 8], 0, 70_000),
+        );
+        expect_recv_mismatch(net, &r, "with tag 7; this rank called");
     }
 }
 
-/// Between neighbours, and with the mesh between ranks that are not (0 and 2 of 4).
-fn send_of_another_length_on(net: Net) {
+/// Rank 0 sends to another rank, which receives: between neighbours, and with the mesh
+/// between ranks that are not (0 and 2 of 4).
+fn p2p_on(
+    net: Net,
+    send: impl Fn(&mut Group, usize) -> jaccl::Result<()> + Sync,
+    recv: impl Fn(&mut Group) -> jaccl::Result<()> + Sync,
+) -> Vec<jaccl::Result<()>> {
     let (size, to) = if net.mesh() { (4, 2) } else { (2, 1) };
-    let r = with_group_timeout(net, size, 1, Duration::from_secs(30), |g| match g.rank() {
-        0 => g.send(&[1u32; 8], to),
-        r if r == to => g.recv(&mut [0u32; 9], 0),
+    with_group_timeout(net, size, 1, Duration::from_secs(30), |g| match g.rank() {
+        0 => send(g, to),
+        r if r == to => recv(g),
         _ => Ok(()),
-    });
-    assert!(r[0].is_ok());
-    assert!(
-        matches!(
-            &r[to],
-            Err(Error::Mismatch {
-                peer: 0,
-                op: Op::Recv,
-                ..
-            })
-        ),
-        "{net:?}: {:?}",
-        r[to]
-    );
+    })
+}
+
+/// The sender succeeded and the receiver failed with a `Mismatch` naming rank 0 and `sent`.
+fn expect_recv_mismatch(net: Net, r: &[jaccl::Result<()>], sent: &str) {
+    let to = if net.mesh() { 2 } else { 1 };
+    assert!(r[0].is_ok(), "{net:?}: {:?}", r[0]);
+    match &r[to] {
+        Err(Error::Mismatch {
+            peer: 0,
+            op: Op::Recv,
+            detail,
+            ..
+        }) => assert!(detail.contains(sent), "{net:?}: {detail}"),
+        other => panic!("{net:?}: {other:?}"),
+    }
 }
 
 /// A rank that sends or receives while the others run a collective: the ranks that can tell

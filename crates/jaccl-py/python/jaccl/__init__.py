@@ -379,18 +379,25 @@ class Group:
         )
         return _outcome(work, result)
 
-    def send(self, x: Any, dst: int, async_op: bool = False) -> Any:
+    def send(self, x: Any, dst: int, async_op: bool = False, tag: int = 0) -> Any:
         """Sends ``x`` to rank ``dst`` (any other rank), which calls :meth:`recv` with the
-        same shape and type. The first message to a rank that is not a ring neighbour makes
-        the connection (kept for the next ones)."""
-        a, dtype = self._input(x, "send")
-        return _outcome(self._g.send(_memory(a), _rank(dst), dtype, _keep(async_op, a)), None)
+        same shape, type and ``tag``. The first message to a rank that is not a ring
+        neighbour makes the connection (kept for the next ones).
 
-    def recv(self, out: Any, src: int, async_op: bool = False) -> Any:
-        """Receives into ``out`` what rank ``src`` sends; returns ``out``."""
+        Messages between two ranks arrive in the order they were sent: tags (0 to 2**32 - 1)
+        are checked, not matched, so a ``recv`` whose tag is not the next message's raises
+        :class:`Mismatch` naming both, rather than taking it."""
+        a, dtype = self._input(x, "send")
+        work = self._g.send(_memory(a), _rank(dst), dtype, _keep(async_op, a), _tag(tag))
+        return _outcome(work, None)
+
+    def recv(self, out: Any, src: int, async_op: bool = False, tag: int = 0) -> Any:
+        """Receives into ``out`` what rank ``src`` sends with the same ``tag`` (see
+        :meth:`send`); returns ``out``."""
         o, dtype = self._input(out, "recv")
         _check_writable(o, self, "recv")
-        return _outcome(self._g.recv(_memory(o), _rank(src), dtype, _keep(async_op, o)), out)
+        work = self._g.recv(_memory(o), _rank(src), dtype, _keep(async_op, o), _tag(tag))
+        return _outcome(work, out)
 
     def barrier(self, async_op: bool = False) -> Any:
         """Returns once every rank has entered."""
@@ -593,3 +600,9 @@ def _rank(r: Any) -> int:
     if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0:
         raise InvalidArgument(f"a rank must be a non-negative int, not {r!r}")
     return int(r)
+
+
+def _tag(t: Any) -> int:
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < 2**32:
+        raise InvalidArgument(f"a tag must be an int from 0 to 2**32 - 1, not {t!r}")
+    return int(t)

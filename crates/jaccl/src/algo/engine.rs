@@ -206,7 +206,7 @@ pub(crate) struct Call {
     pub(crate) reduce: ReduceOp,
     /// Elements, as in the header (a digest of the counts for the variable-size collectives).
     pub(crate) count: usize,
-    /// The root of a rooted collective (0 otherwise).
+    /// The root of a rooted collective; a send's or receive's tag digest (0 otherwise).
     pub(crate) root: usize,
     pub(crate) timeout: Duration,
     pub(crate) wait: WaitPolicy,

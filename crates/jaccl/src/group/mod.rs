@@ -383,6 +383,15 @@ impl Group {
         }
     }
 
+    /// The description of a send or receive of `bytes`: the header's root field carries the
+    /// tag's digest (point to point has no root).
+    fn p2p_call(&self, op: Op, dtype: Dtype, bytes: usize, tag: u32) -> Call {
+        Call {
+            root: usize::from(crate::wire::tag_digest(tag)),
+            ..self.call(op, dtype, ReduceOp::Sum, bytes / dtype.size())
+        }
+    }
+
     /// Whether the group has one rank: its collectives are local copies.
     fn alone(&self) -> bool {
         self.size == 1

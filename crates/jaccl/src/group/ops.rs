@@ -713,52 +713,74 @@ impl Group {
     /// [`Error::InvalidArgument`] for a `dst` that is this rank or out of range; otherwise the
     /// transport errors of [`Error`], after which the group is poisoned.
     pub fn send<T: Element>(&mut self, data: &[T], dst: usize) -> Result<()> {
-        self.send_bytes(&T::as_bytes(data), dst, T::DTYPE)
+        self.send_tagged(data, dst, 0)
     }
 
-    /// [`Group::send`] of raw bytes holding elements of `dtype`, for bindings to other
+    /// [`Group::send`] with a tag the receiver must name too ([`Group::recv_tagged`]; plain
+    /// `send` and `recv` use tag 0). Messages between two ranks still arrive in the order they
+    /// were sent: tags are checked, not matched, so a receive whose tag differs from the next
+    /// message's fails with [`Error::Mismatch`] naming both, rather than taking it. Tags are
+    /// compared exactly below 2^16; larger ones by a 16-bit digest.
+    ///
+    /// # Errors
+    /// As [`Group::send`].
+    pub fn send_tagged<T: Element>(&mut self, data: &[T], dst: usize, tag: u32) -> Result<()> {
+        self.send_bytes(&T::as_bytes(data), dst, T::DTYPE, tag)
+    }
+
+    /// [`Group::send_tagged`] of raw bytes holding elements of `dtype`, for bindings to other
     /// languages.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] unless `data` is a whole number of elements; otherwise as
     /// [`Group::send`].
-    pub fn send_raw(&mut self, data: &[u8], dst: usize, dtype: Dtype) -> Result<()> {
+    pub fn send_raw(&mut self, data: &[u8], dst: usize, dtype: Dtype, tag: u32) -> Result<()> {
         self.check_usable()?;
         self.elements(Op::Send, "data", data.len(), dtype)?;
-        self.send_bytes(data, dst, dtype)
+        self.send_bytes(data, dst, dtype, tag)
     }
 
-    fn send_bytes(&mut self, data: &[u8], dst: usize, dtype: Dtype) -> Result<()> {
+    fn send_bytes(&mut self, data: &[u8], dst: usize, dtype: Dtype, tag: u32) -> Result<()> {
         self.check_usable()?;
         self.check_peer(Op::Send, dst)?;
-        let call = self.call(Op::Send, dtype, ReduceOp::Sum, data.len() / dtype.size());
+        let call = self.p2p_call(Op::Send, dtype, data.len(), tag);
         self.run(call, |c, call| c.send(data, dst, call))
     }
 
     /// Receives into `out` what rank `src` sends with [`Group::send`] (same length and type).
     ///
     /// # Errors
-    /// As [`Group::send`]; a sender whose length or type differs gives [`Error::Mismatch`].
+    /// As [`Group::send`]; a sender whose length, type or tag differs gives
+    /// [`Error::Mismatch`].
     pub fn recv<T: Element>(&mut self, out: &mut [T], src: usize) -> Result<()> {
-        T::with_bytes_mut(out, |bytes| self.recv_bytes(bytes, src, T::DTYPE))
+        self.recv_tagged(out, src, 0)
     }
 
-    /// [`Group::recv`] into raw bytes holding elements of `dtype`, for bindings to other
-    /// languages. `bool` bytes other than 0 and 1 that a sender sent arrive as 1.
+    /// Receives into `out` what rank `src` sends with [`Group::send_tagged`] and the same
+    /// `tag` (see there: tags are checked, not matched).
+    ///
+    /// # Errors
+    /// As [`Group::recv`].
+    pub fn recv_tagged<T: Element>(&mut self, out: &mut [T], src: usize, tag: u32) -> Result<()> {
+        T::with_bytes_mut(out, |bytes| self.recv_bytes(bytes, src, T::DTYPE, tag))
+    }
+
+    /// [`Group::recv_tagged`] into raw bytes holding elements of `dtype`, for bindings to
+    /// other languages. `bool` bytes other than 0 and 1 that a sender sent arrive as 1.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] unless `out` is a whole number of elements; otherwise as
     /// [`Group::recv`].
-    pub fn recv_raw(&mut self, out: &mut [u8], src: usize, dtype: Dtype) -> Result<()> {
+    pub fn recv_raw(&mut self, out: &mut [u8], src: usize, dtype: Dtype, tag: u32) -> Result<()> {
         self.raw(Op::Recv, dtype, &[], ("out", out), |g, out| {
-            g.recv_bytes(out, src, dtype)
+            g.recv_bytes(out, src, dtype, tag)
         })
     }
 
-    fn recv_bytes(&mut self, out: &mut [u8], src: usize, dtype: Dtype) -> Result<()> {
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize, dtype: Dtype, tag: u32) -> Result<()> {
         self.check_usable()?;
         self.check_peer(Op::Recv, src)?;
-        let call = self.call(Op::Recv, dtype, ReduceOp::Sum, out.len() / dtype.size());
+        let call = self.p2p_call(Op::Recv, dtype, out.len(), tag);
         self.run(call, |c, call| c.recv(out, src, call))
     }
 

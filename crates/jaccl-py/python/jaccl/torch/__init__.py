@@ -797,8 +797,10 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         staged = [f for _, f in stages]
         return self._run(opts, calls, keep, output_tensors, _finisher([d for d, _ in stages]), staged)
 
-    # Point to point: messages between two ranks are matched in the order they are sent, whatever
-    # their tags. jaccl runs a group's operations in order, and a receive waits for its data;
+    # Point to point: messages between two ranks are taken in the order they are sent, and
+    # their tags are checked, not matched: a receive whose tag is not the next message's fails
+    # with Mismatch naming both (NCCL ignores tags; gloo matches them). jaccl runs a group's
+    # operations in order, and a receive waits for its data;
     # so that `batch_isend_irecv([irecv(left), isend(right)])` on every rank cannot wait for
     # itself, a receive started asynchronously is held and handed to jaccl only when anything
     # but a send comes next (or any operation is waited for or polled): sends overtake the
@@ -807,7 +809,8 @@ class ProcessGroupJaccl(dist.ProcessGroup):
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> _Work:
         bufs = [_Tensor(t) for t in tensors]
-        calls = [(lambda keep, b=b: self._g.send(b.memory, dst, b.dtype, keep)) for b in bufs]
+        tag = _wire_tag(tag)
+        calls = [(lambda keep, b=b: self._g.send(b.memory, dst, b.dtype, keep, tag)) for b in bufs]
         keep = [b.buffer for b in bufs]
         pending = _raising(lambda: [c(keep) for c in calls])
         return _Work(self, [w for w in pending if w is not None], tensors)
@@ -815,7 +818,8 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> _Work:
         bufs = [_Tensor(t) for t in tensors]
         keep = [b.buffer for b in bufs]
-        calls = [(lambda b=b: self._g.recv(b.memory, src, b.dtype, keep)) for b in bufs]
+        tag = _wire_tag(tag)
+        calls = [(lambda b=b: self._g.recv(b.memory, src, b.dtype, keep, tag)) for b in bufs]
         work = _Work(self, None, tensors, _finisher(bufs), start=lambda: [c() for c in calls])
         with self._held_lock:
             self._held.append(work)
@@ -875,6 +879,11 @@ class ProcessGroupJaccl(dist.ProcessGroup):
                 f"{', '.join(map(str, missing))} did not come within {timeout}"
             )
         store.set(f"{key}/done", b"")
+
+
+def _wire_tag(tag: int) -> int:
+    """torch's tag (a C int, possibly negative) as jaccl's unsigned 32-bit tag."""
+    return int(tag) & 0xFFFF_FFFF
 
 
 def _uneven(counts: List[int]) -> Optional[List[int]]:

@@ -799,13 +799,12 @@ class ProcessGroupJaccl(dist.ProcessGroup):
 
     # Point to point: messages between two ranks are taken in the order they are sent, and
     # their tags are checked, not matched: a receive whose tag is not the next message's fails
-    # with Mismatch naming both (NCCL ignores tags; gloo matches them). jaccl runs a group's
-    # operations in order, and a receive waits for its data;
-    # so that `batch_isend_irecv([irecv(left), isend(right)])` on every rank cannot wait for
-    # itself, a receive started asynchronously is held and handed to jaccl only when anything
-    # but a send comes next (or any operation is waited for or polled): sends overtake the
-    # receives before them.
-    # Each direction between two ranks keeps its order, so messages match as they would.
+    # with Mismatch naming both (NCCL ignores tags; gloo matches them).
+    # jaccl runs a group's operations in order, and a receive waits for its data. So that
+    # `batch_isend_irecv([irecv(left), isend(right)])` on every rank cannot wait for itself, a
+    # receive started asynchronously is held and handed to jaccl only when anything but a send
+    # comes next (or any operation is waited for or polled): sends overtake the receives before
+    # them. Each direction between two ranks keeps its order, so messages match as they would.
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> _Work:
         bufs = [_Tensor(t) for t in tensors]

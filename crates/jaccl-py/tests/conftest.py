@@ -43,6 +43,13 @@ def rank_env(rank: int, size: int, port: int, token: str, extra: dict) -> dict:
     return env
 
 
+def _default_sigint() -> None:
+    # A shell starts background commands with SIGINT ignored, and Python then never installs
+    # its KeyboardInterrupt handler: ranks started from such a test run must still get Ctrl-C
+    # as a user's terminal gives it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Job:
     """The ranks of one job, started with `code` (after PRELUDE)."""
 
@@ -56,6 +63,7 @@ class Job:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                preexec_fn=_default_sigint,
             )
             for r in range(size)
         ]

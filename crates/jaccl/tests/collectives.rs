@@ -196,20 +196,12 @@ fn send_recv_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
             let mine: Vec<T> = (0..len).map(|i| T::value(rank, i, ReduceOp::Sum)).collect();
             let expect: Vec<T> = (0..len).map(|i| T::value(from, i, ReduceOp::Sum)).collect();
             let mut got = vec![T::default(); len];
-            let send = |g: &mut Group| match tag {
-                0 => g.send(&mine, to).unwrap(),
-                _ => g.send_tagged(&mine, to, tag).unwrap(),
-            };
-            let recv = |g: &mut Group, got: &mut [T]| match tag {
-                0 => g.recv(got, from).unwrap(),
-                _ => g.recv_tagged(got, from, tag).unwrap(),
-            };
             if rank % 2 == 0 {
-                send(g);
-                recv(g, &mut got);
+                g.send_tagged(&mine, to, tag).unwrap();
+                g.recv_tagged(&mut got, from, tag).unwrap();
             } else {
-                recv(g, &mut got);
-                send(g);
+                g.recv_tagged(&mut got, from, tag).unwrap();
+                g.send_tagged(&mine, to, tag).unwrap();
             }
             assert_eq!(
                 bits(&got),

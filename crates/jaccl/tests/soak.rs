@@ -23,13 +23,16 @@ use std::time::{Duration, Instant};
 /// Collectives per group, before a fresh group with other settings.
 const PER_GROUP: usize = 150;
 
+/// The largest group the soak makes.
+const MAX_RANKS: usize = 6;
+
 /// How long the watchdog lets the ranks go without starting a collective: longer than any
 /// operation's timeout (60 s) and liveness window together.
 const STALL: Duration = Duration::from_secs(180);
 
 /// What the watchdog reports: the group being run, and the step each rank last started.
 static GROUP: Mutex<String> = Mutex::new(String::new());
-static STEPS: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
+static STEPS: [AtomicUsize; MAX_RANKS] = [const { AtomicUsize::new(0) }; MAX_RANKS];
 
 /// Ends the process with a report if the steps stop moving for [`STALL`].
 fn watchdog() {
@@ -263,7 +266,7 @@ fn random_collectives_match_the_reference() {
     let mut done = 0;
     while done < total {
         let net = nets[setup.random_range(0..nets.len())];
-        let size = setup.random_range(2..=6);
+        let size = setup.random_range(2..=MAX_RANKS);
         let wires = setup.random_range(1..=4);
         let count = PER_GROUP.min(total - done);
         let group_seed = setup.random::<u64>();

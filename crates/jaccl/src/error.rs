@@ -166,6 +166,14 @@ pub enum Error {
         /// The rank reporting the error.
         rank: usize,
     },
+    /// The group was aborted from any thread ([`crate::AbortHandle::abort`]): the operation
+    /// in flight stopped at its next wait (half-way: the group is poisoned) and every later
+    /// call fails with this error.
+    #[error("rank {rank}: the group was aborted (AbortHandle::abort); it can no longer be used")]
+    Aborted {
+        /// The rank reporting the error.
+        rank: usize,
+    },
     /// Start-up failed: the coordinator is unreachable or refused us, a rank did not join in
     /// time, ranks disagree on the configuration, or data connections could not be made.
     #[error("bootstrap failed: {0}")]
@@ -215,6 +223,7 @@ impl Error {
             | Error::Protocol { rank, .. }
             | Error::Interrupted { rank, .. }
             | Error::Closed { rank }
+            | Error::Aborted { rank }
             | Error::Io { rank, .. } => Some(*rank),
             _ => None,
         }

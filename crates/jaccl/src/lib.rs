@@ -87,7 +87,7 @@ pub use config::{Config, Topology, Transport};
 pub use devices::DeviceMatrix;
 pub use dtype::{Dtype, Element, ReduceOp};
 pub use error::{Error, Op, Result};
-pub use group::{Group, Request};
+pub use group::{AbortHandle, Group, Request};
 /// The crate providing [`half::f16`] and [`half::bf16`].
 pub use half;
 /// The crate providing [`num_complex::Complex32`].

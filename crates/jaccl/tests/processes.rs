@@ -337,6 +337,45 @@ fn a_stopped_rank_is_named_by_every_other_rank_within_the_liveness_window() {
     }
 }
 
+/// A connection made on first use (rank 0 to rank 2 of 4 over TCP: not ring neighbours) to a
+/// rank that is stopped: its kernel accepts, its process never answers the handshake. The
+/// wait ends by liveness (`PeerLost` naming it), or, with liveness off and a long operation
+/// timeout, by an abort from another thread (`Aborted`, not a `Timeout`).
+#[test]
+fn a_connection_made_on_first_use_to_a_stopped_rank_ends_by_liveness_or_abort() {
+    for (liveness, expect) in [("1", "PeerLost"), ("off", "Aborted")] {
+        // Not named "jaccl": a test looks for jaccl's leftovers in the temporary directory.
+        let trigger = std::env::temp_dir().join(format!("stopped-rank-{}", random_u64()));
+        let trigger = trigger.to_string_lossy().into_owned();
+        let env = [
+            ("JACCL_TRANSPORT", "tcp"),
+            ("JACCL_LIVENESS", liveness),
+            ("JACCL_TIMEOUT", "120"),
+            ("TRIGGER_FILE", trigger.as_str()),
+        ];
+        let (mut children, rx) = spawn_ranks("lazystop", 4, &env);
+        let mut ready = [false; 4];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready.iter().all(|&r| r) {
+            let (tag, line) = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("ranks did not start");
+            ready[tag] |= line.ends_with("READY");
+        }
+        let pid = rustix::process::Pid::from_raw(children[2].id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+        std::fs::write(&trigger, b"").unwrap();
+        let got = results_at(&mut children, &rx, Duration::from_secs(60), Some(2));
+        let line = &got[0].0;
+        eprintln!("liveness {liveness}: rank 0: {line}");
+        assert!(
+            line.starts_with(expect) && (expect != "PeerLost" || line.contains("peer: 2,")),
+            "liveness {liveness}: rank 0: {line:?}"
+        );
+        let _ = std::fs::remove_file(&trigger);
+    }
+}
+
 /// The judged case, with every default: a rank busy for 75 s in its own code is not an error.
 /// 75 s long, so on demand: `cargo test -p jaccl --test processes -- --ignored busy_for_75`.
 #[test]
@@ -540,6 +579,30 @@ fn child() {
                 one(&mut g, 16 << 10)?;
                 one(&mut g, 8)?;
             }
+        }),
+        // Rank 0 sends to rank 2 (a connection made on first use) once the test has stopped
+        // rank 2; with liveness off, another thread aborts the group a second later.
+        "lazystop" => jaccl::init().and_then(|mut g| {
+            println!("READY");
+            let trigger = std::env::var("TRIGGER_FILE").unwrap();
+            while std::fs::metadata(&trigger).is_err() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if g.rank() != 0 {
+                std::thread::sleep(Duration::from_secs(3));
+                return Ok("idle".into());
+            }
+            if std::env::var("JACCL_LIVENESS").is_ok_and(|l| l == "off") {
+                let abort = g.abort_handle();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_secs(1));
+                    abort.abort();
+                });
+            }
+            let started = Instant::now();
+            let sent = g.send(&[1u8], 2);
+            eprintln!("lazystop: the send ended after {:?}", started.elapsed());
+            sent.map(|()| "sent".into())
         }),
         "sums" => jaccl::init().and_then(|mut g| {
             let mut out = [0u64; 1];

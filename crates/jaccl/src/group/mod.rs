@@ -16,10 +16,12 @@ use crate::reduce::Reducer;
 use crate::transport::tcp::LateTcp;
 use crate::wait::WaitPolicy;
 
+mod abort;
 mod ops;
 mod progress;
 mod split;
 
+pub use abort::AbortHandle;
 use progress::Progress;
 pub use progress::Request;
 
@@ -287,7 +289,7 @@ impl Group {
         let rank = self.rank;
         let job = Box::new(move |g: &mut Group| {
             let result = match g.closing() {
-                true => Err(progress::closed(rank)),
+                true => Err(g.stopped()),
                 false => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(g)))
                     .unwrap_or_else(|panic| Err(panicked(rank, &panic))),
             };
@@ -300,9 +302,18 @@ impl Group {
         request
     }
 
-    /// Whether the group is being dropped, so that operations not started yet fail.
+    /// Whether the group is being dropped or was aborted, so that operations not started yet
+    /// fail.
     fn closing(&self) -> bool {
         self.liveness.as_ref().is_some_and(|l| l.closing())
+    }
+
+    /// The error of an operation that [`Group::closing`] keeps from starting.
+    fn stopped(&self) -> Error {
+        match &self.liveness {
+            Some(liveness) => liveness.stopped(),
+            None => Error::Closed { rank: self.rank },
+        }
     }
 
     /// This process's rank, `0..size()`.

@@ -11,16 +11,18 @@
 //! computes beside it, and a thread that keeps yielding stays runnable and takes its share of
 //! a core from it.
 //!
-//! Dropping the group stops the operation running (it fails with [`Error::Closed`]), fails
-//! those not started, and joins the thread before the group's memory goes: an operation owns
-//! its buffers, so none outlives them.
+//! Dropping the group stops the operation running (it fails with [`Error::Closed`]; aborting
+//! it, with [`Error::Aborted`]), fails those not started, and joins the thread before the
+//! group's memory goes: an operation owns its buffers, so none outlives them.
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
 
 /// An operation for the progress thread: it runs on the thread's view `V` of the group and
 /// completes its request.
@@ -222,9 +224,4 @@ impl<R> std::fmt::Debug for Request<R> {
             .field("done", &self.is_done())
             .finish()
     }
-}
-
-/// The error of an operation that the group's closing stopped or kept from starting.
-pub(super) fn closed(rank: usize) -> Error {
-    Error::Closed { rank }
 }

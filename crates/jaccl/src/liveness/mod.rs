@@ -62,8 +62,11 @@ pub(crate) struct Liveness {
     wake: OwnedFd,
     /// Asked after each sleep (sleeps then last at most [`INTERRUPT_EVERY`]).
     interrupt: Mutex<Option<InterruptCheck>>,
-    /// Set when the group is dropped with operations in flight ([`Liveness::close`]).
+    /// Set when the group is dropped with operations in flight ([`Liveness::close`]), or
+    /// aborted ([`Liveness::abort`]).
     closing: AtomicBool,
+    /// Set when the group was aborted: stopped operations fail with [`Error::Aborted`].
+    aborted: AtomicBool,
     /// What the call in progress waits for, while it sleeps.
     blocked: Mutex<Option<Blocked>>,
     /// Numbers the stretches of waiting ([`Blocked::episode`]).
@@ -209,6 +212,7 @@ impl Liveness {
             wake: event_counter()?,
             interrupt: Mutex::new(None),
             closing: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
             blocked: Mutex::new(None),
             episodes: AtomicU64::new(0),
             stamp: AtomicU64::new(0),
@@ -283,12 +287,12 @@ impl Liveness {
         }
     }
 
-    /// After a sleep: [`Error::Closed`] if the group is being dropped, or
-    /// [`Error::Interrupted`] if the interrupt check asks to stop (only asked on the thread
-    /// that installed it: `interruptible`).
+    /// After a sleep: [`Error::Closed`] if the group is being dropped, [`Error::Aborted`] if
+    /// it was aborted, or [`Error::Interrupted`] if the interrupt check asks to stop (only
+    /// asked on the thread that installed it: `interruptible`).
     pub(crate) fn check_interrupt(&self, op: Op, interruptible: bool) -> Result<(), Error> {
         if self.closing() {
-            return Err(Error::Closed { rank: self.rank });
+            return Err(self.stopped());
         }
         if !interruptible {
             return Ok(());
@@ -313,7 +317,22 @@ impl Liveness {
         signal(&self.wake);
     }
 
-    /// Whether [`Liveness::close`] was called.
+    /// The group was aborted from another thread: as [`Liveness::close`], but the operations
+    /// stopped fail with [`Error::Aborted`].
+    pub(crate) fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.close();
+    }
+
+    /// The error of an operation stopped by [`Liveness::close`] or [`Liveness::abort`].
+    pub(crate) fn stopped(&self) -> Error {
+        match self.aborted.load(Ordering::Acquire) {
+            true => Error::Aborted { rank: self.rank },
+            false => Error::Closed { rank: self.rank },
+        }
+    }
+
+    /// Whether [`Liveness::close`] (or [`Liveness::abort`]) was called.
     pub(crate) fn closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
     }

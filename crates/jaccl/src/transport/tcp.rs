@@ -704,7 +704,19 @@ fn dial(
                 continue;
             }
         };
-        match auth::connect(&mut stream, &me.token, claim, deadline) {
+        // A peer whose process is stopped still has its kernel accept: the handshake is
+        // bounded, and its waits ask `go_on` (liveness, interrupt, close) as every wait does.
+        let handshake_by = deadline.min(deadline_after(auth::HANDSHAKE_TIMEOUT));
+        let mut heeding = Heeding {
+            stream: &mut stream,
+            go_on: &mut *go_on,
+            stopped: None,
+        };
+        let shaken = auth::connect(&mut heeding, &me.token, claim, handshake_by);
+        if let Some(e) = heeding.stopped {
+            return Err(DialError::Stopped(e));
+        }
+        match shaken {
             Ok(()) => return Ok(stream),
             Err(e @ (AuthError::Unknown | AuthError::Refused(_))) => {
                 return Err(DialError::Failed(what(&e)));
@@ -716,6 +728,48 @@ fn dial(
                 go_on().map_err(DialError::Stopped)?;
             }
         }
+    }
+}
+
+/// A dialled stream during its handshake: reads wait in slices of at most [`LOOK_AGAIN`] and
+/// ask `go_on` between them, so that a verdict of the heartbeat, an interrupt or the group's
+/// closing ends the wait (`stopped` keeps the error).
+struct Heeding<'a> {
+    stream: &'a mut TcpStream,
+    go_on: &'a mut dyn FnMut() -> Result<()>,
+    stopped: Option<Error>,
+}
+
+/// The longest a handshake's read waits before it asks `go_on` again.
+const LOOK_AGAIN: Duration = Duration::from_millis(100);
+
+impl auth::Messages for Heeding<'_> {
+    fn send(&mut self, bytes: &[u8], deadline: Instant) -> io::Result<()> {
+        // Handshake messages are far smaller than a socket buffer: this does not wait.
+        auth::Messages::send(self.stream, bytes, deadline)
+    }
+
+    fn recv(&mut self, len: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+        let mut b = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            let slice = crate::os::time_left(deadline)?.min(LOOK_AGAIN);
+            if !crate::os::wait_readable(self.stream.as_fd(), slice)? {
+                if let Err(e) = (self.go_on)() {
+                    self.stopped = Some(e);
+                    return Err(io::Error::other("stopped"));
+                }
+                continue;
+            }
+            // Readable: data or the end of the stream, so this read does not wait.
+            match io::Read::read(self.stream, &mut b[got..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(b)
     }
 }
 

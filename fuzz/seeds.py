@@ -8,8 +8,8 @@ import struct
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-PROTOCOL_VERSION = 3
-HEADER_LEN = 32
+PROTOCOL_VERSION = 4
+HEADER_LEN = 64
 # Kind ids (wire.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
 KIND = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "send_recv": 4, "barrier": 5,
         "broadcast": 6, "reduce": 7, "gather": 8, "scatter": 9, "all_to_all": 10,

@@ -60,6 +60,7 @@ fn expected_header() -> crate::wire::Header {
         sender: 1,
         count: 1024,
         root: 0,
+        counts: None,
     }
 }
 
@@ -103,7 +104,9 @@ pub fn shared_memory(bytes: &[u8]) {
     let _ = shm::check_offer_bytes(layout, bytes);
     let mut input = Input(bytes);
     let words = [input.u64(), input.u64()];
-    if let Ok(header) = crate::wire::Header::from_words(words, 1) {
+    let mut digest = [0u8; 32];
+    digest.iter_mut().for_each(|b| *b = input.byte());
+    if let Ok(header) = crate::wire::Header::from_words(words, 1, || digest) {
         let _ = expected_header().mismatch(&header);
         let _ = header.to_string();
     }
@@ -260,6 +263,7 @@ pub fn engine(bytes: &[u8]) {
         reduce,
         count,
         root,
+        counts: None,
         timeout: Duration::from_secs(1),
         wait: WaitPolicy::SLEEP,
         interruptible: true,

@@ -4,16 +4,34 @@
 
 use std::fmt;
 
+use sha2::{Digest as _, Sha256};
+
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Op;
 
 /// Protocol version of data connections and the side channel. Bumped on any format change.
-pub(crate) const PROTOCOL_VERSION: u16 = 3;
+pub(crate) const PROTOCOL_VERSION: u16 = 4;
 
 const HEADER_MAGIC: [u8; 4] = *b"JCOP";
 
 /// Length of [`Header`] on the wire.
-pub(crate) const HEADER_LEN: usize = 32;
+pub(crate) const HEADER_LEN: usize = 64;
+
+/// A SHA-256 digest of values a header cannot carry ([`counts_digest`]): ranks whose values
+/// differ have different digests (no one can make two lists collide, by accident or on
+/// purpose).
+pub(crate) type Digest = [u8; 32];
+
+/// The digest of the counts of a variable-size collective, as its headers carry it.
+pub(crate) fn counts_digest(counts: &[usize]) -> Digest {
+    let mut h = Sha256::new();
+    h.update(b"jaccl counts\0");
+    h.update((counts.len() as u64).to_le_bytes());
+    for &c in counts {
+        h.update((c as u64).to_le_bytes());
+    }
+    h.finalize().into()
+}
 
 /// What kind of operation a [`Header`] announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +122,12 @@ impl Kind {
         )
     }
 
+    /// Whether the operation's header carries the digest of its counts
+    /// ([`counts_digest`]): the collectives whose ranks pass a list of counts that must agree.
+    pub(crate) fn has_counts(self) -> bool {
+        matches!(self, Kind::AllGatherV | Kind::ReduceScatterV)
+    }
+
     /// Whether the operation has a root (its header's root counts).
     fn rooted(self) -> bool {
         matches!(
@@ -126,16 +150,12 @@ pub(crate) struct Header {
     /// The sending rank.
     pub(crate) sender: u32,
     /// Elements in the caller's call (per-rank block for all-gather and reduce-scatter; for
-    /// the variable-size collectives a digest of every rank's counts).
+    /// the variable-size collectives the sum of the counts).
     pub(crate) count: u64,
-    /// The root of a rooted collective; a send's or receive's [`tag_digest`] (0 otherwise).
+    /// The root of a rooted collective; a send's or receive's tag (0 otherwise).
     pub(crate) root: u32,
-}
-
-/// A send/recv tag as headers carry it: the 16 bits a shared-memory call description has for
-/// it, the tag itself below 2^16 and a fold of both halves above.
-pub(crate) fn tag_digest(tag: u32) -> u16 {
-    (tag ^ (tag >> 16)) as u16
+    /// The digest of the counts where the kind has them ([`Kind::has_counts`]), else `None`.
+    pub(crate) counts: Option<Digest>,
 }
 
 /// Counts of shared-memory call descriptions fit in 48 bits; the root takes the other 16.
@@ -152,6 +172,9 @@ impl Header {
         b[12..16].copy_from_slice(&self.sender.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
         b[24..28].copy_from_slice(&self.root.to_le_bytes());
+        if let Some(digest) = &self.counts {
+            b[32..64].copy_from_slice(digest);
+        }
         b
     }
 
@@ -175,31 +198,42 @@ impl Header {
             sender: u32_at(b, 12),
             count: u64_at(b, 16),
             root: u32_at(b, 24),
+            counts: kind.has_counts().then(|| {
+                let mut digest = [0u8; 32];
+                digest.copy_from_slice(&b[32..64]);
+                digest
+            }),
         })
     }
 
     /// The header as two words, as a shared-memory mailbox publishes it (the sender is the
-    /// mailbox's owner; the count keeps its low 48 bits, the root its low 16: shared memory
-    /// joins ranks of one host, far fewer than 2^16, moving far fewer than 2^48 elements).
-    pub(crate) fn to_words(self) -> [u64; 2] {
+    /// mailbox's owner, the digest of the counts has a line of its own), or `None` when its
+    /// count or root does not fit: the count takes 48 bits, the root 16 (shared memory joins
+    /// ranks of one host, far fewer than 2^16, moving far fewer than 2^48 elements).
+    pub(crate) fn to_words(self) -> Option<[u64; 2]> {
+        if self.count >> WORD_COUNT_BITS != 0 || self.root >> 16 != 0 {
+            return None;
+        }
         let word = u64::from(self.seq)
             | u64::from(self.kind as u8) << 32
             | u64::from(self.dtype.id()) << 40
             | u64::from(self.reduce as u8) << 48;
-        let count = self.count & ((1 << WORD_COUNT_BITS) - 1);
-        [
-            word,
-            count | u64::from(self.root & 0xffff) << WORD_COUNT_BITS,
-        ]
+        Some([word, self.count | u64::from(self.root) << WORD_COUNT_BITS])
     }
 
-    /// Parses [`Header::to_words`] published by rank `sender`.
-    pub(crate) fn from_words(words: [u64; 2], sender: u32) -> Result<Header, String> {
+    /// Parses [`Header::to_words`] published by rank `sender`, with the digest of the counts
+    /// it published beside them (read only for a kind that has counts).
+    pub(crate) fn from_words(
+        words: [u64; 2],
+        sender: u32,
+        counts: impl FnOnce() -> Digest,
+    ) -> Result<Header, String> {
         let byte = |shift: u32| (words[0] >> shift) as u8;
+        let kind =
+            Kind::from_id(byte(32)).ok_or_else(|| format!("unknown operation {}", byte(32)))?;
         Ok(Header {
             seq: words[0] as u32,
-            kind: Kind::from_id(byte(32))
-                .ok_or_else(|| format!("unknown operation {}", byte(32)))?,
+            kind,
             dtype: Dtype::from_id(byte(40))
                 .ok_or_else(|| format!("unknown dtype id {}", byte(40)))?,
             reduce: ReduceOp::from_id(byte(48))
@@ -207,6 +241,7 @@ impl Header {
             sender,
             count: words[1] & ((1 << WORD_COUNT_BITS) - 1),
             root: (words[1] >> WORD_COUNT_BITS) as u32,
+            counts: kind.has_counts().then(counts),
         })
     }
 
@@ -217,6 +252,7 @@ impl Header {
             && self.reduce == other.reduce
             && self.count == other.count
             && self.root == other.root
+            && self.counts == other.counts
     }
 
     /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
@@ -230,6 +266,18 @@ impl Header {
                 "rank {} is at operation #{} on this connection, this rank at #{} (one of them \
                  skipped or repeated a call)",
                 got.sender, got.seq, self.seq
+            ));
+        }
+        let other_counts = Header {
+            counts: self.counts,
+            ..*got
+        };
+        if self.counts != got.counts && self.same_call(&other_counts) {
+            return Some(format!(
+                "rank {} passed other counts to {} than this rank (both add up to {})",
+                got.sender,
+                self.kind.name(),
+                self.count
             ));
         }
         Some(format!(
@@ -248,8 +296,9 @@ impl fmt::Display for Header {
             _ => f.write_str(name)?,
         }
         match self.kind {
-            Kind::AllToAllV | Kind::AllGatherV | Kind::ReduceScatterV => {
-                write!(f, " of {} (counts digest {:#x})", self.dtype, self.count)?;
+            Kind::AllToAllV => write!(f, " of {}", self.dtype)?,
+            Kind::AllGatherV | Kind::ReduceScatterV => {
+                write!(f, " of {} × {} in all", self.count, self.dtype)?;
             }
             _ => write!(f, " of {} × {}", self.count, self.dtype)?,
         }
@@ -342,6 +391,7 @@ mod tests {
             sender: 3,
             count: 1 << 40,
             root: 0,
+            counts: None,
         }
     }
 
@@ -349,25 +399,74 @@ mod tests {
     fn header_round_trips_and_describes_mismatches() {
         let h = header();
         assert_eq!(Header::decode(&h.encode()), Ok(h));
-        assert_eq!(Header::from_words(h.to_words(), h.sender), Ok(h));
+        let words = h.to_words().unwrap();
+        assert_eq!(Header::from_words(words, h.sender, || [9; 32]), Ok(h));
         assert_eq!(h.mismatch(&h), None);
         let other = Header { count: 5, ..h };
         let msg = h.mismatch(&other).unwrap();
         assert!(msg.contains("all_reduce(max) of 5 × f32"), "{msg}");
         let later = Header { seq: 8, ..h };
         assert!(h.mismatch(&later).unwrap().contains("#8"));
+        // What does not fit a mailbox's words is refused, never cut.
+        assert_eq!(
+            Header {
+                count: 1 << 48,
+                ..h
+            }
+            .to_words(),
+            None
+        );
+        assert_eq!(Header { root: 1 << 16, ..h }.to_words(), None);
+    }
+
+    #[test]
+    fn tags_and_counts_are_compared_whole() {
+        let send = |tag: u32| Header {
+            kind: Kind::SendRecv,
+            count: 1,
+            root: tag,
+            ..header()
+        };
+        // Tags that a 16-bit fold made equal.
+        for (a, b) in [
+            (65536, 1),
+            (u32::MAX, 0),
+            (0x0001_0001, 0),
+            (u32::MAX - 1, 1),
+        ] {
+            let msg = send(a).mismatch(&send(b)).unwrap();
+            assert!(msg.contains(&format!("with tag {b}")), "{msg}");
+            assert!(msg.contains(&format!("with tag {a}")), "{msg}");
+        }
+        // Counts a 48-bit FNV digest made equal (both add up to 257 + 0 or 1 + 111872 alike).
+        let gather_v = |counts: &[usize]| Header {
+            kind: Kind::AllGatherV,
+            count: counts.iter().sum::<usize>() as u64,
+            counts: Some(counts_digest(counts)),
+            ..header()
+        };
+        let (a, b) = (gather_v(&[257, 0]), gather_v(&[1, 111872]));
+        assert!(a.mismatch(&b).is_some());
+        let (a, b) = (gather_v(&[1, 2]), gather_v(&[2, 1]));
+        let msg = a.mismatch(&b).unwrap();
+        assert!(
+            msg.contains("other counts") && msg.contains("add up to 3"),
+            "{msg}"
+        );
+        assert_eq!(Header::decode(&a.encode()), Ok(a));
+        assert_ne!(counts_digest(&[0]), counts_digest(&[0, 0]));
     }
 
     proptest! {
         /// Headers with the valid magic (so decoding gets past it) and random fields.
         #[test]
-        fn headers_with_a_valid_magic_never_panic(rest in proptest::array::uniform28(any::<u8>()), small_ids in any::<bool>()) {
+        fn headers_with_a_valid_magic_never_panic(rest in proptest::collection::vec(any::<u8>(), HEADER_LEN - 4), small_ids in any::<bool>()) {
             let mut b = [0u8; HEADER_LEN];
             b[..4].copy_from_slice(&HEADER_MAGIC);
             b[4..].copy_from_slice(&rest);
             if small_ids {
                 // Often valid ids, so mismatches and printing are reached too.
-                b[8] %= 14;
+                b[8] %= 15;
                 b[9] %= 14;
                 b[10] %= 8;
             }
@@ -375,14 +474,16 @@ mod tests {
                 let _ = h.mismatch(&header());
                 let _ = h.to_string();
                 let small = Header { count: h.count >> 16, root: h.root & 0xffff, ..h };
-                prop_assert_eq!(Header::from_words(small.to_words(), h.sender), Ok(small));
+                let words = small.to_words().unwrap();
+                let digest = h.counts.unwrap_or_default();
+                prop_assert_eq!(Header::from_words(words, h.sender, || digest), Ok(small));
             }
         }
 
         /// Mailbox words from a shared-memory peer.
         #[test]
         fn mailbox_words_never_panic(a in any::<u64>(), b in any::<u64>()) {
-            let _ = Header::from_words([a, b], 1);
+            let _ = Header::from_words([a, b], 1, || [0; 32]);
         }
     }
 }

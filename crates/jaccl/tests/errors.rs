@@ -422,14 +422,18 @@ fn a_send_of_another_length_or_tag_is_a_mismatch_at_the_receiver() {
             |g| g.recv(&mut [0u32; 9], 0),
         );
         expect_recv_mismatch(net, &r, "8 × u32");
-        // Tags are checked, not matched; tags above 2^16 too (shared memory describes a call
-        // with 16 bits for it).
-        let r = p2p_on(
-            net,
-            |g, to| g.send_tagged(&[1u32; 8], to, 7),
-            |g| g.recv_tagged(&mut [0u32; 8], 0, 70_000),
-        );
-        expect_recv_mismatch(net, &r, "with tag 7; this rank called");
+        // Tags are checked, not matched, on all 32 bits: pairs that a 16-bit fold made equal.
+        for (sent, expected) in [(7, 70_000), (65_536, 1), (u32::MAX, 0), (0x0001_0001, 0)] {
+            let r = p2p_on(
+                net,
+                |g, to| g.send_tagged(&[1u32; 8], to, sent),
+                |g| g.recv_tagged(&mut [0u32; 8], 0, expected),
+            );
+            let both = format!(
+                "with tag {sent}; this rank called send/recv of 8 × u32 with tag {expected}"
+            );
+            expect_recv_mismatch(net, &r, &both);
+        }
     }
 }
 

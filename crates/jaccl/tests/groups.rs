@@ -138,6 +138,118 @@ fn sub_groups_that_only_their_members_form() {
     }
 }
 
+/// A small generator for the random sequences below: the same seed gives every rank the same
+/// sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+    }
+
+    /// A non-empty list of distinct ranks below `n`, in a random order.
+    fn list(&mut self, n: usize) -> Vec<usize> {
+        let mut ranks: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            ranks.swap(i, self.below(i + 1));
+        }
+        ranks.truncate(1 + self.below(n));
+        ranks
+    }
+}
+
+/// 50 random sequences of splits (some ranks join no group), subgroups (some ranks are left
+/// out) and sub-groups formed by their members alone (a name and list may come twice), on 5
+/// ranks, each sequence on the same parent group (whose count of splits must stay in step on
+/// every rank); every group formed is then used, and the parent.
+#[test]
+fn fifty_random_sequences_of_splits_and_subgroups_stay_in_step() {
+    let nets = nets();
+    let per_net = 50usize.div_ceil(nets.len());
+    for (n, net) in nets.into_iter().enumerate() {
+        with_group(net, 5, 1, |g| {
+            let rank = g.rank();
+            for s in 0..per_net {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (n * 1000 + s + 1) as u64);
+                let mut formed: Vec<(Group, Vec<usize>)> = Vec::new();
+                for step in 0..4 {
+                    let what = format!("{net:?} sequence {s} step {step} rank {rank}");
+                    match rng.below(3) {
+                        0 => {
+                            let colors: Vec<Option<u32>> = (0..5)
+                                .map(|_| (rng.below(4) != 0).then(|| rng.below(3) as u32))
+                                .collect();
+                            let keys: Vec<u32> = (0..5).map(|_| rng.below(3) as u32).collect();
+                            let sub = g.split(colors[rank], keys[rank]).expect(&what);
+                            match (colors[rank], sub) {
+                                (Some(c), Some(sub)) => {
+                                    formed.push((sub, reference_split(&colors, &keys, c)));
+                                }
+                                (None, None) => {}
+                                (c, sub) => panic!("{what}: color {c:?}, {sub:?}"),
+                            }
+                        }
+                        1 => {
+                            let list = rng.list(5);
+                            match g.subgroup(&list).expect(&what) {
+                                Some(sub) => formed.push((sub, list)),
+                                None => assert!(!list.contains(&rank), "{what}"),
+                            }
+                        }
+                        _ => {
+                            let list = rng.list(5);
+                            let name = format!("s{}", rng.below(2));
+                            if list.contains(&rank) {
+                                let sub = g.subgroup_of_members(&list, &name).expect(&what);
+                                formed.push((sub, list));
+                            }
+                        }
+                    }
+                }
+                for (mut sub, members) in formed {
+                    check_members(&mut sub, rank, &members);
+                }
+                let mut x = [0u32; 1];
+                g.all_sum(&[1], &mut x).unwrap();
+                assert_eq!(x[0], 5);
+            }
+        });
+    }
+}
+
+/// Two sub-groups of the same members and name, formed one after the other by their members
+/// alone, are two groups: what one sends, the other never receives.
+#[test]
+fn sub_groups_with_one_name_and_list_do_not_cross() {
+    for net in nets() {
+        with_group(net, 3, 1, |g| {
+            let all = [0, 1, 2];
+            let mut a = g.subgroup_of_members(&all, "x").unwrap();
+            let mut b = g.subgroup_of_members(&all, "x").unwrap();
+            match g.rank() {
+                0 => {
+                    a.send(&[1u32], 2).unwrap();
+                    b.send(&[2u32], 2).unwrap();
+                }
+                2 => {
+                    // b's first: crossed links would hand it a's message.
+                    let mut got = [0u32; 2];
+                    b.recv(&mut got[1..], 0).unwrap();
+                    a.recv(&mut got[..1], 0).unwrap();
+                    assert_eq!(got, [1, 2], "{net:?}");
+                }
+                _ => {}
+            }
+            a.barrier().unwrap();
+            b.barrier().unwrap();
+        });
+    }
+}
+
 #[test]
 fn split_mismatches_are_errors_that_name_the_ranks_not_hangs() {
     for net in nets() {

@@ -153,6 +153,18 @@ fn leftovers(dir: &str) -> Vec<String> {
     names
 }
 
+/// Waits until each of `size` ranks has said `READY` (a minute at most).
+fn wait_ready(rx: &mpsc::Receiver<(usize, String)>, size: usize) {
+    let mut ready = vec![false; size];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.iter().all(|&r| r) {
+        let (tag, line) = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("ranks did not start");
+        ready[tag] |= line.ends_with("READY");
+    }
+}
+
 /// Starts `size` ranks looping on `op` (`all_reduce`, `broadcast` or `all_to_all`: large and
 /// small ones) over `transport`, waits until all are in the loop, then signals `victim` with
 /// `signal`. Returns the survivors' results (by rank, the
@@ -167,16 +179,7 @@ fn signal_mid(
 ) -> (Vec<(usize, String, Instant)>, Instant) {
     let env = [net_env(transport), extra_env, &[("LOOP_OP", op)]].concat();
     let (mut children, rx) = spawn_ranks("loop", size, &env);
-    let mut ready = vec![false; size];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready.iter().all(|&r| r) {
-        let (tag, line) = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("ranks did not start");
-        if line.ends_with("READY") {
-            ready[tag] = true;
-        }
-    }
+    wait_ready(&rx, size);
     let pid = rustix::process::Pid::from_raw(children[victim].id() as i32).unwrap();
     rustix::process::kill_process(pid, signal).unwrap();
     let signalled = Instant::now();
@@ -354,14 +357,7 @@ fn a_connection_made_on_first_use_to_a_stopped_rank_ends_by_liveness_or_abort() 
             ("TRIGGER_FILE", trigger.as_str()),
         ];
         let (mut children, rx) = spawn_ranks("lazystop", 4, &env);
-        let mut ready = [false; 4];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ready.iter().all(|&r| r) {
-            let (tag, line) = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("ranks did not start");
-            ready[tag] |= line.ends_with("READY");
-        }
+        wait_ready(&rx, 4);
         let pid = rustix::process::Pid::from_raw(children[2].id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
         std::fs::write(&trigger, b"").unwrap();
@@ -1101,14 +1097,7 @@ fn a_cut_link_fails_every_rank_within_the_liveness_window() {
             spawn_child_in(Some(ns), "loop", &env, r, &tx)
         })
         .collect();
-    let mut ready = vec![false; size];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready.iter().all(|&r| r) {
-        let (tag, line) = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("ranks did not start");
-        ready[tag] |= line.ends_with("READY");
-    }
+    wait_ready(&rx, size);
     assert!(ip(&["-n", &a.0, "link", "set", &va, "down"]));
     let cut = Instant::now();
     let got = results_at(&mut children, &rx, Duration::from_secs(60), None);

@@ -109,9 +109,10 @@ fn back_to_back_small_broadcasts_arrive_in_order() {
 
 /// Ranks that each think they are the root: a root waits for no one, so the broadcast itself
 /// may succeed. Over shared memory the next call that waits for every rank fails with
-/// `Mismatch` on every rank (descriptions carry a digest of the calls before); over the
-/// network the leftover broadcast arrives instead of the barrier on at least one rank, and
-/// the others fail by their next call.
+/// `Mismatch` on every rank (descriptions count the broadcasts each rank was the root of), also
+/// when the others follow one root or the other (4 ranks in two camps); over the network the
+/// leftover broadcast arrives instead of the barrier on at least one rank, and the others fail
+/// by their next call.
 #[test]
 fn ranks_that_disagree_on_the_root_fail_by_the_next_call() {
     for net in nets() {
@@ -134,7 +135,10 @@ fn ranks_that_disagree_on_the_root_fail_by_the_next_call() {
                 let Err(Error::Mismatch { detail, .. }) = first else {
                     panic!("{net:?} rank {rank}: {first:?}");
                 };
-                assert!(detail.contains("different calls before"), "{detail}");
+                assert!(
+                    detail.contains("took themselves for the root 2 time"),
+                    "{detail}"
+                );
             }
         }
         assert!(
@@ -143,6 +147,19 @@ fn ranks_that_disagree_on_the_root_fail_by_the_next_call() {
                 .any(|(first, _)| matches!(first, Err(Error::Mismatch { .. }))),
             "{net:?}: {errors:?}"
         );
+        if all_shared {
+            let camps = with_group(net, 4, 1, |g| {
+                let mut buf = [g.rank() as u32; 2];
+                let root = g.rank() / 2 * 2;
+                g.broadcast(&mut buf, root).and_then(|()| g.barrier())
+            });
+            for (rank, e) in camps.iter().enumerate() {
+                assert!(
+                    matches!(e, Err(Error::Mismatch { detail, .. }) if detail.contains("root 2 time")),
+                    "{net:?} rank {rank} of 4: {e:?}"
+                );
+            }
+        }
     }
 }
 
@@ -529,6 +546,53 @@ fn ranks_that_pass_different_counts_get_a_mismatch() {
             errors.iter().any(|e| matches!(e, Error::Mismatch { .. })),
             "{net:?}: {errors:?}"
         );
+    }
+}
+
+/// Counts that differ while adding up to the same total (which a short digest of them could
+/// not always tell apart), and counts that a 48-bit digest made equal: every rank fails, none
+/// returns data, and a `Mismatch` shows the rank's counts.
+#[test]
+fn counts_that_differ_are_a_mismatch_whatever_they_add_up_to() {
+    let cases: [[[usize; 2]; 2]; 3] =
+        [[[1, 2], [2, 1]], [[257, 0], [1, 111_872]], [[0, 3], [3, 0]]];
+    for net in nets() {
+        for counts in cases {
+            for variable in ["all_gather_v", "reduce_scatter_v"] {
+                let results = with_group(net, 2, 1, |g| {
+                    let c = counts[g.rank()];
+                    let total = c[0] + c[1];
+                    let r = match variable {
+                        "all_gather_v" => {
+                            let mine = vec![1u8; c[g.rank()]];
+                            g.all_gather_v(&mine, &mut vec![0u8; total], &c)
+                        }
+                        _ => {
+                            let input = vec![1u8; total];
+                            let mut out = vec![0u8; c[g.rank()]];
+                            g.reduce_scatter_v(&input, &mut out, &c, ReduceOp::Sum)
+                        }
+                    };
+                    r.and_then(|()| g.barrier())
+                });
+                let what = format!("{net:?} {variable} {counts:?}");
+                for (rank, r) in results.iter().enumerate() {
+                    assert!(
+                        matches!(r, Err(Error::Mismatch { .. } | Error::PeerLost { .. })),
+                        "{what} rank {rank}: {r:?}"
+                    );
+                }
+                let shown = results.iter().find_map(|r| match r {
+                    Err(e @ Error::Mismatch { .. }) => Some(e.to_string()),
+                    _ => None,
+                });
+                let shown = shown.unwrap_or_else(|| panic!("{what}: {results:?}"));
+                assert!(
+                    shown.contains("this rank's counts are ["),
+                    "{what}: {shown}"
+                );
+            }
+        }
     }
 }
 

@@ -273,12 +273,13 @@ impl Collectives {
             input: None,
             output,
         };
+        let eager = self.direct.as_ref().is_some_and(Direct::eager_allowed);
         match self.shape.broadcast(data.len()) {
-            Broadcast::Eager => {
+            Broadcast::Eager if eager => {
                 let direct = direct(&mut self.direct, call)?;
                 direct.broadcast_eager(data, root, call, &mut self.net.channels)
             }
-            Broadcast::Direct => {
+            Broadcast::Eager | Broadcast::Direct => {
                 let direct = direct(&mut self.direct, call)?;
                 direct.broadcast(data, root, call, &mut self.net.channels)
             }

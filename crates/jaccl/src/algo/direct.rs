@@ -28,8 +28,10 @@
 //! peer's, so ranks that call different things fail with `Mismatch` instead of mixing data.
 //! Eager broadcasts do not take a call slot (their root may be `EAGER_LINES` calls ahead):
 //! their description travels in the line, and a receiver checks its root's. What the root
-//! cannot check at once (another rank thought itself the root) shows at the next call that
-//! waits for every rank: descriptions carry a digest of the calls before ([`Direct::history`]).
+//! cannot check at once (another rank thought itself the root too) shows at the next call that
+//! waits for every rank, whose description counts the broadcasts each rank was the root of
+//! ([`Direct::check_roots`]). Descriptions carry the exact number of calls before
+//! ([`Direct::made`]), so ranks that skipped or repeated one disagree.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -47,7 +49,7 @@ use crate::reduce::{Reducer, copy};
 use crate::transport::shm::{Board, EAGER_LINES, INLINE_BYTES};
 use crate::transport::{Interest, Readiness};
 use crate::wait::{Backoff, Idle};
-use crate::wire::{HEADER_LEN, Header};
+use crate::wire::{Digest, HEADER_LEN, Header};
 /// Reductions work through a cache-resident scratch block of this many bytes.
 const BLOCK: usize = 16 * 1024;
 
@@ -62,11 +64,16 @@ pub(crate) struct Direct {
     calls: u64,
     stamp: u64,
     rounds: u64,
-    /// A digest of every call so far, eager broadcasts included, as descriptions carry it in
-    /// their sequence field: ranks that agree on every call have the same.
-    history: u32,
+    /// Calls made so far, eager broadcasts included (modulo 2^32), as descriptions carry it in
+    /// their sequence field: ranks that skipped or repeated a call disagree on it.
+    made: u32,
     /// The sequence field of the current call's description.
     described: u32,
+    /// Eager broadcasts since the last call that waits for every rank, and of how many of them
+    /// this rank was the root ([`Direct::check_roots`]).
+    eager_run: Run,
+    /// `eager_run` as the current call began: what its first synchronisation checks.
+    eager_before: Run,
     /// A stamp every peer was seen to have published: an eager root need not wait for it.
     peers_reached: u64,
     /// Indices into `others` not yet seen at the current synchronisation point (reused).
@@ -95,8 +102,10 @@ impl Direct {
             calls: 0,
             stamp: 0,
             rounds: 0,
-            history: 0,
+            made: 0,
             described: 0,
+            eager_run: Run::default(),
+            eager_before: Run::default(),
             peers_reached: 0,
             pending: Vec::with_capacity(size),
             scratch: vec![0; BLOCK / size_of::<u128>()],
@@ -172,7 +181,7 @@ impl Direct {
         shape: &Shape,
     ) -> Result<()> {
         let keeps = root.is_none_or(|r| r == self.rank);
-        let (seq, timing) = self.begin(call, bytes);
+        let (seq, timing) = self.begin(call, bytes)?;
         if shape.direct_all_reduce(bytes, self.area_bytes()) == DirectAllReduce::OneRound {
             self.all_reduce_small(input, output, bytes, keeps, reducer, call, seq, channels)?;
             self.end(timing);
@@ -278,7 +287,7 @@ impl Direct {
     ) -> Result<()> {
         let keeps = root.is_none_or(|r| r == self.rank);
         let largest = blocks.iter().map(Range::len).max().unwrap_or(0);
-        let (seq, timing) = self.begin(call, largest);
+        let (seq, timing) = self.begin(call, largest)?;
         if keeps {
             copy(&mut output[blocks[self.rank].clone()], input);
         }
@@ -316,7 +325,7 @@ impl Direct {
         channels: &mut [Channel],
     ) -> Result<()> {
         let bytes = data.len();
-        let (seq, timing) = self.begin(call, bytes);
+        let (seq, timing) = self.begin(call, bytes)?;
         let chunk = self.area_bytes();
         let rounds = bytes.div_ceil(chunk).max(1);
         for k in 0..rounds {
@@ -346,7 +355,9 @@ impl Direct {
         call: &Call,
         channels: &mut [Channel],
     ) -> Result<()> {
-        let words = self.describe(call);
+        let words = self.describe(call)?;
+        self.eager_run.broadcasts += 1;
+        self.eager_run.rooted += u8::from(self.rank == root);
         self.stamp += 1;
         let stamp = self.stamp;
         if self.rank == root {
@@ -383,7 +394,8 @@ impl Direct {
                 ),
             });
         }
-        self.check_words(root, self.board.eager_call(root, stamp), call)?;
+        let words = self.board.eager_call(root, stamp);
+        self.check_words(root, words, || [0; 32], call)?;
         self.board.read_eager(root, stamp, data);
         Ok(())
     }
@@ -400,7 +412,7 @@ impl Direct {
         channels: &mut [Channel],
     ) -> Result<()> {
         let block = output.len();
-        let (seq, timing) = self.begin(call, block * self.size);
+        let (seq, timing) = self.begin(call, block * self.size)?;
         let part = (self.area_bytes() / self.size).max(1);
         let rounds = block.div_ceil(part).max(1);
         for k in 0..rounds {
@@ -444,7 +456,7 @@ impl Direct {
         call: &Call,
         channels: &mut [Channel],
     ) -> Result<()> {
-        let (seq, timing) = self.begin(call, input.len());
+        let (seq, timing) = self.begin(call, input.len())?;
         // Slots on cache-line boundaries, or side by side inline.
         let all_slots = largest.saturating_mul(self.size);
         let slot = match all_slots <= INLINE_BYTES {
@@ -485,7 +497,7 @@ impl Direct {
         call: &Call,
         channels: &mut [Channel],
     ) -> Result<()> {
-        let (seq, timing) = self.begin(call, input.len());
+        let (seq, timing) = self.begin(call, input.len())?;
         let elem = reducer.elem_size();
         let block = output.len();
         // Each round moves a part of every block; a rank's area holds one per rank.
@@ -514,18 +526,25 @@ impl Direct {
 
     /// Returns once every rank has entered.
     pub(crate) fn barrier(&mut self, call: &Call, channels: &mut [Channel]) -> Result<()> {
-        let (seq, _) = self.begin(call, 0);
+        let (seq, _) = self.begin(call, 0)?;
         self.sync(call, Some(seq), channels)
     }
 
     /// Publishes the description of the next call, which moves `bytes` (the size rank 0
     /// tunes stores by), and picks this call's stores. Returns the call's number, and on rank 0
     /// what [`Direct::end`] needs to time it.
-    fn begin(&mut self, call: &Call, bytes: usize) -> (u64, Option<Timing>) {
+    fn begin(&mut self, call: &Call, bytes: usize) -> Result<(u64, Option<Timing>)> {
         let seq = self.calls;
+        let mut words = self.describe(call)?;
         self.calls += 1;
+        // The eager broadcasts this rank was the root of since the last call that waited for
+        // every rank, in the byte of the description `Header::to_words` leaves free.
+        words[0] |= u64::from(self.eager_run.rooted) << 56;
+        self.eager_before = std::mem::take(&mut self.eager_run);
         // Published by the next stamp.
-        let words = self.describe(call);
+        if let Some(digest) = &call.counts {
+            self.board.publish_counts(seq, digest);
+        }
         self.board.publish_call(seq, words);
         // Stores as rank 0 said with the previous call (any choice is correct; they only
         // differ in speed, so a late hint costs nothing but time).
@@ -535,7 +554,7 @@ impl Direct {
             _ => false,
         };
         let Some(tuner) = self.tuner.as_deref() else {
-            return (seq, None);
+            return Ok((seq, None));
         };
         self.board.publish_hints(seq, tuner.hints);
         let timing = class.map(|class| Timing {
@@ -544,7 +563,7 @@ impl Direct {
             streaming: self.streaming,
             start: Instant::now(),
         });
-        (seq, timing)
+        Ok((seq, timing))
     }
 
     /// Ends a call: rank 0 records how long it took.
@@ -619,7 +638,50 @@ impl Direct {
     fn sync(&mut self, call: &Call, check: Option<u64>, channels: &mut [Channel]) -> Result<()> {
         self.stamp += 1;
         self.publish(self.stamp);
-        self.wait_for_others(call, check, self.stamp, channels)
+        self.wait_for_others(call, check, self.stamp, channels)?;
+        match check {
+            Some(seq) => self.check_roots(call, seq),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the next broadcast may be eager: at most `u8::MAX` in a row, so that the count
+    /// of their roots fits its byte (every rank counts the same calls, so all choose alike).
+    pub(crate) fn eager_allowed(&self) -> bool {
+        self.eager_run.broadcasts < u8::MAX
+    }
+
+    /// Checks, at the first synchronisation of call `seq`, that the eager broadcasts since
+    /// the last call that waited for every rank had one root each. Every receiver checked its
+    /// root's description, so each had at least one rank that took itself for the root; two
+    /// ranks that both did (neither waits) show as more roots than broadcasts.
+    fn check_roots(&self, call: &Call, seq: u64) -> Result<()> {
+        let rooted = |q: usize| match q == self.rank {
+            true => self.eager_before.rooted,
+            false => (self.board.call_of(q, seq)[0] >> 56) as u8,
+        };
+        let roots: u64 = (0..self.size).map(|q| u64::from(rooted(q))).sum();
+        if roots == u64::from(self.eager_before.broadcasts) {
+            return Ok(());
+        }
+        let counted: Vec<String> = (0..self.size)
+            .filter(|&q| rooted(q) > 0)
+            .map(|q| format!("rank {q} of {}", rooted(q)))
+            .collect();
+        let peer = self.others.iter().copied().find(|&q| rooted(q) > 0);
+        Err(Error::Mismatch {
+            rank: call.rank,
+            peer: peer.or(self.others.first().copied()).unwrap_or(self.rank),
+            op: call.op,
+            detail: format!(
+                "the ranks disagree on the roots of the {} broadcast(s) before this {}: each \
+                 has one root, but the ranks took themselves for the root {roots} time(s) \
+                 ({})",
+                self.eager_before.broadcasts,
+                call.op,
+                counted.join(", ")
+            ),
+        })
     }
 
     /// Publishes that this rank reached synchronisation point `stamp`, and wakes the peers.
@@ -863,18 +925,25 @@ impl Direct {
 
     /// Checks that `peer` describes call `seq` as this rank does.
     fn check_call(&self, peer: usize, seq: u64, call: &Call) -> Result<()> {
-        self.check_words(peer, self.board.call_of(peer, seq), call)
+        let counts = || self.board.counts_of(peer, seq);
+        self.check_words(peer, self.board.call_of(peer, seq), counts, call)
     }
 
-    /// Checks that `peer`'s description `words` of its current call is this rank's.
-    fn check_words(&self, peer: usize, words: [u64; 2], call: &Call) -> Result<()> {
+    /// Checks that `peer`'s description `words` of its current call (with its digest of the
+    /// counts, read only where the call has counts) is this rank's.
+    fn check_words(
+        &self,
+        peer: usize,
+        words: [u64; 2],
+        counts: impl FnOnce() -> Digest,
+        call: &Call,
+    ) -> Result<()> {
         let expect = call.header(self.described, peer);
-        let detail = match Header::from_words(words, crate::wire::to_u32(peer)) {
+        let detail = match Header::from_words(words, crate::wire::to_u32(peer), counts) {
             Ok(got) if got.same_call(&expect) && got.seq != expect.seq => Some(format!(
-                "rank {peer} and this rank made different calls before this {} (one of them \
-                 skipped or repeated a call, or they disagreed on a broadcast's root, type or \
-                 length)",
-                call.op
+                "rank {peer} is at its call #{} of the direct collectives, this rank at #{} \
+                 (one of them skipped or repeated a call before this {})",
+                got.seq, expect.seq, call.op
             )),
             Ok(got) => expect.mismatch(&got),
             Err(why) => Some(format!("unreadable call description: {why}")),
@@ -890,15 +959,28 @@ impl Direct {
         }
     }
 
-    /// The description of `call` (the next one), from [`Direct::history`]; advances the
-    /// history past it.
-    fn describe(&mut self, call: &Call) -> [u64; 2] {
-        self.described = self.history;
-        let words = call.header(self.described, self.rank).to_words();
-        let mixed = (words[0] ^ words[1].rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.history = (mixed >> 32) as u32;
-        words
+    /// The description of `call` (the next one, numbered by [`Direct::made`]).
+    ///
+    /// # Errors
+    /// Its count or root do not fit a description (far beyond what one host holds).
+    fn describe(&mut self, call: &Call) -> Result<[u64; 2]> {
+        let header = call.header(self.made, self.rank);
+        let words = header.to_words().ok_or_else(|| {
+            let why = format!("{header} does not fit a shared-memory call description");
+            Error::io(call.rank, call.op, std::io::Error::other(why))
+        })?;
+        self.described = self.made;
+        self.made = self.made.wrapping_add(1);
+        Ok(words)
     }
+}
+
+/// A run of eager broadcasts ([`Direct::eager_run`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Run {
+    broadcasts: u8,
+    /// Those this rank was the root of.
+    rooted: u8,
 }
 
 /// How a wait sees that a peer reached a synchronisation point.

@@ -24,7 +24,7 @@ use crate::os::poll;
 use crate::reduce::{Reducer, copy};
 use crate::transport::{Interest, Link, LinkError, Readiness};
 use crate::wait::{Backoff, Idle, WaitPolicy};
-use crate::wire::{HEADER_LEN, Header, Kind};
+use crate::wire::{Digest, HEADER_LEN, Header, Kind};
 
 /// One link to one peer, with the count of operations started on it in each direction (the
 /// `seq` of the operation headers), and the bytes read ahead of the calls that will use them.
@@ -204,10 +204,12 @@ pub(crate) struct Call {
     pub(crate) op: Op,
     pub(crate) dtype: Dtype,
     pub(crate) reduce: ReduceOp,
-    /// Elements, as in the header (a digest of the counts for the variable-size collectives).
+    /// Elements, as in the header (the sum of the counts for the variable-size collectives).
     pub(crate) count: usize,
-    /// The root of a rooted collective; a send's or receive's tag digest (0 otherwise).
+    /// The root of a rooted collective; a send's or receive's tag (0 otherwise).
     pub(crate) root: usize,
+    /// The digest of the counts of a variable-size collective whose ranks must agree on them.
+    pub(crate) counts: Option<Digest>,
     pub(crate) timeout: Duration,
     pub(crate) wait: WaitPolicy,
     /// Whether waits ask the caller's interrupt check (not on the progress thread).
@@ -225,6 +227,7 @@ impl Call {
             sender: crate::wire::to_u32(sender),
             count: self.count as u64,
             root: crate::wire::to_u32(self.root),
+            counts: self.counts,
         }
     }
 

@@ -350,6 +350,7 @@ fn call(rank: usize, op: Op, count: usize) -> Call {
         reduce: ReduceOp::Sum,
         count,
         root: 0,
+        counts: None,
         timeout: Duration::from_secs(60),
         wait: WaitPolicy::SLEEP,
         interruptible: true,

@@ -341,7 +341,7 @@ fn set_up(
         .collect();
     let opened_late = late::Opened::default();
     let job = tcp
-        .into_late(identity.clone(), &tcp_published)
+        .into_late(identity.clone(), &tcp_published, config.startup_timeout)
         .map_err(|e| Error::io(rank, "accepting data connections", e))?;
     let late = late::Late {
         tcp: Arc::clone(&job),

@@ -1,6 +1,7 @@
 //! [`Group`]: validates each call, dispatches it to the algorithm, and poisons itself when an
 //! operation fails half-way.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -13,8 +14,9 @@ use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::{Heartbeat, Liveness};
 use crate::reduce::Reducer;
-use crate::transport::tcp::LateTcp;
+use crate::transport::tcp::{LateTcp, Registration};
 use crate::wait::WaitPolicy;
+use crate::wire::Digest;
 
 mod abort;
 mod ops;
@@ -130,6 +132,12 @@ pub(super) struct Family {
     /// How many splits this group has made: with the id, it names the next sub-groups alike
     /// on every rank (shared with the progress thread's view).
     pub(super) splits: Arc<AtomicU64>,
+    /// How many sub-groups this rank made with [`Group::subgroup_of_members`], by name and
+    /// list: a name and list used again make another group.
+    pub(super) made_by_members: Arc<Mutex<HashMap<(String, Digest), u64>>>,
+    /// This group's id, alive in this process while the group is (`None` for the job's
+    /// group and for groups of one).
+    pub(super) _registration: Option<Arc<Registration>>,
 }
 
 impl Family {
@@ -145,6 +153,8 @@ impl Family {
             job,
             id: 0,
             splits: Arc::default(),
+            made_by_members: Arc::default(),
+            _registration: None,
         }
     }
 }
@@ -388,6 +398,7 @@ impl Group {
             reduce,
             count,
             root: 0,
+            counts: None,
             timeout: self.timeout,
             wait: self.wait,
             interruptible: !self.on_progress_thread,
@@ -395,10 +406,10 @@ impl Group {
     }
 
     /// The description of a send or receive of `bytes`: the header's root field carries the
-    /// tag's digest (point to point has no root).
+    /// tag (point to point has no root).
     fn p2p_call(&self, op: Op, dtype: Dtype, bytes: usize, tag: u32) -> Call {
         Call {
-            root: usize::from(crate::wire::tag_digest(tag)),
+            root: tag as usize,
             ..self.call(op, dtype, ReduceOp::Sum, bytes / dtype.size())
         }
     }

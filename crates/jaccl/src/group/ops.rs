@@ -3,10 +3,10 @@
 //! the group's collectives ([`crate::algo::collectives`]).
 
 use super::Group;
+use crate::algo::engine::Call;
 use crate::dtype::{Dtype, Element, ReduceOp};
-#[cfg(doc)]
-use crate::error::Error;
-use crate::error::{Op, Result};
+use crate::error::{Error, Op, Result};
+use crate::wire::counts_digest;
 
 /// A typed call on bytes: `input` and `output` viewed as the bytes of their elements (`bool`s
 /// are normalised on the way back).
@@ -15,14 +15,31 @@ fn typed<T: Element, R>(input: &[T], output: &mut [T], f: impl FnOnce(&[u8], &mu
     T::with_bytes_mut(output, |out| f(&input, out))
 }
 
-/// A digest of the counts of a variable-size collective, the same on every rank that passes
-/// the same counts: it stands for them in the operation's header, so ranks whose counts differ
-/// fail with `Mismatch`. It fits the 48 bits a shared-memory call description has for a count.
-fn digest(counts: &[usize]) -> usize {
-    let hash = counts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| {
-        (h ^ c as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    (hash & ((1 << 48) - 1)) as usize
+/// A `Mismatch` of a variable-size collective, with this rank's counts (the peer's error shows
+/// the peer's): two ranks whose counts differ see where.
+fn showing_counts(e: Error, counts: &[usize]) -> Error {
+    const SHOWN: usize = 16;
+    match e {
+        Error::Mismatch {
+            rank,
+            peer,
+            op,
+            detail,
+        } => {
+            let more = match counts.len() > SHOWN {
+                true => format!(" and {} more", counts.len() - SHOWN),
+                false => String::new(),
+            };
+            let shown = &counts[..counts.len().min(SHOWN)];
+            Error::Mismatch {
+                rank,
+                peer,
+                op,
+                detail: format!("{detail}; this rank's counts are {shown:?}{more}"),
+            }
+        }
+        other => other,
+    }
 }
 
 /// `counts[0] + counts[1] + ...`, or `None` if it overflows.
@@ -625,10 +642,11 @@ impl Group {
         self.check_len(op, "input", input.len(), counts[self.rank], dtype)?;
         let sum = total(counts).unwrap_or(usize::MAX);
         self.check_len(op, "output", output.len(), sum, dtype)?;
-        let call = self.call(op, dtype, ReduceOp::Sum, digest(counts));
+        let call = self.counts_call(op, dtype, ReduceOp::Sum, counts, sum);
         self.copy_or_run(call, input, output, |c, i, o, call| {
             c.all_gather_v(i, o, counts, dtype.size(), call)
         })
+        .map_err(|e| showing_counts(e, counts))
     }
 
     /// Reduces `input` (`counts[0] + counts[1] + ...` elements) over all ranks with `op` and
@@ -691,10 +709,11 @@ impl Group {
         self.check_len(which, "input", input.len(), sum, dtype)?;
         self.check_len(which, "output", output.len(), counts[self.rank], dtype)?;
         let reducer = self.reducer(which, dtype, op)?;
-        let call = self.call(which, dtype, op, digest(counts));
+        let call = self.counts_call(which, dtype, op, counts, sum);
         self.copy_or_run(call, input, output, |c, i, o, call| {
             c.reduce_scatter_v(i, o, counts, &reducer, call)
-        })?;
+        })
+        .map_err(|e| showing_counts(e, counts))?;
         reducer.finish(output, self.size);
         Ok(())
     }
@@ -719,8 +738,8 @@ impl Group {
     /// [`Group::send`] with a tag the receiver must name too ([`Group::recv_tagged`]; plain
     /// `send` and `recv` use tag 0). Messages between two ranks still arrive in the order they
     /// were sent: tags are checked, not matched, so a receive whose tag differs from the next
-    /// message's fails with [`Error::Mismatch`] naming both, rather than taking it. Tags are
-    /// compared exactly below 2^16; larger ones by a 16-bit digest.
+    /// message's fails with [`Error::Mismatch`] naming both tags, rather than taking it. Tags
+    /// are compared whole (all 32 bits).
     ///
     /// # Errors
     /// As [`Group::send`].
@@ -794,6 +813,22 @@ impl Group {
         self.run(call, |c, call| c.barrier(call))
     }
 
+    /// The call of a variable-size collective over `counts` (adding up to `sum` elements):
+    /// its headers carry the sum and the digest of the counts, which every rank must match.
+    fn counts_call(
+        &self,
+        op: Op,
+        dtype: Dtype,
+        reduce: ReduceOp,
+        counts: &[usize],
+        sum: usize,
+    ) -> Call {
+        Call {
+            counts: Some(counts_digest(counts)),
+            ..self.call(op, dtype, reduce, sum)
+        }
+    }
+
     /// Checks that `counts` has an entry per rank.
     fn check_counts(&self, op: Op, name: &str, counts: &[usize]) -> Result<()> {
         if counts.len() == self.size {
@@ -815,12 +850,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn digests_tell_counts_apart_and_fit_48_bits() {
-        let a = digest(&[1, 2, 3]);
-        assert_eq!(a, digest(&[1, 2, 3]));
-        assert_ne!(a, digest(&[1, 3, 2]));
-        assert_ne!(digest(&[0]), digest(&[0, 0]));
-        assert!(a < 1 << 48);
+    fn totals_overflow_to_none_and_mismatches_show_the_counts() {
         assert_eq!(total(&[usize::MAX, 1]), None);
+        let e = Error::Mismatch {
+            rank: 0,
+            peer: 1,
+            op: Op::AllGatherV,
+            detail: "they differ".into(),
+        };
+        let shown = showing_counts(e, &(0..20).collect::<Vec<_>>()).to_string();
+        assert!(
+            shown.contains("[0, 1, 2") && shown.contains("and 4 more"),
+            "{shown}"
+        );
     }
 }

@@ -13,27 +13,30 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use sha2::{Digest as _, Sha256};
+
 use super::{Family, Group};
 use crate::config::Config;
 use crate::connect;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
+use crate::wire::Digest;
 
 /// What a rank asks of a split, as the all-gather carries it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Ask {
     /// [`Group::split`]: `color` (`None`: no group) and `key`.
     Split { color: Option<u32>, key: u32 },
-    /// [`Group::subgroup`]: a digest of the list of members.
-    Subgroup { digest: u64 },
+    /// [`Group::subgroup`]: the list of members, by its SHA-256 digest ([`list_digest`]).
+    Subgroup { list: Digest },
 }
 
 /// Bytes of an [`Ask`]: kind (1 split, 2 subgroup), whether a color follows (0 or 1), color
-/// and key (u32 each, little-endian), digest (u64).
-const ASK_LEN: usize = 1 + 1 + 4 + 4 + 8;
+/// and key (u32 each, little-endian), the list's digest (32 bytes).
+const ASK_LEN: usize = 1 + 1 + 4 + 4 + 32;
 
 impl Ask {
-    fn encode(self) -> [u8; ASK_LEN] {
+    fn encode(&self) -> [u8; ASK_LEN] {
         let mut b = [0u8; ASK_LEN];
         match self {
             Ask::Split { color, key } => {
@@ -42,9 +45,9 @@ impl Ask {
                 b[2..6].copy_from_slice(&color.unwrap_or(0).to_le_bytes());
                 b[6..10].copy_from_slice(&key.to_le_bytes());
             }
-            Ask::Subgroup { digest } => {
+            Ask::Subgroup { list } => {
                 b[0] = 2;
-                b[10..18].copy_from_slice(&digest.to_le_bytes());
+                b[10..42].copy_from_slice(list);
             }
         }
         b
@@ -59,32 +62,54 @@ impl Ask {
                 key: u32_at(6)?,
             }),
             (ASK_LEN, Some(2), _) => Some(Ask::Subgroup {
-                digest: u64::from_le_bytes(b.get(10..18)?.try_into().ok()?),
+                list: b.get(10..42)?.try_into().ok()?,
             }),
             _ => None,
         }
     }
 
-    fn describe(self) -> String {
-        match self {
-            Ask::Split {
-                color: Some(c),
-                key,
-            } => format!("split(color {c}, key {key})"),
-            Ask::Split { color: None, key } => format!("split(no color, key {key})"),
-            Ask::Subgroup { digest } => format!("subgroup(a list with digest {digest:016x})"),
+    /// What the ask was, for messages (`list`: the list of a subgroup this rank asked for,
+    /// which a peer's digest stands for only when it is the same).
+    fn describe(&self, list: Option<&[usize]>) -> String {
+        match (self, list) {
+            (
+                Ask::Split {
+                    color: Some(c),
+                    key,
+                },
+                _,
+            ) => format!("split(color {c}, key {key})"),
+            (Ask::Split { color: None, key }, _) => format!("split(no color, key {key})"),
+            (Ask::Subgroup { .. }, Some(list)) => format!("subgroup({list:?})"),
+            (Ask::Subgroup { .. }, None) => "subgroup with another list of ranks".into(),
         }
     }
 }
 
-/// A digest of `values` (FNV-1a over their little-endian bytes), the same on every rank.
-fn digest(values: impl IntoIterator<Item = u64>) -> u64 {
-    values
-        .into_iter()
-        .flat_map(u64::to_le_bytes)
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
+/// The SHA-256 digest of a list of ranks, standing for it in asks and group ids.
+fn list_digest(ranks: &[usize]) -> Digest {
+    let mut h = Sha256::new();
+    h.update((ranks.len() as u64).to_le_bytes());
+    for &r in ranks {
+        h.update((r as u64).to_le_bytes());
+    }
+    h.finalize().into()
+}
+
+/// A sub-group's id: the first 64 bits of the SHA-256 of what tells it apart (`kind`, its
+/// parent's id, then `parts`), never 0 (the group `init` made). Members compute it alike;
+/// the registry of live groups (`LateTcp::register`) refuses a second group with one id.
+fn group_id(kind: &str, parent: u64, parts: &[&[u8]]) -> u64 {
+    let mut h = Sha256::new();
+    h.update(b"jaccl group id\0");
+    h.update(kind.as_bytes());
+    h.update(parent.to_le_bytes());
+    for part in parts {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    let digest: Digest = h.finalize().into();
+    u64::from_le_bytes(digest[..8].try_into().unwrap_or_default()).max(1)
 }
 
 impl Group {
@@ -122,7 +147,8 @@ impl Group {
     /// poisoned); [`Error::Bootstrap`] when the new group cannot be formed in the start-up
     /// timeout (a member died or is not in this split), which leaves this group usable.
     pub fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Group>> {
-        let asks = self.gather_asks(Ask::Split { color, key })?;
+        let asks = self.gather_asks(&Ask::Split { color, key }, None)?;
+        let split = self.next_split();
         let Some(color) = color else {
             return Ok(None);
         };
@@ -139,7 +165,8 @@ impl Group {
             .collect();
         members.sort_unstable();
         let members: Vec<usize> = members.into_iter().map(|(_, rank)| rank).collect();
-        self.form(&members, u64::from(color)).map(Some)
+        let id = group_id("split", self.family.id, &[&split, &color.to_le_bytes()]);
+        self.form(&members, id).map(Some)
     }
 
     /// Makes a sub-group of `ranks` (ranks of this group, in the order of their new ranks):
@@ -151,14 +178,26 @@ impl Group {
     /// [`Error::InvalidArgument`] (on every rank) for an empty list, a rank out of range or one
     /// listed twice; otherwise as [`Group::split`].
     pub fn subgroup(&mut self, ranks: &[usize]) -> Result<Option<Group>> {
-        let list = digest(ranks.iter().map(|&r| r as u64));
-        self.gather_asks(Ask::Subgroup { digest: list })?;
+        let list = list_digest(ranks);
+        self.gather_asks(&Ask::Subgroup { list }, Some(ranks))?;
+        let split = self.next_split();
         // Every rank has the same list now: each finds the same fault in it.
         self.check_list(ranks)?;
         if !ranks.contains(&self.rank) {
             return Ok(None);
         }
-        self.form(ranks, list).map(Some)
+        let id = group_id("subgroup", self.family.id, &[&split, &list]);
+        self.form(ranks, id).map(Some)
+    }
+
+    /// The number of this split (or subgroup) among those of this group: counted on every
+    /// rank of the group, member of the new group or not, so that the next split names its
+    /// groups alike everywhere.
+    fn next_split(&self) -> [u8; 8] {
+        self.family
+            .splits
+            .fetch_add(1, Ordering::Relaxed)
+            .to_le_bytes()
     }
 
     /// Makes a sub-group of `ranks` (ranks of this group, in the order of their new ranks) that
@@ -177,11 +216,24 @@ impl Group {
         if !ranks.contains(&self.rank) {
             return Err(self.invalid(Op::Split, format!("this rank is not in the list {ranks:?}")));
         }
-        let label = digest(name.bytes().map(u64::from));
-        let list = digest(ranks.iter().map(|&r| r as u64));
-        // Odd ids, apart from those of `split` and `subgroup`, which are even.
-        let id = digest([self.family.id, label, list]) | 1;
-        self.form_with_id(ranks, id)
+        // The same name and list again makes another group: its members have each made as
+        // many with them before.
+        let list = list_digest(ranks);
+        let made = {
+            let mut made = self.family.made_by_members.lock().map_err(|_| {
+                let why = std::io::Error::other("the count of sub-groups is poisoned");
+                Error::io(self.rank, "split", why)
+            })?;
+            let made = made.entry((name.to_owned(), list)).or_insert(0);
+            *made += 1;
+            *made - 1
+        };
+        let id = group_id(
+            "members",
+            self.family.id,
+            &[name.as_bytes(), &list, &made.to_le_bytes()],
+        );
+        self.form(ranks, id)
     }
 
     /// [`Error::InvalidArgument`] unless `ranks` is a non-empty list of distinct ranks.
@@ -204,8 +256,8 @@ impl Group {
     }
 
     /// Every rank's ask, checked to be of the same kind as this rank's (and, for
-    /// [`Group::subgroup`], the same list).
-    fn gather_asks(&mut self, mine: Ask) -> Result<Vec<Ask>> {
+    /// [`Group::subgroup`], the same `list`).
+    fn gather_asks(&mut self, mine: &Ask, list: Option<&[usize]>) -> Result<Vec<Ask>> {
         self.check_usable()?;
         let mut all = vec![0u8; ASK_LEN * self.size];
         let call = self.call(Op::Split, Dtype::UInt8, ReduceOp::Sum, ASK_LEN);
@@ -220,8 +272,8 @@ impl Group {
                 op: Op::Split,
                 detail: "its split request is not one of jaccl's".into(),
             })?;
-            let same_kind =
-                matches!((mine, theirs), (Ask::Split { .. }, Ask::Split { .. })) || mine == theirs;
+            let same_kind = matches!((mine, &theirs), (Ask::Split { .. }, Ask::Split { .. }))
+                || *mine == theirs;
             if !same_kind {
                 return Err(Error::Mismatch {
                     rank: self.rank,
@@ -229,8 +281,8 @@ impl Group {
                     op: Op::Split,
                     detail: format!(
                         "this rank called {}, rank {peer} {}",
-                        mine.describe(),
-                        theirs.describe()
+                        mine.describe(list),
+                        theirs.describe(None)
                     ),
                 });
             }
@@ -240,15 +292,8 @@ impl Group {
     }
 
     /// Forms the group of `members` (ranks of this group, in their new order; this rank among
-    /// them), told apart from the other groups of the same split by `label`.
-    fn form(&mut self, members: &[usize], label: u64) -> Result<Group> {
-        let split = self.family.splits.fetch_add(1, Ordering::Relaxed);
-        let id = digest([self.family.id, split, label]) & !1;
-        self.form_with_id(members, id.max(2))
-    }
-
-    /// Forms the group of `members` (this rank among them) whose connections carry `id`.
-    fn form_with_id(&self, members: &[usize], id: u64) -> Result<Group> {
+    /// them) whose connections carry `id`.
+    fn form(&self, members: &[usize], id: u64) -> Result<Group> {
         let rank = members
             .iter()
             .position(|&r| r == self.rank)
@@ -262,12 +307,21 @@ impl Group {
             size: members.len(),
             ..(*self.family.config).clone()
         };
+        let registration = match &self.family.job {
+            Some(job) if members.len() > 1 => Some(Arc::new(
+                job.register(id)
+                    .map_err(|why| self.invalid(Op::Split, why))?,
+            )),
+            _ => None,
+        };
         let family = Family {
             config: Arc::new(config.clone()),
             job: self.family.job.clone(),
             job_rank: Arc::clone(&job_rank),
             id,
             splits: Arc::default(),
+            made_by_members: Arc::default(),
+            _registration: registration,
         };
         if members.len() == 1 {
             return Ok(Group::of_one(family));
@@ -296,7 +350,9 @@ mod tests {
                 color: None,
                 key: u32::MAX,
             },
-            Ask::Subgroup { digest: 42 },
+            Ask::Subgroup {
+                list: list_digest(&[2, 0]),
+            },
         ] {
             assert_eq!(Ask::decode(&ask.encode()), Some(ask));
         }
@@ -312,9 +368,14 @@ mod tests {
     }
 
     #[test]
-    fn digests_tell_lists_apart() {
-        assert_eq!(digest([1, 2]), digest([1, 2]));
-        assert_ne!(digest([1, 2]), digest([2, 1]));
-        assert_ne!(digest([0]), digest([0, 0]));
+    fn digests_and_ids_tell_lists_and_groups_apart() {
+        assert_eq!(list_digest(&[1, 2]), list_digest(&[1, 2]));
+        assert_ne!(list_digest(&[1, 2]), list_digest(&[2, 1]));
+        assert_ne!(list_digest(&[0]), list_digest(&[0, 0]));
+        let id = |kind, parent, parts: &[&[u8]]| group_id(kind, parent, parts);
+        assert_eq!(id("split", 0, &[b"a"]), id("split", 0, &[b"a"]));
+        assert_ne!(id("split", 0, &[b"a"]), id("subgroup", 0, &[b"a"]));
+        assert_ne!(id("split", 0, &[b"a"]), id("split", 1, &[b"a"]));
+        assert_ne!(id("split", 0, &[b"ab", b""]), id("split", 0, &[b"a", b"b"]));
     }
 }

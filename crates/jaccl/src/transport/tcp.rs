@@ -4,7 +4,7 @@
 //! every call, and `MSG_NOSIGNAL` so a closed peer is an error, not a `SIGPIPE` that kills a
 //! host program which did not ignore it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -306,7 +306,12 @@ impl TcpConnector {
     ///
     /// # Errors
     /// The thread that accepts them cannot start.
-    pub(crate) fn into_late(self, me: Identity, published: &[Value]) -> io::Result<Arc<LateTcp>> {
+    pub(crate) fn into_late(
+        self,
+        me: Identity,
+        published: &[Value],
+        startup_timeout: Duration,
+    ) -> io::Result<Arc<LateTcp>> {
         let listener = match self.how {
             How::Listening(listener) => listener,
             How::Through { job, .. } => return Ok(job),
@@ -314,6 +319,8 @@ impl TcpConnector {
         let addresses = published.iter().map(|b| address(b).ok()).collect();
         let parked = Arc::new(Parked {
             streams: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashSet::new()),
+            kept_for: startup_timeout,
             failure: Mutex::new(None),
             arrived: crate::os::event_counter()?,
         });
@@ -346,9 +353,15 @@ pub(crate) struct LateTcp {
     stop: Arc<AtomicBool>,
 }
 
-/// Connections accepted and authenticated, by what their claims say.
+/// Connections accepted and authenticated, by what their claims say, and when they came.
+/// Lock order: `streams`, then `live`.
 struct Parked {
-    streams: Mutex<HashMap<Slot, TcpStream>>,
+    streams: Mutex<HashMap<Slot, (TcpStream, Instant)>>,
+    /// The ids of the sub-groups alive in this process ([`LateTcp::register`]).
+    live: Mutex<HashSet<u64>>,
+    /// How long a connection nobody takes is kept: the start-up timeout, within which the
+    /// group it serves is formed (or has failed to form) here.
+    kept_for: Duration,
     /// Why the thread stopped accepting, if it failed.
     failure: Mutex<Option<String>>,
     /// Signalled when a connection is parked or the thread fails.
@@ -373,6 +386,43 @@ fn parks(claim: &Claim, me: &Identity) -> bool {
     purpose && claim.size == me.size && claim.rank < me.size && claim.rank != me.rank
 }
 
+impl Parked {
+    /// Closes what no one will take: the connections of a sub-group not alive here that are
+    /// older than [`Parked::kept_for`] (its formation failed, or it was dropped), and a
+    /// sub-group's start-up connections older than that (its formation is over). Links made
+    /// on first use of a live group stay until its call takes them.
+    fn purge(&self, streams: &mut HashMap<Slot, (TcpStream, Instant)>) {
+        let live = match self.live.lock() {
+            Ok(live) => live,
+            Err(_) => return,
+        };
+        streams.retain(|&(purpose, group, _, _), (_, at)| {
+            let fresh = at.elapsed() < self.kept_for;
+            let alive = group == 0 || live.contains(&group);
+            fresh || (alive && purpose == Purpose::Late)
+        });
+    }
+}
+
+/// A sub-group's id, alive in this process until this is dropped ([`LateTcp::register`]).
+pub(crate) struct Registration {
+    job: Arc<LateTcp>,
+    group: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let parked = &self.job.parked;
+        if let Ok(mut live) = parked.live.lock() {
+            live.remove(&self.group);
+        }
+        if let Ok(mut streams) = parked.streams.lock() {
+            streams.retain(|&(_, group, _, _), _| group != self.group);
+            parked.purge(&mut streams);
+        }
+    }
+}
+
 impl Drop for LateTcp {
     fn drop(&mut self) {
         // The thread notices within 100 ms and closes the listener.
@@ -381,6 +431,32 @@ impl Drop for LateTcp {
 }
 
 impl LateTcp {
+    /// Marks sub-group `group` alive in this process until the registration is dropped, so
+    /// that connections for it are kept until taken.
+    ///
+    /// # Errors
+    /// A group with this id is alive in this process already: the connections of two groups
+    /// with one id could cross.
+    pub(crate) fn register(
+        self: &Arc<LateTcp>,
+        group: u64,
+    ) -> std::result::Result<Registration, String> {
+        let mut live = self
+            .parked
+            .live
+            .lock()
+            .map_err(|_| "the registry of sub-groups is poisoned".to_string())?;
+        if group == 0 || !live.insert(group) {
+            return Err(format!(
+                "a sub-group with id {group:016x} is alive in this process already"
+            ));
+        }
+        Ok(Registration {
+            job: Arc::clone(self),
+            group,
+        })
+    }
+
     /// Opens wire `wire` of group `group` to the job's rank `peer` (which takes it with
     /// [`LateTcp::take`]), until `deadline`; `go_on` is asked at least every second whether to
     /// keep trying.
@@ -452,7 +528,10 @@ impl LateTcp {
     /// Why the thread that accepts connections stopped.
     fn take_stream(&self, slot: Slot) -> std::result::Result<Option<TcpStream>, String> {
         let stream = match self.parked.streams.lock() {
-            Ok(mut streams) => streams.remove(&slot),
+            Ok(mut streams) => {
+                self.parked.purge(&mut streams);
+                streams.remove(&slot).map(|(stream, _)| stream)
+            }
             Err(_) => None,
         };
         if stream.is_some() {
@@ -570,6 +649,7 @@ fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &
                 return Ok(Admission::Done);
             };
             let key = (claim.purpose, claim.group, claim.rank, claim.wire);
+            parked.purge(&mut streams);
             if !fits || streams.contains_key(&key) {
                 let why = format!(
                     "not expecting {:?} from rank {} (wire {}, group {:x}) here",
@@ -578,7 +658,7 @@ fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &
                 tracing::warn!(rank = me.rank, %why, "refused a data connection");
                 let _ = auth::verdict(&mut stream, Err(&why), reply_by);
             } else if auth::verdict(&mut stream, Ok(()), reply_by).is_ok() {
-                streams.insert(key, stream);
+                streams.insert(key, (stream, Instant::now()));
                 crate::os::signal(&parked.arrived);
             }
             Ok(Admission::More)
@@ -890,6 +970,67 @@ mod tests {
         assert!(within_host(ip("10.0.0.1"), ip("10.0.0.1")));
         assert!(!within_host(ip("10.0.0.1"), ip("10.0.0.2")));
         assert!(!within_host(ip("fd00::1"), ip("fd00::2")));
+    }
+
+    /// Two ranks' job listeners on loopback, whose connections nobody takes are kept for
+    /// `kept_for`.
+    fn two_listeners(kept_for: Duration) -> [Arc<LateTcp>; 2] {
+        let token = crate::JobToken::new("a token of sixteen bytes").unwrap();
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let connectors = [
+            TcpConnector::new(ip).unwrap(),
+            TcpConnector::new(ip).unwrap(),
+        ];
+        let published: Vec<Value> = connectors.iter().map(Connector::publish).collect();
+        let mut rank = 0;
+        connectors.map(|c| {
+            let me = Identity {
+                rank,
+                size: 2,
+                token: token.clone(),
+            };
+            rank += 1;
+            c.into_late(me, &published, kept_for).unwrap()
+        })
+    }
+
+    #[test]
+    fn a_live_group_id_is_refused_until_its_group_is_dropped() {
+        let [job, _] = two_listeners(Duration::from_secs(60));
+        let first = job.register(5).unwrap();
+        assert!(job.register(5).err().unwrap().contains("alive"));
+        assert!(job.register(0).is_err(), "the job's own group");
+        let other = job.register(6).unwrap();
+        drop(first);
+        let _again = job.register(5).unwrap();
+        drop(other);
+    }
+
+    #[test]
+    fn connections_nobody_takes_are_closed_after_the_start_up_timeout() {
+        let [zero, one] = two_listeners(Duration::from_millis(300));
+        let _live = zero.register(7).unwrap();
+        let deadline = deadline_after(Duration::from_secs(10));
+        // Rank 1 opens: a start-up connection of a group that is not alive at rank 0 (its
+        // formation failed there, say), and a link made on first use of one that is.
+        let slots = [(Purpose::Data, 9), (Purpose::Late, 7)];
+        for (purpose, group) in slots {
+            one.dial(purpose, group, 0, 0, deadline, &mut || Ok(()))
+                .unwrap();
+        }
+        let parked = || zero.parked.streams.lock().unwrap().len();
+        while parked() < 2 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        // Taking anything purges: the stale start-up connection goes, the live group's stays.
+        assert!(
+            zero.take_stream((Purpose::Side, 3, 1, 0))
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(parked(), 1);
+        assert!(zero.take(7, 1, 0).unwrap().is_some());
     }
 
     #[test]

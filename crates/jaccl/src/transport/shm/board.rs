@@ -12,6 +12,7 @@ use rustix::event::PollFd;
 
 use super::segment::{EAGER_BYTES, EagerLine, INLINE, Mailbox};
 use super::{Local, Mapping, Peer, Shm};
+use crate::wire::Digest;
 
 /// Bytes of data a call description carries inline, in the line peers wait on.
 pub(crate) const INLINE_BYTES: usize = INLINE;
@@ -104,6 +105,25 @@ impl Board {
         for (word, value) in self.local.mailbox().call(seq).into_iter().zip(words) {
             word.store(value, Ordering::Relaxed);
         }
+    }
+
+    /// Publishes the digest of the counts of call `seq` (visible to peers with the next
+    /// stamp).
+    pub(crate) fn publish_counts(&self, seq: u64, digest: &Digest) {
+        let words = self.local.mailbox().counts(seq);
+        for (word, bytes) in words.into_iter().zip(digest.chunks_exact(8)) {
+            word.store(crate::wire::u64_at(bytes, 0), Ordering::Relaxed);
+        }
+    }
+
+    /// `rank`'s digest of the counts of call `seq` (read after its stamp said it is there).
+    pub(crate) fn counts_of(&self, rank: usize, seq: u64) -> Digest {
+        let mut digest = [0u8; 32];
+        let words = self.mailbox_of(rank).counts(seq);
+        for (bytes, word) in digest.chunks_exact_mut(8).zip(words) {
+            bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        digest
     }
 
     /// `rank`'s description of call `seq` (read after its stamp said it is there).

@@ -1,7 +1,7 @@
 //! The layout of a rank's segment and typed views of its control words.
 //!
 //! ```text
-//! control     the mailbox (lines 0-1), the eager lines, then a tail and a head line per
+//! control     the mailbox (lines 0-2), the eager lines, then a tail and a head line per
 //!             outgoing ring (whole pages)
 //! 2 areas     the direct collectives' data (rounds alternate between them)
 //! rings       per outgoing ring, its bytes (both ends map them twice, back to back)
@@ -121,8 +121,11 @@ impl Layout {
     }
 }
 
-/// Where the eager lines start in the control page (after the mailbox's two lines).
-const EAGER_AT: usize = 2 * LINE;
+/// Where the digests of the calls' counts are in the control page (after the mailbox's two
+/// lines): see [`Mailbox::counts`].
+const COUNTS_AT: usize = 2 * LINE;
+/// Where the eager lines start in the control page (after the mailbox and the digests).
+const EAGER_AT: usize = 3 * LINE;
 /// Where the rings' cursors start in the control page.
 const RINGS_AT: usize = EAGER_AT + EAGER_LINES * LINE;
 
@@ -178,7 +181,7 @@ pub(crate) enum State {
     Failed = 2,
 }
 
-/// A rank's mailbox: the first two lines of its segment, written only by its owner.
+/// A rank's mailbox: the first three lines of its segment, written only by its owner.
 ///
 /// Line 0 is what peers wait on, so one cache-line transfer brings all they need:
 /// - `stamp`: how many synchronisation points of the direct collectives it has reached;
@@ -189,10 +192,13 @@ pub(crate) enum State {
 /// while the owner may be asleep on its doorbell, read by every waker), and rank 0's store
 /// hints (for the call after call `c`, the slot of `c`'s parity).
 ///
+/// Line 2 holds, per parity, the digest of the counts of a call that has them
+/// ([`Mailbox::counts`]), written only for such calls.
+///
 /// Every field is written by the owner only. What a reader does with a value the owner wrote
 /// (a buggy or hostile peer can write anything): the stamp and the state are only compared;
 /// the call description is parsed with `Header::from_words`, which rejects unknown ids, and
-/// compared with this rank's own; `sleeping` is compared with zero; a hint is only tested
+/// compared with this rank's own (its digest of the counts too, where the kind has one); `sleeping` is compared with zero; a hint is only tested
 /// bit by bit to pick a kind of store. No value from a mailbox becomes an index, a length or
 /// an offset: offsets into the areas and the inline data come from this rank's own call.
 #[derive(Clone, Copy)]
@@ -231,6 +237,14 @@ impl<'a> Mailbox<'a> {
 
     pub(crate) fn sleeping(self) -> &'a AtomicU32 {
         self.0.atomic_u32(LINE + 4)
+    }
+
+    /// The digest of the counts of the call of this parity (line 2, two halves), for the
+    /// calls whose ranks pass counts that must agree (`wire::Kind::has_counts`): written
+    /// with the call's description, before its stamp; read only for such a call.
+    pub(crate) fn counts(self, parity: u64) -> [&'a AtomicU64; 4] {
+        let at = COUNTS_AT + (parity % 2) as usize * 32;
+        std::array::from_fn(|i| self.0.atomic_u64(at + 8 * i))
     }
 
     /// Rank 0's store hints published with calls of this parity.

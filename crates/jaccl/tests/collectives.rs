@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use jaccl::half::{bf16, f16};
 use jaccl::num_complex::Complex32;
-use jaccl::{Dtype, Element, Group, ReduceOp, Topology, Transport, WaitPolicy};
+use jaccl::{Config, Dtype, Element, Error, Group, ReduceOp, Topology, Transport, WaitPolicy};
 
 fn all_reduce_case<T: TestElem>(g: &mut Group, lengths: &[usize]) -> Vec<u64> {
     let (rank, size) = (g.rank(), g.size());
@@ -329,6 +329,77 @@ fn send_recv_between_every_pair_of_ranks() {
             }
         }
     }
+}
+
+/// Receives from any rank: the lowest and the highest rank each take one message from every
+/// other (small and large, after which the senders drop their groups), from ranks with and
+/// without a link yet (on the ring and off it: pretend hosts make links on first use); each
+/// sender's messages arrive in the order it sent them; a tag that differs is a `Mismatch`; a
+/// group of one has nobody to receive from.
+#[test]
+fn recv_any_takes_every_sender_in_turn() {
+    for net in nets() {
+        for size in [2, 3, 5] {
+            for receiver in [0, size - 1] {
+                let got = with_group(net, size, 2, |g| {
+                    let (rank, n) = (g.rank(), g.size() as u64);
+                    if rank != receiver {
+                        for k in 0..3u64 {
+                            let len = if k == 1 { 300_007 } else { 3 };
+                            g.send(&vec![rank as u64 * 100 + k; len], receiver).unwrap();
+                        }
+                        return Vec::new();
+                    }
+                    let mut seen = Vec::new();
+                    while (seen.len() as u64) < 3 * (n - 1) {
+                        // Which message comes next is unknown: try the small length first.
+                        let mut small = [0u64; 3];
+                        let (src, first) = match g.recv_any(&mut small) {
+                            Ok(src) => (src, small[0]),
+                            Err(e) => panic!("{net:?} size {size} rank {rank}: {e}"),
+                        };
+                        assert!(small.iter().all(|&v| v == first), "{net:?}: {small:?}");
+                        seen.push((src, first));
+                        if first % 100 == 0 {
+                            // The next from this sender is the large one: take it from it.
+                            let mut large = vec![0u64; 300_007];
+                            g.recv(&mut large, src).unwrap();
+                            assert!(large.iter().all(|&v| v == first + 1));
+                            seen.push((src, first + 1));
+                        }
+                    }
+                    seen
+                });
+                let seen = &got[receiver];
+                let what = format!("{net:?} size {size} receiver {receiver}: {seen:?}");
+                for sender in (0..size).filter(|&r| r != receiver) {
+                    let from: Vec<u64> = seen
+                        .iter()
+                        .filter(|(src, _)| *src == sender)
+                        .map(|(_, v)| *v)
+                        .collect();
+                    let base = sender as u64 * 100;
+                    assert_eq!(from, [base, base + 1, base + 2], "{what}");
+                }
+            }
+        }
+        let results = with_group(net, 2, 1, |g| match g.rank() {
+            0 => g.send_tagged(&[1u8], 1, 6),
+            _ => g.recv_any_tagged(&mut [0u8], 5).map(drop),
+        });
+        let Err(Error::Mismatch { detail, .. }) = &results[1] else {
+            panic!("{net:?}: {results:?}");
+        };
+        assert!(
+            detail.contains("with tag 6") && detail.contains("with tag 5"),
+            "{detail}"
+        );
+    }
+    let mut alone = jaccl::init_with(Config::new(0, 1)).unwrap();
+    assert!(matches!(
+        alone.recv_any(&mut [0u8]),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 /// `auto` builds the mesh for 4 ranks or more when each is on a host of its own and they talk

@@ -29,6 +29,8 @@ pub(crate) struct Collectives {
     scratch: Scratch,
     /// A second buffer, for what a call keeps while the algorithm it calls uses `scratch`.
     spare: Scratch,
+    /// The sender of the last receive from any rank: the next one looks at the others first.
+    last_source: usize,
 }
 
 impl Collectives {
@@ -62,6 +64,7 @@ impl Collectives {
             direct,
             scratch: Scratch::default(),
             spare: Scratch::default(),
+            last_source: geometry.rank,
         }
     }
 
@@ -264,6 +267,17 @@ impl Collectives {
             output: out,
         };
         self.net.run(&plan, bufs, None, call)
+    }
+
+    /// Receives into `out` the next message from any rank (see `super::any_source`); returns
+    /// the sender.
+    pub(crate) fn recv_any(&mut self, out: &mut [u8], call: &Call) -> Result<usize> {
+        let src = self
+            .net
+            .next_sender(&self.geometry, self.last_source, call)?;
+        self.recv(out, src, call)?;
+        self.last_source = src;
+        Ok(src)
     }
 
     /// Broadcast of `data` from `call.root`.

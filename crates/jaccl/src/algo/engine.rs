@@ -11,6 +11,7 @@
 //! Every wait has a deadline: when no byte moves for the call's timeout, it fails with
 //! [`Error::Timeout`].
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,6 +113,29 @@ impl Channel {
     /// The descriptors to sleep on for `interest` (see [`Link::wait_fds`]).
     pub(crate) fn wait_fds<'a>(&'a self, interest: Interest, fds: &mut Vec<PollFd<'a>>) {
         self.link.wait_fds(interest, fds);
+    }
+
+    /// Whether the peer has sent bytes that no call has consumed yet (consuming none).
+    ///
+    /// # Errors
+    /// The link failed (the peer closed it, say).
+    pub(crate) fn has_bytes(&mut self) -> std::result::Result<bool, LinkError> {
+        let mut seen = false;
+        self.try_recv(1, &mut |bytes| {
+            seen = !bytes.is_empty();
+            0
+        })?;
+        Ok(seen)
+    }
+
+    /// Whether re-checking the link costs no system call ([`Link::in_memory`]).
+    pub(crate) fn in_memory(&self) -> bool {
+        self.link.in_memory()
+    }
+
+    /// Whether the peer has entered a direct collective this rank has not ([`Channel::watch`]).
+    pub(crate) fn peer_ahead(&self) -> bool {
+        self.ahead.as_ref().is_some_and(|ahead| ahead())
     }
 
     /// The bytes read ahead and not consumed yet.
@@ -446,6 +470,16 @@ pub(crate) trait LateLinks: Send {
         call: &Call,
         liveness: &Liveness,
     ) -> Result<Vec<Box<dyn Link>>>;
+
+    /// The links that any of `peers` (ranks below this one, which open them) opened to this
+    /// rank so far, by peer, without waiting.
+    ///
+    /// # Errors
+    /// This rank no longer accepts connections, or one could not be configured.
+    fn arrived(&mut self, peers: &[usize], call: &Call) -> Result<Vec<(usize, Box<dyn Link>)>>;
+
+    /// Readable when a link may have arrived ([`LateLinks::arrived`]).
+    fn arrivals(&self) -> BorrowedFd<'_>;
 }
 
 impl Network {
@@ -673,7 +707,7 @@ impl Drop for BlockedReport<'_> {
 
 /// How long a send or receive waits, without progress, on a peer that has entered a direct
 /// collective before it fails with `Mismatch`.
-const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
+pub(crate) const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
 
 /// A peer that this call sends to or receives from, that it waits on, and that has entered a
 /// direct collective this rank has not.
@@ -924,7 +958,7 @@ fn receive_header(ch: &mut Channel, hs: &mut HeaderState, call: &Call) -> Result
     Ok(true)
 }
 
-fn lost(e: LinkError, peer: usize, call: &Call) -> Error {
+pub(crate) fn lost(e: LinkError, peer: usize, call: &Call) -> Error {
     match e {
         LinkError::Closed(cause) => Error::PeerLost {
             rank: call.rank,
@@ -951,10 +985,26 @@ fn sleep(
     limit: Duration,
     call: &Call,
 ) -> Result<()> {
-    let (armed, mut outcome) = arm(channels, wants, call);
+    sleep_also(channels, liveness, wants, None, limit, call)
+}
+
+/// [`sleep`], also woken when `also` is readable (with `also`, `wants` may be empty).
+pub(crate) fn sleep_also(
+    channels: &mut [Channel],
+    liveness: &Liveness,
+    wants: &[Interest],
+    also: Option<BorrowedFd<'_>>,
+    limit: Duration,
+    call: &Call,
+) -> Result<()> {
+    let (armed, mut outcome) = match also.is_some() && !wants.iter().any(|w| w.any()) {
+        true => (0, Ok(Readiness::Armed)),
+        false => arm(channels, wants, call),
+    };
     if let Ok(Readiness::Armed) = outcome {
         let mut fds: Vec<PollFd<'_>> =
             vec![PollFd::from_borrowed_fd(liveness.wake_fd(), PollFlags::IN)];
+        fds.extend(also.map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN)));
         for (ch, w) in channels.iter().zip(wants) {
             if w.any() {
                 ch.link.wait_fds(*w, &mut fds);

@@ -7,10 +7,12 @@
 //! - [`geometry`]: which channel is which wire to which peer, and lanes;
 //! - one file per family: [`ring`], [`mesh`] (one-step exchange), [`doubling`] (recursive
 //!   doubling and halving), [`p2p`] (send and receive), [`direct`] (shared memory, when every
-//!   rank of the group is on this host);
+//!   rank of the group is on this host), `any_source` (whose message a receive from any rank
+//!   takes);
 //! - [`select`]: the one place that decides which algorithm runs for a call;
 //! - [`collectives`]: a group's collectives, run as [`select`] decides.
 
+mod any_source;
 pub(crate) mod collectives;
 pub(crate) mod direct;
 pub(crate) mod doubling;

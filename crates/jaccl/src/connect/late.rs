@@ -8,6 +8,7 @@
 //! acceptor thread ([`LateTcp`]), so neither waits for the other to reach its call to
 //! connect. Every wait ends by the call's timeout, or by liveness when a peer is lost.
 
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,13 @@ impl Late {
     /// The job's rank of the group's rank `peer`.
     fn job(&self, peer: usize) -> usize {
         self.job_rank.get(peer).copied().unwrap_or(usize::MAX)
+    }
+
+    /// Notes links to `peers` for `Group::transport`.
+    fn note(&self, peers: &[usize]) {
+        if let Ok(mut opened) = self.opened.lock() {
+            opened.extend(peers.iter().map(|&p| (p, Transport::Tcp)));
+        }
     }
 }
 
@@ -103,9 +111,34 @@ impl LateLinks for Late {
                 .map_err(|e| Error::io(me, format!("{}: waiting for a connection", call.op), e))?;
             crate::os::drain(liveness.departures_fd());
         }
-        if let Ok(mut opened) = self.opened.lock() {
-            opened.extend(peers.iter().map(|&p| (p, Transport::Tcp)));
-        }
+        self.note(peers);
         Ok(links.into_iter().flatten().collect())
+    }
+
+    fn arrived(&mut self, peers: &[usize], call: &Call) -> Result<Vec<(usize, Box<dyn Link>)>> {
+        let mut links: Vec<(usize, Box<dyn Link>)> = Vec::new();
+        for &peer in peers {
+            let taken = self
+                .tcp
+                .take(self.group, self.job(peer), 0)
+                .map_err(|why| {
+                    let why = std::io::Error::other(why);
+                    Error::io(
+                        call.rank,
+                        format!("{}: connecting to rank {peer}", call.op),
+                        why,
+                    )
+                })?;
+            if let Some(link) = taken {
+                links.push((peer, Box::new(link)));
+            }
+        }
+        let peers: Vec<usize> = links.iter().map(|(p, _)| *p).collect();
+        self.note(&peers);
+        Ok(links)
+    }
+
+    fn arrivals(&self) -> BorrowedFd<'_> {
+        self.tcp.arrivals()
     }
 }

@@ -803,6 +803,61 @@ impl Group {
         self.run(call, |c, call| c.recv(out, src, call))
     }
 
+    /// Receives into `out` the next message any other rank sends to this one with
+    /// [`Group::send`] (same length and type, tag 0), and returns the sender's rank, as
+    /// `MPI_Recv` from `MPI_ANY_SOURCE`. Of several messages that have begun to arrive, it
+    /// takes the first in a round of the ranks that starts after the sender of this rank's
+    /// previous `recv_any` (so senders are taken in turn, and none starves); messages from one
+    /// rank still arrive in the order they were sent. The whole message is then received, and
+    /// its header checked, as [`Group::recv`] does. A rank waiting here can be reached by
+    /// every other: links to ranks off the ring that it would open itself are opened first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] in a group of one; as [`Group::recv`] (a sender whose
+    /// length, type or tag differs gives [`Error::Mismatch`]); [`Error::PeerLost`] once every
+    /// other rank has left the group.
+    pub fn recv_any<T: Element>(&mut self, out: &mut [T]) -> Result<usize> {
+        self.recv_any_tagged(out, 0)
+    }
+
+    /// [`Group::recv_any`] of a message sent with [`Group::send_tagged`] and this `tag`
+    /// (checked, not matched: the message taken must have it).
+    ///
+    /// # Errors
+    /// As [`Group::recv_any`].
+    pub fn recv_any_tagged<T: Element>(&mut self, out: &mut [T], tag: u32) -> Result<usize> {
+        T::with_bytes_mut(out, |bytes| self.recv_any_bytes(bytes, T::DTYPE, tag))
+    }
+
+    /// [`Group::recv_any_tagged`] into raw bytes holding elements of `dtype`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `out` is a whole number of elements; otherwise as
+    /// [`Group::recv_any`].
+    pub fn recv_any_raw(&mut self, out: &mut [u8], dtype: Dtype, tag: u32) -> Result<usize> {
+        let mut src = 0;
+        self.raw(Op::Recv, dtype, &[], ("out", out), |g, out| {
+            src = g.recv_any_bytes(out, dtype, tag)?;
+            Ok(())
+        })?;
+        Ok(src)
+    }
+
+    fn recv_any_bytes(&mut self, out: &mut [u8], dtype: Dtype, tag: u32) -> Result<usize> {
+        self.check_usable()?;
+        if self.alone() {
+            let why = "a group of one has no other rank to receive from".to_string();
+            return Err(self.invalid(Op::Recv, why));
+        }
+        let call = self.p2p_call(Op::Recv, dtype, out.len(), tag);
+        let mut src = 0;
+        self.run(call, |c, call| {
+            src = c.recv_any(out, call)?;
+            Ok(())
+        })?;
+        Ok(src)
+    }
+
     /// Returns once every rank has entered the barrier.
     ///
     /// # Errors

@@ -394,6 +394,14 @@ fn recv_any_takes_every_sender_in_turn() {
             detail.contains("with tag 6") && detail.contains("with tag 5"),
             "{detail}"
         );
+        // Every rank waiting for any other: the heartbeat names the deadlock.
+        let results = with_group(net, 3, 1, |g| g.recv_any(&mut [0u8]));
+        for (rank, r) in results.iter().enumerate() {
+            assert!(
+                matches!(r, Err(Error::Deadlock { .. } | Error::PeerLost { .. })),
+                "{net:?} rank {rank}: {r:?}"
+            );
+        }
     }
     let mut alone = jaccl::init_with(Config::new(0, 1)).unwrap();
     assert!(matches!(

@@ -4,7 +4,9 @@
 //! of arrays, see `memory`) and an element type by name, and errors that become the
 //! exceptions of `jaccl.errors`. The package (python/jaccl/__init__.py) does everything
 //! about arrays: element types, shapes, `out=`, PyTorch tensors. Data moves with the GIL
-//! released. `guarded` keeps a panic in a call from poisoning the group's lock.
+//! released. `guarded` keeps a panic in a call from poisoning the group's lock. Also the
+//! sealed boxes that the torch backend's start-up passes the job secret in
+//! (`SealKey`, `seal`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use jaccl::{Dtype, ReduceOp};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 mod guarded;
 mod memory;
@@ -711,11 +714,58 @@ fn exception(
     made.unwrap_or_else(|e| e)
 }
 
+/// An ephemeral X25519 key pair that a sealed box ([`seal`]) is opened with: the torch
+/// backend's ranks receive the job secret from rank 0 in one, through a store that others
+/// may read (python/jaccl/torch). The secret key never leaves this object.
+#[pyclass(module = "jaccl._native", frozen)]
+struct SealKey {
+    secret: crypto_box::SecretKey,
+}
+
+#[pymethods]
+impl SealKey {
+    #[new]
+    fn new() -> SealKey {
+        SealKey {
+            secret: crypto_box::SecretKey::generate(&mut crypto_box::aead::OsRng),
+        }
+    }
+
+    /// The public key (32 bytes), to publish.
+    #[getter]
+    fn public<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.secret.public_key().as_bytes())
+    }
+
+    /// The message sealed for this key; `None` if `sealed` was not made by [`seal`] for it
+    /// (or was changed since).
+    fn open<'py>(&self, py: Python<'py>, sealed: &[u8]) -> Option<Bound<'py, PyBytes>> {
+        let message = self.secret.unseal(sealed).ok()?;
+        Some(PyBytes::new(py, &message))
+    }
+}
+
+/// `message` in an anonymous sealed box for the holder of `public` (libsodium's
+/// `crypto_box_seal`: an ephemeral X25519 key agreement, then XSalsa20-Poly1305), which
+/// only its [`SealKey`] opens.
+#[pyfunction]
+fn seal<'py>(py: Python<'py>, public: &[u8], message: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let invalid = |why: &str| exception(py, "InvalidArgument", why.to_owned(), None, None, None);
+    let public = crypto_box::PublicKey::from_slice(public)
+        .map_err(|_| invalid("a public key has 32 bytes"))?;
+    let sealed = public
+        .seal(&mut crypto_box::aead::OsRng, message)
+        .map_err(|_| invalid("the message cannot be sealed"))?;
+    Ok(PyBytes::new(py, &sealed))
+}
+
 /// The module `jaccl._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Group>()?;
     m.add_class::<Work>()?;
+    m.add_class::<SealKey>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(seal, m)?)?;
     Ok(())
 }

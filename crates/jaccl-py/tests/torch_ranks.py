@@ -363,10 +363,47 @@ def groups():
     report({"wrong": wrong})
 
 
+def settings_given_to_jaccl():
+    """The settings the backend passes to jaccl when it starts a job (the job secret among
+    them), recorded as they go by: the test's way to read the secret."""
+    import jaccl._native
+
+    given, start = {}, jaccl._native.init
+
+    def recorded(settings):
+        given.update(settings)
+        return start(settings)
+
+    jaccl._native.init = recorded
+    return given
+
+
+def everything_stored():
+    """Every key and value of the default group's store: a file store's file, or a TCP
+    store's keys and their values."""
+    base = dist.distributed_c10d._get_default_store()
+    while hasattr(base, "underlying_store"):
+        base = base.underlying_store
+    if isinstance(base, dist.FileStore):
+        return [open(os.environ["TEST_FILE"], "rb").read()]
+    keys = base.list_keys()
+    return [k.encode() for k in keys] + [base.get(k) for k in keys]
+
+
+def secret_is_kept(given):
+    """Whether the job secret jaccl got appears in no store key or value, nor in this
+    process's environment (given: what `settings_given_to_jaccl` recorded)."""
+    secret = given["JACCL_JOB_TOKEN"].encode()
+    environ = open("/proc/self/environ", "rb").read()
+    return len(secret) >= 32 and all(secret not in v for v in everything_stored() + [environ])
+
+
 def init_methods():
-    """The default group made with the init method or store of argv[2] (2 ranks)."""
+    """The default group made with the init method or store of argv[2] (2 ranks); the secret
+    that start-up passed to jaccl is nowhere in the store or the environment."""
     how = sys.argv[2]
     r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    given = settings_given_to_jaccl()
     if how == "env":
         dist.init_process_group("jaccl", init_method="env://")
     elif how == "tcp":
@@ -381,7 +418,46 @@ def init_methods():
         dist.init_process_group("jaccl", store=store, rank=r, world_size=n, timeout=timedelta(seconds=20))
     t = torch.ones(2)
     dist.all_reduce(t)
+    report({"sum": t.tolist(), "secret_kept": secret_is_kept(given)})
+
+
+def user_token():
+    """A JACCL_JOB_TOKEN the user set is used as it is (2 ranks): the same on both ranks, the
+    job forms and nothing is sealed in the store; different, start-up fails authenticating."""
+    r = int(os.environ["RANK"])
+    given = settings_given_to_jaccl()
+    os.environ["JACCL_JOB_TOKEN"] = "the user's token, the same on every rank"
+    dist.init_process_group("jaccl", timeout=timedelta(seconds=20))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    sealed = [v for v in everything_stored() if b"/sealed/" in v]
+    dist.destroy_process_group()
+    os.environ["JACCL_JOB_TOKEN"] = f"a token of rank {r} alone, not of the others"
+    try:
+        dist.init_process_group("jaccl", timeout=timedelta(seconds=4))
+        failed = None
+    except dist.DistBackendError as e:
+        failed = [type(e.__cause__).__name__, str(e)]
+    report({"sum": t.tolist(), "passed_on": "JACCL_JOB_TOKEN" in given, "sealed": len(sealed), "failed": failed})
+
+
+def shared_store():
+    """A job of 2 plain processes (no launcher: RANK, WORLD_SIZE; argv: store file, marker
+    file) over a file store, which runs until the marker file exists; the test starts another
+    such job over the same file meanwhile, with the same identity."""
+    path, marker = sys.argv[2], sys.argv[3]
+    r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        dist.init_process_group("jaccl", init_method="file://" + path, rank=r, world_size=n, timeout=timedelta(seconds=20))
+    except dist.DistBackendError as e:
+        report({"failed": [type(e.__cause__).__name__, str(e)]})
+        return
+    t = torch.ones(2)
+    dist.all_reduce(t)
     report({"sum": t.tolist()})
+    while not os.path.exists(marker):
+        time.sleep(0.05)
+    dist.all_reduce(t)
 
 
 def again():
@@ -436,9 +512,9 @@ def lose_a_rank():
 
 if __name__ == "__main__":
     case = sys.argv[1]
-    if case not in ("init_methods", "again"):
+    if case not in ("init_methods", "again", "user_token", "shared_store"):
         dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
     {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
-     "lose_a_rank": lose_a_rank}[case]()
+     "lose_a_rank": lose_a_rank, "user_token": user_token, "shared_store": shared_store}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -10,8 +10,10 @@ of this package); with older versions, ``import jaccl.torch`` first. Then every
     dist.all_reduce(tensor)
 
 Start-up goes through the store torch gives each group: its rank 0 publishes the address of
-its coordinator and a fresh job secret there (under the group's own prefix), the others read
-them; torch's ``timeout`` is both the start-up and the operation timeout. A group that
+its coordinator there (under the group's own prefix and the job's id, see `_start_job`), and
+the job secret goes from rank 0 to each rank in a box sealed to that rank's key, so that the
+store never holds it; a ``JACCL_JOB_TOKEN`` (or ``_FILE``) the user set is used instead.
+torch's ``timeout`` is both the start-up and the operation timeout. A group that
 ``new_group`` makes is a jaccl sub-group of the default one (``jaccl.Group`` formed by its
 members alone), with its own connections. Errors are raised as
 ``torch.distributed.DistBackendError`` whose cause is the jaccl exception (``PeerLost``,
@@ -20,13 +22,15 @@ members alone), with its own connections. Errors are raised as
 
 import collections
 import datetime
+import hashlib
+import json
 import os
 import queue
 import secrets
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -94,35 +98,117 @@ def _create(opts: Any, _backend_options: Any = None) -> "ProcessGroupJaccl":
     if isinstance(world, ProcessGroupJaccl):
         g = _raising(lambda: world._g.subgroup_of_members(members, name))
     else:
-        g = _start_job(opts.store, rank, size, timeout)
+        g = _start_job(opts.store, rank, size, timeout, name)
     return ProcessGroupJaccl(g, rank, size, timeout, opts.store)
 
 
-def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> "_native.Group":
-    """A jaccl job of `size` ranks whose rank 0 publishes its coordinator and a fresh secret in
-    `store` (already prefixed per group by torch).
+# The jaccl jobs this process started, per torch group name: a part of each job's id.
+_jobs_started: Dict[str, int] = collections.Counter()
+_jobs_lock = threading.Lock()
 
-    torch gives a group made again after `destroy_process_group` the same prefix, so the keys of
-    the last job are still there: each job's keys carry its number, which every rank learns by
-    counting the ranks that came before it (no rank starts the next job before all have counted
-    themselves into this one, since the job needs all of them to start)."""
-    job = (store.add("jaccl/ranks", 1) - 1) // size
-    coordinator_key, token_key = f"jaccl/{job}/coordinator", f"jaccl/{job}/token"
+# What identifies the launcher's job, in a jaccl job's id (with JACCL_JOB_ID, the user's).
+_IDENTITY = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "JACCL_JOB_ID")
+
+
+def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, group: str) -> "_native.Group":
+    """The jaccl job of `size` ranks that torch's group `group` is, started through `store`
+    (already prefixed per group by torch), where rank 0 publishes its coordinator's address.
+
+    The store's keys carry the job's id, which every rank computes alone and alike: the
+    launcher's identity, the size, and how many jobs this process started for this group name
+    before (every rank makes the same sequence of groups; torch gives a group made again after
+    `destroy_process_group` the same prefix). Rank 0 claims the id as its root, the others as
+    its members: more claims than that mean that another job with the same identity shares
+    this store (or left its keys in it), which fails at once rather than pair ranks of two jobs.
+
+    The secret: a user's ``JACCL_JOB_TOKEN``/``_FILE`` as it is; else rank 0 draws 256 bits and
+    seals them to each rank's ephemeral public key (`_native.SealKey`), so a reader of the store
+    learns nothing. The secret goes to jaccl in `init`'s settings, never into the environment."""
+    with _jobs_lock:
+        _jobs_started[group] += 1
+        made = _jobs_started[group]
+    identity = [os.environ.get(v, "") for v in _IDENTITY] + [size, group, made]
+    job = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    keys = f"jaccl/{job}/"
+    _claim(store, keys, rank, size, add=1)
     if rank == 0:
-        coordinator = f"{_reachable_address(store)}:{_free_port()}"
-        store.set(coordinator_key, coordinator)
-        store.set(token_key, secrets.token_hex(32))
-    store.wait([coordinator_key, token_key], timeout)
-    seconds = repr(max(timeout.total_seconds(), 0.001))
+        store.set(keys + "coordinator", f"{_reachable_address(store)}:{_free_port()}")
+    seconds = _seconds(timeout)
     settings = {
         "JACCL_RANK": str(rank),
         "JACCL_SIZE": str(size),
-        "JACCL_COORDINATOR": store.get(coordinator_key).decode(),
-        "JACCL_JOB_TOKEN": store.get(token_key).decode(),
         "JACCL_TIMEOUT": seconds,
         "JACCL_STARTUP_TIMEOUT": seconds,
     }
-    return _raising(lambda: _native.init(settings))
+    if not any(os.environ.get(v, "").strip() for v in ("JACCL_JOB_TOKEN", "JACCL_JOB_TOKEN_FILE")):
+        settings["JACCL_JOB_TOKEN"] = _sealed_secret(store, keys, rank, size, timeout)
+    store.wait([keys + "coordinator"], timeout)
+    settings["JACCL_COORDINATOR"] = store.get(keys + "coordinator").decode()
+    g = _raising(lambda: _native.init(settings))
+    # A job that claimed the id while this one started (the ranks of two jobs arriving
+    # interleaved) is found here, by every rank that formed the group.
+    try:
+        _claim(store, keys, rank, size, add=0)
+    except BaseException:
+        g.close()
+        raise
+    return g
+
+
+def _claim(store: Any, keys: str, rank: int, size: int, add: int) -> None:
+    """Claims the job's id for `rank` (`add=1`), or checks that nobody claimed too much
+    (`add=0`): one root, `size - 1` members."""
+    roots = store.add(keys + "roots", add if rank == 0 else 0)
+    members = store.add(keys + "members", add if rank != 0 else 0)
+    if roots > 1 or members > size - 1:
+        raise _start_up_error(
+            rank,
+            f"another job with this one's identity ({', '.join(_IDENTITY)}, the group size) "
+            f"started in the same store ({roots} rank 0s and {members} other ranks for {size} "
+            "ranks), or a failed one left its keys there: give each job its own JACCL_JOB_ID, "
+            "or a fresh store (a new file for file://)",
+        )
+
+
+def _sealed_secret(store: Any, keys: str, rank: int, size: int, timeout: datetime.timedelta) -> str:
+    """The job secret, which rank 0 draws and passes to each rank in a box sealed to the
+    public key that rank published (a reader of the store cannot open it)."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    if rank == 0:
+        secret = secrets.token_hex(32)
+        for q in range(1, size):
+            left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+            store.wait([f"{keys}key/{q}"], left)
+            try:
+                sealed = _native.seal(store.get(f"{keys}key/{q}"), secret.encode())
+            except errors.Error:
+                raise _tampered(rank, f"rank {q}'s public key is not one") from None
+            store.set(f"{keys}sealed/{q}", sealed)
+        return secret
+    key = _native.SealKey()
+    store.set(f"{keys}key/{rank}", key.public)
+    store.wait([f"{keys}sealed/{rank}"], timeout)
+    secret = key.open(store.get(f"{keys}sealed/{rank}"))
+    if secret is None:
+        raise _tampered(rank, "the job secret sealed for this rank does not open with its key")
+    return secret.decode()
+
+
+def _tampered(rank: int, what: str) -> BaseException:
+    return _start_up_error(
+        rank, f"{what}: someone other than this job's ranks wrote the store during start-up"
+    )
+
+
+def _start_up_error(rank: int, why: str) -> BaseException:
+    e = errors.BootstrapError(f"rank {rank}: init: start-up through torch's store: {why}")
+    e.rank, e.op = rank, "init"
+    return _torch_error(e)
+
+
+def _seconds(timeout: datetime.timedelta) -> str:
+    """torch's timeout as jaccl reads one (seconds; at least a millisecond)."""
+    return repr(max(timeout.total_seconds(), 0.001))
 
 
 def _reachable_address(store: Any) -> str:

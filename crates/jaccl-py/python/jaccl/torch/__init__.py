@@ -668,16 +668,15 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         op, factor = _reduction(opts.reduceOp)
         root = opts.rootRank
         bufs = [_Tensor(t, reduced=True) for t in tensors]
-        if factor is not None:
-            for b in bufs:
-                b.buffer.mul_(factor)
         # The root's result goes over its input (torch's reduce is in place); the others'
-        # tensors are left as they are.
+        # tensors are left as they are (PREMUL_SUM scales a copy, as NCCL does).
         at_root = self.rank() == root
         scratch = [
             self._staging.take(b.buffer, b.buffer.numel()).copy_(b.buffer.reshape(-1)) if at_root else b.buffer
             for b in bufs
         ]
+        if factor is not None:
+            scratch = [s.mul_(factor) if at_root else s * factor for s in scratch]
 
         def call(keep: Optional[list], b: _Tensor, inp: torch.Tensor) -> Any:
             out = b.memory if self.rank() == root else (0, 0)

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use jaccl::{Dtype, ReduceOp};
 use pyo3::prelude::*;
@@ -215,6 +216,15 @@ impl Group {
             handle.abort();
         }
         self.close(py);
+    }
+
+    /// Sets the operation timeout of later calls (`jaccl::Group::set_timeout`), in seconds.
+    fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
+        let timeout = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX);
+        self.run(py, "set_timeout", move |g| {
+            g.set_timeout(timeout);
+            Ok(())
+        })
     }
 
     /// All-reduce of `input` into `output`, or of `output` in place when `input` is `None`.

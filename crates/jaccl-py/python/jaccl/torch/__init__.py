@@ -15,7 +15,7 @@ the job secret goes from rank 0 to each rank in a box sealed to that rank's key,
 store never holds it; a ``JACCL_JOB_TOKEN`` (or ``_FILE``) the user set is used instead.
 torch's ``timeout`` is both the start-up and the operation timeout. A group that
 ``new_group`` makes is a jaccl sub-group of the default one (``jaccl.Group`` formed by its
-members alone), with its own connections. Errors are raised as
+members alone), with its own connections and timeout. Errors are raised as
 ``torch.distributed.DistBackendError`` whose cause is the jaccl exception (``PeerLost``,
 ``Timeout``...), which names the rank and its peer.
 """
@@ -97,6 +97,7 @@ def _create(opts: Any, _backend_options: Any = None) -> "ProcessGroupJaccl":
     world = dist.group.WORLD if members else None
     if isinstance(world, ProcessGroupJaccl):
         g = _raising(lambda: world._g.subgroup_of_members(members, name))
+        g.set_timeout(max(timeout.total_seconds(), 0.001))
     else:
         g = _start_job(opts.store, rank, size, timeout, name)
     return ProcessGroupJaccl(g, rank, size, timeout, opts.store)
@@ -559,6 +560,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
             return None
         members, name = list(ranks), group_name or ""
         g = _raising(lambda: self._g.subgroup_of_members(members, name))
+        g.set_timeout(max((timeout or self._timeout).total_seconds(), 0.001))
         store = dist.PrefixStore(f"jaccl/split/{name}/", self._store) if self._store is not None else None
         child = ProcessGroupJaccl(g, members.index(self.rank()), len(members), timeout or self._timeout, store)
         child.setGroupName(name)

@@ -172,6 +172,20 @@ def test_groups_made_again_in_one_process():
     assert [r["sums"] for r in results] == [expect] * 2
 
 
+def test_polls_p2p_rings_timeouts_aborts_and_tensors_changed_in_flight():
+    """What a Work reports when polled, PREMUL_SUM's reduce, 80 MiB rings, another thread's
+    polls, new_group's timeout, abort()/shutdown() from a watchdog, set_() in flight."""
+    results = torchrun(RANKS, ["hardening"], 3)
+    assert [r["wrong"] for r in results] == [[]] * 3
+
+
+def test_groups_made_and_destroyed_leave_nothing_behind():
+    results = torchrun(RANKS, ["cycles"], 2)
+    for got in results:
+        assert got["after"][0] == [] and got["after"] == got["before"], got
+        assert got["sum"] == [4.0, 4.0], got
+
+
 def test_a_lost_rank_is_a_dist_backend_error_naming_it():
     # torchrun stops every rank once it sees one fail, every 0.1 s by default: sooner than a
     # loaded machine lets the survivors report (1 run in 6 here lost one). Every 5 s instead.

@@ -4,18 +4,23 @@
 //! of arrays, see `memory`) and an element type by name, and errors that become the
 //! exceptions of `jaccl.errors`. The package (python/jaccl/__init__.py) does everything
 //! about arrays: element types, shapes, `out=`, PyTorch tensors. Data moves with the GIL
-//! released.
+//! released. `guarded` keeps a panic in a call from poisoning the group's lock. Also the
+//! sealed boxes that the torch backend's start-up passes the job secret in
+//! (`SealKey`, `seal`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use jaccl::{Dtype, ReduceOp};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
+mod guarded;
 mod memory;
 
+use guarded::{Guarded, Internal, Unusable};
 use memory::Memory;
 
 /// A jaccl group (`jaccl::Group`), for the package's `jaccl.Group`.
@@ -23,16 +28,25 @@ use memory::Memory;
 /// The group itself is behind a mutex that a running call holds (with the GIL released);
 /// what the getters answer is copied out when the group forms, so that no getter ever waits
 /// for that mutex while holding the GIL, which a running call takes back now and then.
+/// `abort` never takes that mutex, and `close` stops the call that holds it (both through the
+/// group's `jaccl::AbortHandle`).
 #[pyclass(module = "jaccl._native", frozen)]
 struct Group {
-    /// `None` once closed.
-    inner: Mutex<Option<jaccl::Group>>,
+    /// The group, one call at a time; gone once closed, or after a panic in a call.
+    inner: Guarded<jaccl::Group>,
+    /// Stops the call in flight from any thread, without the group's lock (this one is never
+    /// held long); dropped with the group, whose heartbeat's file descriptors it holds.
+    abort: Mutex<Option<jaccl::AbortHandle>>,
     rank: usize,
     size: usize,
     /// Refreshed after every call (links made on first use add peers); never held long.
     transport: Mutex<Vec<(usize, String)>>,
     topology: Option<String>,
     closed: AtomicBool,
+    /// Whether `abort` was called, or `close` aborted a call in flight: later calls raise
+    /// `Aborted` (as that call did, and as the next could before the group is dropped), not
+    /// "closed".
+    aborted: AtomicBool,
     /// What a signal handler raised while a call waited (Ctrl-C: `KeyboardInterrupt`).
     interrupt: Arc<Mutex<Option<PyErr>>>,
 }
@@ -41,9 +55,14 @@ struct Group {
 /// the environment describe.
 #[pyfunction]
 fn init(py: Python<'_>, settings: HashMap<String, String>) -> PyResult<Group> {
-    let group = py
-        .detach(|| jaccl::Config::from_env_with(&settings).and_then(jaccl::init_with))
-        .map_err(|e| to_python(py, &e))?;
+    let made = py.detach(|| {
+        guarded::catch(None, "init", || {
+            jaccl::Config::from_env_with(&settings).and_then(jaccl::init_with)
+        })
+    });
+    let group = made
+        .map_err(|internal| internal_error(py, &internal))?
+        .map_err(|e| to_python(py, &e, "init"))?;
     Ok(Group::wrap(group))
 }
 
@@ -72,7 +91,9 @@ impl Group {
             transport: Mutex::new(transports(&group)),
             topology: group.topology().map(|t| t.to_string()),
             closed: AtomicBool::new(false),
-            inner: Mutex::new(Some(group)),
+            aborted: AtomicBool::new(false),
+            abort: Mutex::new(Some(group.abort_handle())),
+            inner: Guarded::new(group),
             interrupt,
         }
     }
@@ -82,7 +103,10 @@ impl Group {
 /// references to the arrays the operation reads and writes until the operation ends.
 #[pyclass(module = "jaccl._native", frozen)]
 struct Work {
-    request: jaccl::Request<()>,
+    /// Ends with the internal error of a panic in the operation, if it had one.
+    request: jaccl::Request<Option<Internal>>,
+    /// The operation's name, for errors that do not carry one (`Aborted`, `Closed`).
+    op: &'static str,
 }
 
 #[pymethods]
@@ -108,7 +132,8 @@ impl Work {
             };
             if py.detach(|| self.request.wait_timeout(left)) {
                 return match self.request.outcome() {
-                    Some(Err(e)) => Err(to_python(py, &e)),
+                    Some(Err(e)) => Err(to_python(py, &e, self.op)),
+                    Some(Ok(Some(internal))) => Err(internal_error(py, &internal)),
                     _ => Ok(true),
                 };
             }
@@ -163,12 +188,41 @@ impl Group {
 
     /// Leaves the group: says goodbye to the peers and closes the connections (the other
     /// ranks' next calls fail with `PeerLost`). Later calls raise; closing again does nothing.
-    /// Waits, with the GIL released, for a call running on another thread to end.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
+    /// A call running on another thread is aborted (it raises `Aborted`), and waited for with
+    /// the GIL released; one this thread is in (a signal handler's close) ends the group as
+    /// it returns.
+    fn close(&self, py: Python<'_>) {
         self.closed.store(true, Ordering::Release);
+        let handle = self.abort.lock().ok().and_then(|h| h.clone());
         py.detach(|| {
-            let group = self.lock()?.take();
-            drop(group);
+            self.inner.close(|| {
+                self.aborted.store(true, Ordering::Release);
+                if let Some(handle) = &handle {
+                    handle.abort();
+                }
+            })
+        });
+        if let Ok(mut kept) = self.abort.lock() {
+            *kept = None;
+        }
+    }
+
+    /// Aborts the group from any thread: the call in flight (blocking, or started with
+    /// `keep`) stops at its next wait and raises `Aborted`, as does every later call; the
+    /// connections close (the peers' calls fail with `PeerLost`). Then as `close`.
+    fn abort(&self, py: Python<'_>) {
+        self.aborted.store(true, Ordering::Release);
+        if let Some(handle) = self.abort.lock().ok().and_then(|h| h.clone()) {
+            handle.abort();
+        }
+        self.close(py);
+    }
+
+    /// Sets the operation timeout of later calls (`jaccl::Group::set_timeout`), in seconds.
+    fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
+        let timeout = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX);
+        self.run(py, "set_timeout", move |g| {
+            g.set_timeout(timeout);
             Ok(())
         })
     }
@@ -189,10 +243,10 @@ impl Group {
     ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
         match input {
-            Some(input) => self.call(py, keep, &[input], output, move |g, i, o| {
+            Some(input) => self.call(py, "all_reduce", keep, &[input], output, move |g, i, o| {
                 g.all_reduce_raw(i[0], o, dtype, op)
             }),
-            None => self.call(py, keep, &[], output, move |g, _, o| {
+            None => self.call(py, "all_reduce", keep, &[], output, move |g, _, o| {
                 g.all_reduce_raw_in_place(o, dtype, op)
             }),
         }
@@ -208,7 +262,7 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[input], output, move |g, i, o| {
+        self.call(py, "all_gather", keep, &[input], output, move |g, i, o| {
             g.all_gather_raw(i[0], o, dtype)
         })
     }
@@ -224,9 +278,14 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
-        self.call(py, keep, &[input], output, move |g, i, o| {
-            g.reduce_scatter_raw(i[0], o, dtype, op)
-        })
+        self.call(
+            py,
+            "reduce_scatter",
+            keep,
+            &[input],
+            output,
+            move |g, i, o| g.reduce_scatter_raw(i[0], o, dtype, op),
+        )
     }
 
     #[pyo3(signature = (data, dtype, root, keep=None))]
@@ -239,7 +298,7 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[], data, move |g, _, d| {
+        self.call(py, "broadcast", keep, &[], data, move |g, _, d| {
             g.broadcast_raw(d, dtype, root)
         })
     }
@@ -257,7 +316,7 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
-        self.call(py, keep, &[input], output, move |g, i, o| {
+        self.call(py, "reduce", keep, &[input], output, move |g, i, o| {
             g.reduce_raw(i[0], o, dtype, op, root)
         })
     }
@@ -273,7 +332,7 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[input], output, move |g, i, o| {
+        self.call(py, "gather", keep, &[input], output, move |g, i, o| {
             g.gather_raw(i[0], o, dtype, root)
         })
     }
@@ -289,7 +348,7 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[input], output, move |g, i, o| {
+        self.call(py, "scatter", keep, &[input], output, move |g, i, o| {
             g.scatter_raw(i[0], o, dtype, root)
         })
     }
@@ -304,7 +363,7 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[input], output, move |g, i, o| {
+        self.call(py, "all_to_all", keep, &[input], output, move |g, i, o| {
             g.all_to_all_raw(i[0], o, dtype)
         })
     }
@@ -323,9 +382,14 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[input], output, move |g, i, o| {
-            g.all_to_all_v_raw(i[0], &send_counts, o, &recv_counts, dtype)
-        })
+        self.call(
+            py,
+            "all_to_all_v",
+            keep,
+            &[input],
+            output,
+            move |g, i, o| g.all_to_all_v_raw(i[0], &send_counts, o, &recv_counts, dtype),
+        )
     }
 
     /// Counts in elements.
@@ -340,9 +404,14 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[input], output, move |g, i, o| {
-            g.all_gather_v_raw(i[0], o, &counts, dtype)
-        })
+        self.call(
+            py,
+            "all_gather_v",
+            keep,
+            &[input],
+            output,
+            move |g, i, o| g.all_gather_v_raw(i[0], o, &counts, dtype),
+        )
     }
 
     /// Counts in elements.
@@ -359,9 +428,14 @@ impl Group {
         keep: Keep,
     ) -> PyResult<Option<Work>> {
         let (dtype, op) = (parse_dtype(py, dtype)?, parse_op(py, op)?);
-        self.call(py, keep, &[input], output, move |g, i, o| {
-            g.reduce_scatter_v_raw(i[0], o, &counts, dtype, op)
-        })
+        self.call(
+            py,
+            "reduce_scatter_v",
+            keep,
+            &[input],
+            output,
+            move |g, i, o| g.reduce_scatter_v_raw(i[0], o, &counts, dtype, op),
+        )
     }
 
     #[pyo3(signature = (data, dst, dtype, keep=None, tag=0))]
@@ -375,7 +449,7 @@ impl Group {
         tag: u32,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[data], Memory::EMPTY, move |g, i, _| {
+        self.call(py, "send", keep, &[data], Memory::EMPTY, move |g, i, _| {
             g.send_raw(i[0], dst, dtype, tag)
         })
     }
@@ -391,20 +465,22 @@ impl Group {
         tag: u32,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
-        self.call(py, keep, &[], out, move |g, _, o| {
+        self.call(py, "recv", keep, &[], out, move |g, _, o| {
             g.recv_raw(o, src, dtype, tag)
         })
     }
 
     #[pyo3(signature = (keep=None))]
     fn barrier(&self, py: Python<'_>, keep: Keep) -> PyResult<Option<Work>> {
-        self.call(py, keep, &[], Memory::EMPTY, |g, _, _| g.barrier())
+        self.call(py, "barrier", keep, &[], Memory::EMPTY, |g, _, _| {
+            g.barrier()
+        })
     }
 
     /// `jaccl::Group::split`: the new group, or `None` for a rank without a color.
     #[pyo3(signature = (color, key))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: u32) -> PyResult<Option<Group>> {
-        let made = self.run(py, move |g| g.split(color, key))?;
+        let made = self.run(py, "split", move |g| g.split(color, key))?;
         Ok(made.map(Group::wrap))
     }
 
@@ -415,13 +491,15 @@ impl Group {
         ranks: Vec<usize>,
         name: String,
     ) -> PyResult<Group> {
-        let made = self.run(py, move |g| g.subgroup_of_members(&ranks, &name))?;
+        let made = self.run(py, "subgroup_of_members", move |g| {
+            g.subgroup_of_members(&ranks, &name)
+        })?;
         Ok(Group::wrap(made))
     }
 
     /// `jaccl::Group::subgroup`: the new group, or `None` for a rank not in `ranks`.
     fn subgroup(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<Group>> {
-        let made = self.run(py, move |g| g.subgroup(&ranks))?;
+        let made = self.run(py, "subgroup", move |g| g.subgroup(&ranks))?;
         Ok(made.map(Group::wrap))
     }
 }
@@ -431,13 +509,6 @@ impl Group {
 type Keep = Option<Vec<Py<PyAny>>>;
 
 impl Group {
-    /// The group, for one call at a time (Python threads sharing a group take turns).
-    fn lock(&self) -> PyResult<MutexGuard<'_, Option<jaccl::Group>>> {
-        self.inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("a jaccl call panicked earlier in this group"))
-    }
-
     /// Runs `f` on the group over the bytes of the call's arrays (`inputs` read, `output`
     /// written; they may not overlap): with the GIL released at once, or, when `keep` holds
     /// the arrays, on the group's progress thread, returning its [`Work`]. Its error becomes a
@@ -446,6 +517,7 @@ impl Group {
     fn call(
         &self,
         py: Python<'_>,
+        op: &'static str,
         keep: Keep,
         inputs: &[Memory],
         output: Memory,
@@ -470,8 +542,8 @@ impl Group {
             f(g, &inputs, output)
         };
         match keep {
-            None => self.run(py, on_arrays).map(|()| None),
-            Some(arrays) => self.start(py, arrays, on_arrays).map(Some),
+            None => self.run(py, op, on_arrays).map(|()| None),
+            Some(arrays) => self.start(py, op, arrays, on_arrays).map(Some),
         }
     }
 
@@ -480,25 +552,34 @@ impl Group {
     fn start(
         &self,
         py: Python<'_>,
+        op: &'static str,
         arrays: Vec<Py<PyAny>>,
         f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<()> + Send + 'static,
     ) -> PyResult<Work> {
+        let (rank, broken) = (self.rank, self.inner.broken());
         let request = py.detach(|| {
-            let mut group = self.lock()?;
-            let Some(g) = group.as_mut() else {
-                return PyResult::Ok(None);
-            };
-            // The arrays go with the operation, once it has ended or the group has failed it
-            // (their references are dropped without the GIL: Python releases them when it
-            // next runs).
-            Ok(Some(g.start(move |g| {
-                let result = f(g);
-                drop(arrays);
-                result
-            })))
-        })?;
-        let request = request.ok_or_else(|| self.closed_error(py))?;
-        Ok(Work { request })
+            self.inner.with(rank, op, |g| {
+                // The arrays go with the operation, once it has ended or the group has failed
+                // it (their references are dropped without the GIL: Python releases them when
+                // it next runs). A panic in it leaves the group's state half-updated: later
+                // calls raise its internal error (and `close` still works).
+                g.start(move |g| {
+                    let result = match guarded::catch(Some(rank), op, || f(g)) {
+                        Ok(result) => result.map(|()| None),
+                        Err(internal) => {
+                            let _ = broken.set(internal.clone());
+                            Ok(Some(internal))
+                        }
+                    };
+                    drop(arrays);
+                    result
+                })
+            })
+        });
+        match request {
+            Ok(request) => Ok(Work { request, op }),
+            Err(unusable) => Err(self.unusable(py, unusable, op)),
+        }
     }
 
     /// Runs `f` on the group with the GIL released; its error becomes a `jaccl.errors`
@@ -506,36 +587,48 @@ impl Group {
     fn run<R: Send>(
         &self,
         py: Python<'_>,
+        op: &'static str,
         f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<R> + Send,
     ) -> PyResult<R> {
         let result = py.detach(|| {
-            let mut group = self.lock()?;
-            let result = group.as_mut().map(f);
-            // A call may have made links (to a rank it first talked to).
-            if let (Some(g), Ok(mut transport)) = (group.as_ref(), self.transport.lock()) {
-                *transport = transports(g);
-            }
-            Ok(result)
-        });
-        result.and_then(|r| {
-            let r = r.ok_or_else(|| self.closed_error(py))?;
-            r.map_err(|e| match e {
-                // The handler's own exception, the first time (later calls on the stopped
-                // group raise jaccl.errors.Interrupted).
-                jaccl::Error::Interrupted { .. } => self
-                    .interrupt
-                    .lock()
-                    .ok()
-                    .and_then(|mut slot| slot.take())
-                    .unwrap_or_else(|| to_python(py, &e)),
-                e => to_python(py, &e),
+            self.inner.with(self.rank, op, |g| {
+                let result = f(g);
+                // A call may have made links (to a rank it first talked to).
+                if let Ok(mut transport) = self.transport.lock() {
+                    *transport = transports(g);
+                }
+                result
             })
+        });
+        let result = result.map_err(|unusable| self.unusable(py, unusable, op))?;
+        result.map_err(|e| match e {
+            // The handler's own exception, the first time (later calls on the stopped group
+            // raise jaccl.errors.Interrupted).
+            jaccl::Error::Interrupted { .. } => self
+                .interrupt
+                .lock()
+                .ok()
+                .and_then(|mut slot| slot.take())
+                .unwrap_or_else(|| to_python(py, &e, op)),
+            e => to_python(py, &e, op),
         })
     }
 
-    fn closed_error(&self, py: Python<'_>) -> PyErr {
-        let why = format!("rank {}: the group is closed", self.rank);
-        exception(py, "Error", why, Some(self.rank), None, None)
+    /// The exception of a call (`op`) on a group that is gone.
+    fn unusable(&self, py: Python<'_>, why: Unusable, op: &str) -> PyErr {
+        match why {
+            Unusable::Closed if self.aborted.load(Ordering::Acquire) => {
+                to_python(py, &jaccl::Error::Aborted { rank: self.rank }, op)
+            }
+            Unusable::Closed => {
+                let why = format!("rank {}: {op}: the group is closed", self.rank);
+                exception(py, "Error", why, Some(self.rank), None, Some(op))
+            }
+            Unusable::Broken(internal) => {
+                self.closed.store(true, Ordering::Release);
+                internal_error(py, &internal)
+            }
+        }
     }
 }
 
@@ -555,15 +648,22 @@ fn parse_op(py: Python<'_>, name: &str) -> PyResult<ReduceOp> {
         .map_err(|why: String| exception(py, "InvalidArgument", why, None, None, None))
 }
 
+/// The `jaccl.Error` of a panic in a call.
+fn internal_error(py: Python<'_>, internal: &Internal) -> PyErr {
+    let Internal { rank, op, message } = internal;
+    exception(py, "Error", message.clone(), *rank, None, Some(op))
+}
+
 fn overlap(py: Python<'_>) -> PyErr {
     let why = "the input and output overlap without being the same array";
     exception(py, "InvalidArgument", why.into(), None, None, None)
 }
 
-/// The `jaccl.errors` exception for `e`, with the rank, peer and operation it names.
-fn to_python(py: Python<'_>, e: &jaccl::Error) -> PyErr {
+/// The `jaccl.errors` exception for `e`, with the rank, peer and operation it names (`call`,
+/// the binding's call, when `e` names none).
+fn to_python(py: Python<'_>, e: &jaccl::Error, call: &str) -> PyErr {
     use jaccl::Error as E;
-    let msg = e.to_string();
+    let mut msg = e.to_string();
     let op = |op: &jaccl::Op| Some(op.name());
     let (class, rank, peer, op) = match e {
         E::PeerLost {
@@ -583,10 +683,21 @@ fn to_python(py: Python<'_>, e: &jaccl::Error) -> PyErr {
         E::InvalidArgument(_) => ("InvalidArgument", None, None, None),
         E::Unsupported(_) => ("Unsupported", None, None, None),
         E::Io { rank, .. } => ("IoError", Some(*rank), None, None),
-        E::Closed { rank } => ("Error", Some(*rank), None, None),
+        E::Closed { rank } => {
+            msg =
+                format!("rank {rank}: {call}: the group was closed before the operation finished");
+            ("Error", Some(*rank), None, None)
+        }
+        E::Aborted { rank } => {
+            msg = format!(
+                "rank {rank}: {call}: the group was aborted (abort(), or close() while a call \
+                 ran); it can no longer be used"
+            );
+            ("Aborted", Some(*rank), None, None)
+        }
         _ => ("Error", None, None, None),
     };
-    let made = exception(py, class, msg, rank, peer, op);
+    let made = exception(py, class, msg, rank, peer, op.or(Some(call)));
     if let Some(code) = e.raw_os_error() {
         let _ = made.value(py).setattr("errno", code);
     }
@@ -613,11 +724,58 @@ fn exception(
     made.unwrap_or_else(|e| e)
 }
 
+/// An ephemeral X25519 key pair that a sealed box ([`seal`]) is opened with: the torch
+/// backend's ranks receive the job secret from rank 0 in one, through a store that others
+/// may read (python/jaccl/torch). The secret key never leaves this object.
+#[pyclass(module = "jaccl._native", frozen)]
+struct SealKey {
+    secret: crypto_box::SecretKey,
+}
+
+#[pymethods]
+impl SealKey {
+    #[new]
+    fn new() -> SealKey {
+        SealKey {
+            secret: crypto_box::SecretKey::generate(&mut crypto_box::aead::OsRng),
+        }
+    }
+
+    /// The public key (32 bytes), to publish.
+    #[getter]
+    fn public<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.secret.public_key().as_bytes())
+    }
+
+    /// The message sealed for this key; `None` if `sealed` was not made by [`seal`] for it
+    /// (or was changed since).
+    fn open<'py>(&self, py: Python<'py>, sealed: &[u8]) -> Option<Bound<'py, PyBytes>> {
+        let message = self.secret.unseal(sealed).ok()?;
+        Some(PyBytes::new(py, &message))
+    }
+}
+
+/// `message` in an anonymous sealed box for the holder of `public` (libsodium's
+/// `crypto_box_seal`: an ephemeral X25519 key agreement, then XSalsa20-Poly1305), which
+/// only its [`SealKey`] opens.
+#[pyfunction]
+fn seal<'py>(py: Python<'py>, public: &[u8], message: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let invalid = |why: &str| exception(py, "InvalidArgument", why.to_owned(), None, None, None);
+    let public = crypto_box::PublicKey::from_slice(public)
+        .map_err(|_| invalid("a public key has 32 bytes"))?;
+    let sealed = public
+        .seal(&mut crypto_box::aead::OsRng, message)
+        .map_err(|_| invalid("the message cannot be sealed"))?;
+    Ok(PyBytes::new(py, &sealed))
+}
+
 /// The module `jaccl._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Group>()?;
     m.add_class::<Work>()?;
+    m.add_class::<SealKey>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(seal, m)?)?;
     Ok(())
 }

@@ -286,3 +286,46 @@ def test_durations_may_be_timedeltas():
         raise AssertionError("a zero timeout was accepted")
     except jaccl.ConfigError as e:
         assert "JACCL_TIMEOUT" in str(e), e
+
+
+def test_close_or_abort_from_another_thread_stops_a_call_stuck_on_a_peer(run):
+    # Rank 0 calls into groups `a` (blocking) and `b` (async_op) that rank 1 never enters (it
+    # waits in a barrier of `g` meanwhile, alive): without the abort, each call would wait for
+    # the whole 120 s timeout. A timer thread closes or aborts the group instead.
+    code = """
+import datetime, threading
+g = jaccl.init(timeout=datetime.timedelta(seconds=120))
+a, b = g.subgroup([0, 1]), g.subgroup([0, 1])
+x = np.ones(1 << 10, np.float32)
+stop = "{how}"
+seen = []
+if g.rank == 0:
+    for group, asynchronous in ((a, False), (b, True)):
+        threading.Timer(1.0, getattr(group, stop)).start()
+        try:
+            if asynchronous:
+                group.all_sum(x, async_op=True).wait()
+            else:
+                group.all_sum(x)
+            seen.append("no error")
+        except jaccl.Error as e:
+            seen.append([type(e).__name__, isinstance(e, jaccl.Timeout), e.rank, e.op, str(e)])
+        try:
+            group.barrier()
+        except jaccl.Error as e:
+            seen.append(["later", type(e).__name__, group.closed])
+g.barrier()
+report(seen)
+"""
+    for how in ("close", "abort"):
+        stopped = run(2, code.replace("{how}", how))[0][0]
+        blocking, later, asynchronous, later_async = stopped
+        assert blocking[:4] == ["Aborted", False, 0, "all_reduce"], blocking
+        assert "aborted" in blocking[4], blocking
+        # close() ends an operation of the progress thread by dropping the group.
+        expect = "Aborted" if how == "abort" else "Error"
+        assert asynchronous[:4] == [expect, False, 0, "all_reduce"], asynchronous
+        assert ("aborted" if how == "abort" else "closed") in asynchronous[4], asynchronous
+        # Later calls raise at once: Aborted after abort() or a close() that aborted a call,
+        # "closed" after a close() of an idle group.
+        assert later[1:] == ["Aborted", True] and later_async[1:] == [expect, True], stopped

@@ -108,12 +108,82 @@ def test_new_group_and_a_2x2_device_mesh(nodes):
 def test_init_methods_and_stores(how, tmp_path):
     results = torchrun(RANKS, ["init_methods", how], 2, env={"TEST_FILE": str(tmp_path / "rendezvous")})
     assert [r["sum"] for r in results] == [[2.0, 2.0]] * 2
+    # The job secret jaccl got is in no key or value of the store, nor in the environment.
+    assert [r["secret_kept"] for r in results] == [True] * 2
+
+
+def test_a_user_token_is_used_as_it_is():
+    results = torchrun(RANKS, ["user_token"], 2)
+    for got in results:
+        assert got["sum"] == [2.0, 2.0] and not got["passed_on"] and got["sealed"] == 0, got
+    # With different tokens, rank 1 is refused by rank 0's coordinator, which waits for it.
+    failed = {r["failed"][1].split(": ")[1]: r["failed"] for r in results}
+    assert failed["rank 1"][0] == "BootstrapError" and "JACCL_JOB_TOKEN" in failed["rank 1"][1], failed
+    assert failed["rank 0"][0] == "BootstrapError" and "waiting for rank(s) 1" in failed["rank 0"][1], failed
+
+
+def test_two_jobs_with_one_identity_in_one_store_fail_instead_of_crossing(tmp_path):
+    """Job "a" runs over a file store; job "b", the same program with the same identity (no
+    launcher, same size), starts over the same file meanwhile: its ranks fail at once saying
+    why, instead of joining "a"'s ranks; "a" goes on unharmed."""
+    path, marker = str(tmp_path / "store"), str(tmp_path / "done")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_", "MASTER_", "TORCHELASTIC_"))}
+    if os.environ.get("JACCL_TORCH_IMPORT"):
+        base["JACCL_TORCH_IMPORT"] = "1"
+
+    def start():
+        return [
+            subprocess.Popen(
+                [sys.executable, str(RANKS), "shared_store", path, marker],
+                env=dict(base, RANK=str(r), WORLD_SIZE="2", JACCL_LIVENESS="2"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(2)
+        ]
+
+    def outcome(procs):
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-3000:]
+            results += parse_results(out)
+        return results
+
+    a = start()
+    try:
+        for p in a:  # both ranks of "a" have formed their job
+            line = p.stdout.readline()
+            assert line.startswith("RESULT "), line + p.stderr.read()[-3000:]
+        b = outcome(start())
+        assert len(b) == 2, b
+        for got in b:
+            cause, message = got["failed"]
+            assert cause == "BootstrapError" and "another job" in message and "JACCL_JOB_ID" in message, got
+    finally:
+        open(marker, "w").close()
+    outcome(a)
 
 
 def test_groups_made_again_in_one_process():
     results = torchrun(RANKS, ["again"], 2)
     expect = [[2.0, 2.0]] * 2 + [[2.0, 2.0, "jaccl"]] + [[2.0, 2.0]] * 3
     assert [r["sums"] for r in results] == [expect] * 2
+
+
+def test_polls_p2p_rings_timeouts_aborts_and_tensors_changed_in_flight():
+    """What a Work reports when polled, PREMUL_SUM's reduce, 80 MiB rings, another thread's
+    polls, new_group's timeout, abort()/shutdown() from a watchdog, set_() in flight."""
+    results = torchrun(RANKS, ["hardening"], 3)
+    assert [r["wrong"] for r in results] == [[]] * 3
+
+
+def test_groups_made_and_destroyed_leave_nothing_behind():
+    results = torchrun(RANKS, ["cycles"], 2)
+    for got in results:
+        assert got["after"][0] == [] and got["after"] == got["before"], got
+        assert got["sum"] == [4.0, 4.0], got
 
 
 def test_a_lost_rank_is_a_dist_backend_error_naming_it():

@@ -363,10 +363,47 @@ def groups():
     report({"wrong": wrong})
 
 
+def settings_given_to_jaccl():
+    """The settings the backend passes to jaccl when it starts a job (the job secret among
+    them), recorded as they go by: the test's way to read the secret."""
+    import jaccl._native
+
+    given, start = {}, jaccl._native.init
+
+    def recorded(settings):
+        given.update(settings)
+        return start(settings)
+
+    jaccl._native.init = recorded
+    return given
+
+
+def everything_stored():
+    """Every key and value of the default group's store: a file store's file, or a TCP
+    store's keys and their values."""
+    base = dist.distributed_c10d._get_default_store()
+    while hasattr(base, "underlying_store"):
+        base = base.underlying_store
+    if isinstance(base, dist.FileStore):
+        return [open(os.environ["TEST_FILE"], "rb").read()]
+    keys = base.list_keys()
+    return [k.encode() for k in keys] + [base.get(k) for k in keys]
+
+
+def secret_is_kept(given):
+    """Whether the job secret jaccl got appears in no store key or value, nor in this
+    process's environment (given: what `settings_given_to_jaccl` recorded)."""
+    secret = given["JACCL_JOB_TOKEN"].encode()
+    environ = open("/proc/self/environ", "rb").read()
+    return len(secret) >= 32 and all(secret not in v for v in everything_stored() + [environ])
+
+
 def init_methods():
-    """The default group made with the init method or store of argv[2] (2 ranks)."""
+    """The default group made with the init method or store of argv[2] (2 ranks); the secret
+    that start-up passed to jaccl is nowhere in the store or the environment."""
     how = sys.argv[2]
     r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    given = settings_given_to_jaccl()
     if how == "env":
         dist.init_process_group("jaccl", init_method="env://")
     elif how == "tcp":
@@ -381,7 +418,240 @@ def init_methods():
         dist.init_process_group("jaccl", store=store, rank=r, world_size=n, timeout=timedelta(seconds=20))
     t = torch.ones(2)
     dist.all_reduce(t)
+    report({"sum": t.tolist(), "secret_kept": secret_is_kept(given)})
+
+
+def user_token():
+    """A JACCL_JOB_TOKEN the user set is used as it is (2 ranks): the same on both ranks, the
+    job forms and nothing is sealed in the store; different, start-up fails authenticating."""
+    r = int(os.environ["RANK"])
+    given = settings_given_to_jaccl()
+    os.environ["JACCL_JOB_TOKEN"] = "the user's token, the same on every rank"
+    dist.init_process_group("jaccl", timeout=timedelta(seconds=20))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    sealed = [v for v in everything_stored() if b"/sealed/" in v]
+    dist.destroy_process_group()
+    os.environ["JACCL_JOB_TOKEN"] = f"a token of rank {r} alone, not of the others"
+    try:
+        dist.init_process_group("jaccl", timeout=timedelta(seconds=4))
+        failed = None
+    except dist.DistBackendError as e:
+        failed = [type(e.__cause__).__name__, str(e)]
+    report({"sum": t.tolist(), "passed_on": "JACCL_JOB_TOKEN" in given, "sealed": len(sealed), "failed": failed})
+
+
+def shared_store():
+    """A job of 2 plain processes (no launcher: RANK, WORLD_SIZE; argv: store file, marker
+    file) over a file store, which runs until the marker file exists; the test starts another
+    such job over the same file meanwhile, with the same identity."""
+    path, marker = sys.argv[2], sys.argv[3]
+    r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        dist.init_process_group("jaccl", init_method="file://" + path, rank=r, world_size=n, timeout=timedelta(seconds=20))
+    except dist.DistBackendError as e:
+        report({"failed": [type(e.__cause__).__name__, str(e)]})
+        return
+    t = torch.ones(2)
+    dist.all_reduce(t)
     report({"sum": t.tolist()})
+    while not os.path.exists(marker):
+        time.sleep(0.05)
+    dist.all_reduce(t)
+
+
+def poll(work):
+    """Polls `work` until it completes (at most 30 s); whether it did."""
+    deadline = time.monotonic() + 30
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return work.is_completed()
+
+
+def hardening():
+    """3 ranks: what a Work reports when polled, PREMUL_SUM's reduce, rings of 80 MiB,
+    polls from another thread, new_group's timeout, abort and shutdown from a watchdog thread,
+    and a tensor changed while in flight."""
+    import threading
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    left, right = (r - 1) % n, (r + 1) % n
+    wrong = []
+
+    def check(what, got, expect):
+        if not torch.equal(got, expect):
+            wrong.append(f"{what}: {got.flatten().tolist()[:6]} != {expect.flatten().tolist()[:6]}")
+
+    # Polled, not waited: every output written once is_completed() says so.
+    outs = [torch.zeros(4) for _ in range(n)]
+    w = dist.all_gather(outs, torch.full((4,), r + 1.0), async_op=True)
+    poll(w)
+    check("polled all_gather", torch.stack(outs), torch.arange(1.0, n + 1).repeat_interleave(4).reshape(n, 4))
+    gathered = [torch.zeros(2) for _ in range(n)] if r == 0 else None
+    w = dist.gather(torch.full((2,), float(r)), gathered, dst=0, async_op=True)
+    poll(w)
+    if r == 0:
+        check("polled gather", torch.stack(gathered), torch.arange(float(n)).repeat_interleave(2).reshape(n, 2))
+    recv = [torch.zeros(1) for _ in range(n)]
+    w = dist.all_to_all(recv, [torch.full((1,), float(r * 10 + d)) for d in range(n)], async_op=True)
+    poll(w)
+    check("polled all_to_all", torch.cat(recv), torch.tensor([float(s * 10 + r) for s in range(n)]))
+    view = torch.zeros(n, 6)[:, ::2]
+    w = dist.all_gather_into_tensor(view, torch.full((3,), float(r)), async_op=True)
+    poll(w)
+    check("polled non-contiguous output", view, torch.arange(float(n)).repeat_interleave(3).reshape(n, 3))
+    got = torch.zeros(3, 2).t()
+    w = dist.irecv(got, src=left)
+    dist.isend(torch.arange(6.0).reshape(2, 3) + r, dst=right)
+    poll(w)
+    check("polled irecv into a non-contiguous tensor", got, torch.arange(6.0).reshape(2, 3) + left)
+
+    # A failed operation's exception, polled without a wait (ranks 0 and 1 disagree on the type).
+    pair = dist.new_group([0, 1])
+    if r < 2:
+        w = dist.all_reduce(torch.ones(2, dtype=torch.float32 if r == 0 else torch.int64), group=pair, async_op=True)
+        deadline = time.monotonic() + 30
+        while w.exception() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        cause = getattr(w.exception(), "__cause__", None)
+        if type(cause).__name__ != "Mismatch" or not w.is_completed() or w.is_success():
+            wrong.append(f"exception() of a failed operation: {w.exception()!r}")
+
+    # PREMUL_SUM reduce: the root gets the scaled sum; the others' inputs stay as they were.
+    t = torch.full((5,), float(r + 1))
+    dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum(0.5))
+    check("premul_sum reduce", t, torch.full((5,), sum(0.5 * (q + 1) for q in range(n)) if r == 0 else float(r + 1)))
+
+    # Rings of 80 MiB, receives first and sends first (above the 64 MiB a rank reads ahead).
+    big = 20 << 20
+    for receive_first in (True, False):
+        got = torch.empty(big)
+        ops = [dist.P2POp(dist.irecv, got, left), dist.P2POp(dist.isend, torch.full((big,), float(r)), right)]
+        for w in dist.batch_isend_irecv(ops if receive_first else ops[::-1]):
+            w.wait()
+        check(f"80 MiB ring, receives first {receive_first}", got[:: 1 << 16], torch.full((320,), float(left)))
+    del got, ops
+
+    # Another thread polling a receive before this one posts the send: the receive must still
+    # go to jaccl after the send (else every rank waits in its receive: Deadlock).
+    got = torch.zeros(2)
+    w = dist.irecv(got, src=left)
+    stop = threading.Event()
+
+    def poller():
+        while not stop.is_set():
+            w.is_completed()
+            w.exception()
+
+    thread = threading.Thread(target=poller)
+    thread.start()
+    time.sleep(0.2)
+    dist.isend(torch.full((2,), float(r)), dst=right)
+    try:
+        w.wait()
+        check("receive polled from another thread", got, torch.full((2,), float(left)))
+    except dist.DistBackendError as e:
+        wrong.append(f"receive polled from another thread: {e}")
+    stop.set()
+    thread.join()
+
+    # new_group's timeout: rank 1 never joins rank 0's all-reduce.
+    short = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    if r == 0:
+        try:
+            dist.all_reduce(torch.ones(1), group=short)
+            wrong.append("new_group timeout: no error")
+        except dist.DistBackendError as e:
+            if type(e.__cause__).__name__ != "Timeout" or "2s" not in str(e):
+                wrong.append(f"new_group timeout: {e}")
+
+    # abort() and shutdown() from a watchdog thread stop a call stuck on a peer that never
+    # comes (rank 1), blocking and in Work.wait(), within the groups' 120 s timeout.
+    stuck = [dist.new_group([0, 1], timeout=timedelta(seconds=120)) for _ in range(2)]
+    if r == 0:
+        for group, how, asynchronous in ((stuck[0], "abort", False), (stuck[1], "shutdown", True)):
+            threading.Timer(1.0, getattr(group, how)).start()
+            try:
+                w = dist.all_reduce(torch.ones(1), group=group, async_op=asynchronous)
+                if asynchronous:
+                    w.wait()
+                wrong.append(f"{how}: no error")
+            except dist.DistBackendError as e:
+                cause = e.__cause__
+                if isinstance(cause, TimeoutError) or ("aborted" if how == "abort" else "closed") not in str(e):
+                    wrong.append(f"{how}: {type(cause).__name__}: {e}")
+
+    # A tensor set_() to another storage while its all-reduce is in flight: the operation
+    # works on the old storage (kept alive) and its wait says so.
+    t = torch.ones(4)
+    if r != 0:
+        time.sleep(0.3)
+    w = dist.all_reduce(t, async_op=True)
+    if r == 0:
+        t.set_(torch.zeros(8))
+    try:
+        w.wait()
+        if r == 0:
+            wrong.append("set_() in flight: no error")
+    except RuntimeError as e:
+        if r != 0 or "set_()" not in str(e):
+            wrong.append(f"set_() in flight: {e}")
+    dist.barrier()
+    report({"wrong": wrong})
+
+
+def cycles():
+    """100 sub-groups made, used (blocking, async with a future, point to point) and destroyed
+    with the cyclic garbage collector off (2 ranks): no jaccl thread, file descriptor or
+    heartbeat is left once the world group is destroyed too."""
+    import gc
+    import threading
+
+    def jaccl_threads():
+        names = [t.name for t in threading.enumerate()]
+        for comm in os.listdir("/proc/self/task"):
+            try:
+                names.append(open(f"/proc/self/task/{comm}/comm").read().strip())
+            except OSError:
+                pass
+        return sorted(n for n in names if "jaccl" in n)
+
+    def settled():
+        """Thread names and fd count once jaccl's threads are gone (they end as the groups
+        close: waited for, up to 10 s)."""
+        deadline = time.monotonic() + 10
+        while jaccl_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fds = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return jaccl_threads(), sorted(fds)
+
+    def groups(count):
+        dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
+        r = dist.get_rank()
+        for _ in range(count):
+            g = dist.new_group([0, 1])
+            t = torch.ones(2)
+            dist.all_reduce(t, group=g)
+            dist.all_reduce(t, group=g, async_op=True).get_future().wait()
+            got = torch.empty(1)
+            for w in [dist.irecv(got, src=1 - r, group=g), dist.isend(torch.ones(1), dst=1 - r, group=g)]:
+                w.wait()
+            dist.destroy_process_group(g)
+        dist.destroy_process_group()
+        return t
+
+    groups(1)  # what torch itself keeps from then on (a store connection) is in `before`
+    before = settled()
+    gc.disable()
+    t = groups(100)
+    after = settled()
+    gc.enable()
+    report({"before": before, "after": after, "sum": t.tolist()})
 
 
 def again():
@@ -436,9 +706,10 @@ def lose_a_rank():
 
 if __name__ == "__main__":
     case = sys.argv[1]
-    if case not in ("init_methods", "again"):
+    if case not in ("init_methods", "again", "user_token", "shared_store", "cycles"):
         dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
     {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
-     "lose_a_rank": lose_a_rank}[case]()
+     "lose_a_rank": lose_a_rank, "user_token": user_token, "shared_store": shared_store,
+     "hardening": hardening, "cycles": cycles}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

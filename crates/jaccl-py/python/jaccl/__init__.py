@@ -158,8 +158,17 @@ class Group:
     def close(self) -> None:
         """Leaves the group: the connections close (the other ranks' next calls raise
         :class:`PeerLost`) and later calls on this group raise :class:`Error`. Also done when
-        the group is garbage-collected, or at the end of a ``with jaccl.init() as g:`` block."""
+        the group is garbage-collected, or at the end of a ``with jaccl.init() as g:`` block.
+        A call that another thread is in stops (it raises :class:`Aborted`, an operation
+        started with ``async_op=True`` :class:`Error`) and is waited for."""
         self._g.close()
+
+    def abort(self) -> None:
+        """Stops the group from any thread, without waiting for the call in flight (blocking or
+        ``async_op=True``), which stops at its next wait and raises :class:`Aborted` within
+        moments, as does every later call; the group is closed as by :meth:`close`. For
+        watchdogs: a call stuck on a peer that never comes ends at once."""
+        self._g.abort()
 
     def __enter__(self) -> "Group":
         return self

@@ -9,6 +9,9 @@ same error.
 Ctrl-C while a call waits for other ranks raises ``KeyboardInterrupt`` within 100 ms (Python's
 signal handlers run while jaccl waits); the call stopped half-way, so the group is closed and
 later calls raise :class:`Interrupted`.
+
+A panic in jaccl (a bug) raises :class:`Error` saying it is an internal error; the group is
+then closed, and every later call raises the same error.
 """
 
 from typing import Optional
@@ -46,6 +49,12 @@ class Interrupted(Error):
     raised ``KeyboardInterrupt``)."""
 
 
+class Aborted(Error):
+    """The group was aborted: ``Group.abort()``, or ``close()`` while another thread was in a
+    call (torch's ``abort()`` and ``shutdown()``). The call in flight stopped half-way; every
+    later call raises this too."""
+
+
 class ProtocolError(Error):
     """A peer sent something that is not jaccl's protocol, or a transport failed."""
 
@@ -78,6 +87,7 @@ __all__ = [
     "Mismatch",
     "Deadlock",
     "Interrupted",
+    "Aborted",
     "ProtocolError",
     "BootstrapError",
     "ConfigError",

@@ -2,7 +2,7 @@
 //! operation fails half-way.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -48,7 +48,9 @@ pub struct Group {
     wires: usize,
     /// Whether this rank has links to every other rank (kept after a failure, for reports).
     mesh: bool,
-    timeout: Duration,
+    /// The operation timeout in nanoseconds (`u64::MAX`: none), shared with the progress
+    /// thread's view so that [`Group::set_timeout`] reaches operations run there too.
+    timeout: Arc<AtomicU64>,
     wait: WaitPolicy,
     /// Whether every rank shares memory with this one (the direct collectives).
     shares_memory: bool,
@@ -181,7 +183,7 @@ impl Group {
             size: 1,
             wires: 0,
             mesh: false,
-            timeout: family.config.timeout,
+            timeout: Arc::new(AtomicU64::new(nanos(family.config.timeout))),
             wait: WaitPolicy::SLEEP,
             shares_memory: false,
             peers: Vec::new(),
@@ -203,7 +205,7 @@ impl Group {
             size: config.size,
             wires: config.wire_count(),
             mesh: connected.collectives.geometry().mesh,
-            timeout: config.timeout,
+            timeout: Arc::new(AtomicU64::new(nanos(config.timeout))),
             wait: connected.wait,
             shares_memory: connected.collectives.shares_memory_with_all(),
             peers: connected.peers.clone(),
@@ -231,7 +233,7 @@ impl Group {
             size: self.size,
             wires: self.wires,
             mesh: self.mesh,
-            timeout: self.timeout,
+            timeout: Arc::clone(&self.timeout),
             wait: self.wait.in_background(),
             shares_memory: self.shares_memory,
             peers: self.peers.clone(),
@@ -385,6 +387,13 @@ impl Group {
         }
     }
 
+    /// Sets the operation timeout ([`Config::timeout`]) of the calls made from now on, on any
+    /// thread, those started with [`Group::start`] included (a framework that forms a
+    /// sub-group with a timeout of its own: torch's `new_group(timeout=...)`).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout.store(nanos(timeout), Ordering::Relaxed);
+    }
+
     /// Parallel connections to each ring neighbour (0 for a group of one).
     pub fn wires(&self) -> usize {
         self.wires
@@ -399,7 +408,10 @@ impl Group {
             count,
             root: 0,
             counts: None,
-            timeout: self.timeout,
+            timeout: match self.timeout.load(Ordering::Relaxed) {
+                u64::MAX => Duration::MAX,
+                n => Duration::from_nanos(n),
+            },
             wait: self.wait,
             interruptible: !self.on_progress_thread,
         }
@@ -635,6 +647,11 @@ fn state_of<'a>(
             Error::io(rank, "group", why)
         }),
     }
+}
+
+/// `timeout` in nanoseconds, `u64::MAX` for one too long to count (as `Duration::MAX`).
+fn nanos(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Makes `bool` bytes 0 or 1 (any other byte is true), as `bool` values must be.

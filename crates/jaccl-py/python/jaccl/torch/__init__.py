@@ -10,23 +10,28 @@ of this package); with older versions, ``import jaccl.torch`` first. Then every
     dist.all_reduce(tensor)
 
 Start-up goes through the store torch gives each group: its rank 0 publishes the address of
-its coordinator and a fresh job secret there (under the group's own prefix), the others read
-them; torch's ``timeout`` is both the start-up and the operation timeout. A group that
+its coordinator there (under the group's own prefix and the job's id, see `_start_job`), and
+the job secret goes from rank 0 to each rank in a box sealed to that rank's key, so that the
+store never holds it; a ``JACCL_JOB_TOKEN`` (or ``_FILE``) the user set is used instead.
+torch's ``timeout`` is both the start-up and the operation timeout. A group that
 ``new_group`` makes is a jaccl sub-group of the default one (``jaccl.Group`` formed by its
-members alone), with its own connections. Errors are raised as
+members alone), with its own connections and timeout. Errors are raised as
 ``torch.distributed.DistBackendError`` whose cause is the jaccl exception (``PeerLost``,
 ``Timeout``...), which names the rank and its peer.
 """
 
 import collections
 import datetime
+import hashlib
+import json
 import os
 import queue
 import secrets
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -93,36 +98,119 @@ def _create(opts: Any, _backend_options: Any = None) -> "ProcessGroupJaccl":
     world = dist.group.WORLD if members else None
     if isinstance(world, ProcessGroupJaccl):
         g = _raising(lambda: world._g.subgroup_of_members(members, name))
+        g.set_timeout(max(timeout.total_seconds(), 0.001))
     else:
-        g = _start_job(opts.store, rank, size, timeout)
+        g = _start_job(opts.store, rank, size, timeout, name)
     return ProcessGroupJaccl(g, rank, size, timeout, opts.store)
 
 
-def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> "_native.Group":
-    """A jaccl job of `size` ranks whose rank 0 publishes its coordinator and a fresh secret in
-    `store` (already prefixed per group by torch).
+# The jaccl jobs this process started, per torch group name: a part of each job's id.
+_jobs_started: Dict[str, int] = collections.Counter()
+_jobs_lock = threading.Lock()
 
-    torch gives a group made again after `destroy_process_group` the same prefix, so the keys of
-    the last job are still there: each job's keys carry its number, which every rank learns by
-    counting the ranks that came before it (no rank starts the next job before all have counted
-    themselves into this one, since the job needs all of them to start)."""
-    job = (store.add("jaccl/ranks", 1) - 1) // size
-    coordinator_key, token_key = f"jaccl/{job}/coordinator", f"jaccl/{job}/token"
+# What identifies the launcher's job, in a jaccl job's id (with JACCL_JOB_ID, the user's).
+_IDENTITY = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "JACCL_JOB_ID")
+
+
+def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, group: str) -> "_native.Group":
+    """The jaccl job of `size` ranks that torch's group `group` is, started through `store`
+    (already prefixed per group by torch), where rank 0 publishes its coordinator's address.
+
+    The store's keys carry the job's id, which every rank computes alone and alike: the
+    launcher's identity, the size, and how many jobs this process started for this group name
+    before (every rank makes the same sequence of groups; torch gives a group made again after
+    `destroy_process_group` the same prefix). Rank 0 claims the id as its root, the others as
+    its members: more claims than that mean that another job with the same identity shares
+    this store (or left its keys in it), which fails at once rather than pair ranks of two jobs.
+
+    The secret: a user's ``JACCL_JOB_TOKEN``/``_FILE`` as it is; else rank 0 draws 256 bits and
+    seals them to each rank's ephemeral public key (`_native.SealKey`), so a reader of the store
+    learns nothing. The secret goes to jaccl in `init`'s settings, never into the environment."""
+    with _jobs_lock:
+        _jobs_started[group] += 1
+        made = _jobs_started[group]
+    identity = [os.environ.get(v, "") for v in _IDENTITY] + [size, group, made]
+    job = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    keys = f"jaccl/{job}/"
+    _claim(store, keys, rank, size, add=1)
     if rank == 0:
-        coordinator = f"{_reachable_address(store)}:{_free_port()}"
-        store.set(coordinator_key, coordinator)
-        store.set(token_key, secrets.token_hex(32))
-    store.wait([coordinator_key, token_key], timeout)
-    seconds = repr(max(timeout.total_seconds(), 0.001))
+        store.set(keys + "coordinator", f"{_reachable_address(store)}:{_free_port()}")
+    seconds = _seconds(timeout)
     settings = {
         "JACCL_RANK": str(rank),
         "JACCL_SIZE": str(size),
-        "JACCL_COORDINATOR": store.get(coordinator_key).decode(),
-        "JACCL_JOB_TOKEN": store.get(token_key).decode(),
         "JACCL_TIMEOUT": seconds,
         "JACCL_STARTUP_TIMEOUT": seconds,
     }
-    return _raising(lambda: _native.init(settings))
+    if not any(os.environ.get(v, "").strip() for v in ("JACCL_JOB_TOKEN", "JACCL_JOB_TOKEN_FILE")):
+        settings["JACCL_JOB_TOKEN"] = _sealed_secret(store, keys, rank, size, timeout)
+    store.wait([keys + "coordinator"], timeout)
+    settings["JACCL_COORDINATOR"] = store.get(keys + "coordinator").decode()
+    g = _raising(lambda: _native.init(settings))
+    # A job that claimed the id while this one started (the ranks of two jobs arriving
+    # interleaved) is found here, by every rank that formed the group.
+    try:
+        _claim(store, keys, rank, size, add=0)
+    except BaseException:
+        g.close()
+        raise
+    return g
+
+
+def _claim(store: Any, keys: str, rank: int, size: int, add: int) -> None:
+    """Claims the job's id for `rank` (`add=1`), or checks that nobody claimed too much
+    (`add=0`): one root, `size - 1` members."""
+    roots = store.add(keys + "roots", add if rank == 0 else 0)
+    members = store.add(keys + "members", add if rank != 0 else 0)
+    if roots > 1 or members > size - 1:
+        raise _start_up_error(
+            rank,
+            f"another job with this one's identity ({', '.join(_IDENTITY)}, the group size) "
+            f"started in the same store ({roots} rank 0s and {members} other ranks for {size} "
+            "ranks), or a failed one left its keys there: give each job its own JACCL_JOB_ID, "
+            "or a fresh store (a new file for file://)",
+        )
+
+
+def _sealed_secret(store: Any, keys: str, rank: int, size: int, timeout: datetime.timedelta) -> str:
+    """The job secret, which rank 0 draws and passes to each rank in a box sealed to the
+    public key that rank published (a reader of the store cannot open it)."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    if rank == 0:
+        secret = secrets.token_hex(32)
+        for q in range(1, size):
+            left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+            store.wait([f"{keys}key/{q}"], left)
+            try:
+                sealed = _native.seal(store.get(f"{keys}key/{q}"), secret.encode())
+            except errors.Error:
+                raise _tampered(rank, f"rank {q}'s public key is not one") from None
+            store.set(f"{keys}sealed/{q}", sealed)
+        return secret
+    key = _native.SealKey()
+    store.set(f"{keys}key/{rank}", key.public)
+    store.wait([f"{keys}sealed/{rank}"], timeout)
+    secret = key.open(store.get(f"{keys}sealed/{rank}"))
+    if secret is None:
+        raise _tampered(rank, "the job secret sealed for this rank does not open with its key")
+    return secret.decode()
+
+
+def _tampered(rank: int, what: str) -> BaseException:
+    return _start_up_error(
+        rank, f"{what}: someone other than this job's ranks wrote the store during start-up"
+    )
+
+
+def _start_up_error(rank: int, why: str) -> BaseException:
+    e = errors.BootstrapError(f"rank {rank}: init: start-up through torch's store: {why}")
+    e.rank, e.op = rank, "init"
+    return _torch_error(e)
+
+
+def _seconds(timeout: datetime.timedelta) -> str:
+    """torch's timeout as jaccl reads one (seconds; at least a millisecond)."""
+    return repr(max(timeout.total_seconds(), 0.001))
 
 
 def _reachable_address(store: Any) -> str:
@@ -285,96 +373,258 @@ def _unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
 
 class _Work(_WorkBase):
     """torch's handle of an operation: the jaccl operations it started (none if it ran at
-    once), then what to do on this thread once they are done (copies out of staging
-    buffers)."""
+    once), then what to do once they are done (copies out of staging buffers), which whoever
+    first sees them done runs, once: `wait`, or a poll (`is_completed`, `exception`), so that
+    an operation reported complete has written every output its caller reads."""
 
     def __init__(
         self,
-        pg: "ProcessGroupJaccl",
         pending: Optional[List[Any]],
         result: Any,
         finish: Optional[Callable[[], None]] = None,
-        start: Optional[Callable[[], List[Any]]] = None,
+        guard: Sequence[tuple] = (),
+        completer: Optional["_Completer"] = None,
+        p2p: bool = False,
     ) -> None:
-        """`pending`: the jaccl operations; `None` with `start`, which starts them when the
-        group flushes its held receives (see `ProcessGroupJaccl.recv`)."""
+        """`pending`: the jaccl operations (`p2p`: to come, through `_P2P.submit`); `guard`:
+        `(tensor, data_ptr)` of the tensors they use (see `_guarded`); `completer`: the
+        group's, for `get_future`."""
         super().__init__()
-        self._pg = pg
         self._pending = pending or []
-        self._start = start
         self._result = result
         self._finish = finish
+        self._guard = guard
         self._error: Optional[BaseException] = None
-        self._done = False
+        # Pieces of point-to-point messages not handed to jaccl yet, and the group's `_P2P`
+        # that holds them (see `_P2P`).
+        self._held = 0
+        self._p2p: Optional["_P2P"] = None
+        self._completer = completer
+        self._done = not pending and not p2p
         self._lock = threading.Lock()
-        if not pending and start is None:
-            self._complete()
 
-    def _begin(self) -> None:
-        """Starts a held operation (the group's flush calls it, in order)."""
-        start, self._start = self._start, None
-        if start is not None:
+    def _settle(self, block: bool) -> bool:
+        """Whether the operation is done, finishing it if its jaccl operations have ended
+        (waiting for them if `block`, the GIL released). Held pieces are handed to jaccl by a
+        wait, or by a poll on the thread that submitted them (`_P2P.flush`)."""
+        if self._done:
+            return True
+        p2p = self._p2p
+        if p2p is not None and self._held:
+            if not (block or p2p.submitted_here()):
+                return False
+            p2p.flush()
+        if not self._lock.acquire(blocking=block):
+            return False  # another thread is finishing it
+        try:
+            if self._done:
+                return True
+            if not block and not all(w.is_completed() for w in self._pending):
+                return False
             try:
-                self._pending = [w for w in _raising(start) if w is not None]
+                for w in self._pending:
+                    w.wait(None)
+                _check_guard(self._guard)
+                if self._finish is not None:
+                    self._finish()
             except BaseException as e:
-                self._error = e
+                self._error = _torch_error(e)
+            self._end()
+            return True
+        finally:
+            self._lock.release()
 
-    def _complete(self) -> None:
-        """Waits for the operations (the GIL released) and finishes; raises their error."""
-        if self._start is not None:
-            self._pg._flush()
+    def _fail(self, error: BaseException) -> None:
+        """Ends the operation with `error` (a held one whose group stopped)."""
         with self._lock:
             if not self._done:
-                try:
-                    for w in self._pending:
-                        w.wait(None)
-                    if self._finish is not None:
-                        self._finish()
-                except BaseException as e:
-                    self._error = _torch_error(e)
-                self._done = True
-                self._pending = []
-        if self._error is not None:
-            raise self._error
+                self._error = _torch_error(error)
+                self._end()
+
+    def _end(self) -> None:
+        self._done = True
+        self._pending, self._finish, self._guard, self._p2p = [], None, (), None
 
     def wait(self, timeout: Any = None) -> bool:
-        if not (self._done and self._error is None):  # (a finished operation: at once)
-            self._complete()
+        self._settle(True)
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self) -> bool:
-        if self._pg._held:  # whoever polls needs the held receives started (see `recv`)
-            self._pg._flush()
-        return self._done or all(w.is_completed() for w in self._pending)
+        return self._settle(False)
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
+        return self._settle(False) and self._error is None
 
     def exception(self) -> Optional[BaseException]:
+        self._settle(False)
         return self._error
 
     def result(self) -> Any:
-        self._complete()
+        self.wait()
         return self._result
 
     def source_rank(self) -> int:
         raise RuntimeError("jaccl: source_rank applies to recv from any source, which jaccl lacks")
 
     def get_future(self) -> "torch.futures.Future":
+        """A future that the group's completer thread completes. Held pieces are handed to
+        jaccl here, on the caller's thread (the completer never starts any)."""
         future: torch.futures.Future = torch.futures.Future()
-        if self._done:
-            _settle(future, self)
+        p2p = self._p2p
+        if p2p is not None and self._held:
+            p2p.flush()
+        if self._done or self._completer is None:
+            _complete_future(future, self)
         else:
-            self._pg._completer().put((future, self))
+            self._completer.put(future, self)
         return future
 
 
-def _settle(future: "torch.futures.Future", work: _Work) -> None:
+def _complete_future(future: "torch.futures.Future", work: _Work) -> None:
     try:
-        work._complete()
+        work.wait()
         future.set_result(work._result)
     except BaseException as e:
         future.set_exception(e)
+
+
+class _Completer:
+    """A thread that completes the futures of a group's operations (`_Work.get_future`) in
+    order, as the operations end, so that jaccl's progress thread never waits for the GIL.
+    Started with the first future; ended when the group stops (or is collected)."""
+
+    def __init__(self) -> None:
+        self._queue: Optional["queue.Queue"] = None
+        self._lock = threading.Lock()
+
+    def put(self, future: "torch.futures.Future", work: _Work) -> None:
+        with self._lock:
+            if self._queue is None:
+                self._queue = queue.Queue()
+                thread = threading.Thread(
+                    target=_complete_futures, args=(self._queue,), name="jaccl-futures", daemon=True
+                )
+                thread.start()
+            self._queue.put((future, work))
+
+    def stop(self) -> None:
+        """Ends the thread once the futures before complete."""
+        with self._lock:
+            stopped, self._queue = self._queue, None
+        if stopped is not None:
+            stopped.put(None)
+
+
+def _complete_futures(futures: "queue.Queue") -> None:
+    while True:
+        item = futures.get()
+        if item is None:
+            return
+        _complete_future(*item)
+
+
+def _check_guard(guard: Sequence[tuple]) -> None:
+    """Raises if a tensor that an asynchronous operation used was resized or `set_` while the
+    operation ran (its memory moved: see `_guarded`)."""
+    for tensor, address in guard:
+        if tensor.data_ptr() != address:
+            raise RuntimeError(
+                "jaccl: a tensor of this asynchronous operation was resized or set_() while the "
+                "operation ran: its results are undefined (the operation used the memory the "
+                "tensor had when it started, which resize_() may have freed); do not change a "
+                "tensor's storage before its Work completes"
+            )
+
+
+def _guarded(keep: list) -> tuple:
+    """What an asynchronous operation keeps alive, and its guard: each tensor's storage as
+    well as the tensor, so that `set_()` cannot free the memory the operation uses; and
+    `(tensor, data_ptr)`, checked when it completes (`_check_guard`: `resize_()` that grows a
+    tensor reallocates its storage in place, which nothing in torch can forbid)."""
+    tensors = [t for t in keep if isinstance(t, torch.Tensor)]
+    return keep + [t.untyped_storage() for t in tensors], [(t, t.data_ptr()) for t in tensors]
+
+
+class _P2P:
+    """A group's point-to-point operations that are not handed to jaccl yet.
+
+    jaccl runs a group's operations in order, and a receive waits for its data. So that
+    `batch_isend_irecv([irecv(left), isend(right)])` on every rank cannot wait for itself,
+    messages go to jaccl in pieces of at most `PIECE` bytes (the most a rank blocked sending
+    holds read ahead from a peer is 64 MiB per connection), over streams: one per peer and
+    direction, each the pieces of its messages in the order they were submitted, so the two
+    ends of a stream agree whatever each hands over when. A send's first piece starts at once
+    when nothing of its stream waits; every other piece waits here until the next operation
+    that is not point to point, a `wait`, a `get_future`, or a poll on the thread that
+    submitted them (`flush`), which hands them over in rounds: a piece of each send stream,
+    then a piece of each receive stream. A send thus overtakes the receives submitted before
+    it by at most one piece, and each rank of a ring alternates sending and receiving pieces.
+    When each piece is handed over depends only on the order of submissions on the thread
+    that submits them, not on other threads' polls."""
+
+    PIECE = 16 << 20
+
+    def __init__(self) -> None:
+        # (kind, peer) -> [(work, start)]: `start()` hands one piece to jaccl.
+        self._streams: Dict[tuple, "collections.deque"] = {}
+        self._lock = threading.Lock()
+        self._thread: Optional[int] = None
+
+    def __bool__(self) -> bool:
+        return bool(self._streams)
+
+    def submit(self, work: _Work, kind: str, peer: int, pieces: List[Callable[[], Any]]) -> None:
+        """Submits `work`'s pieces (its messages to or from `peer`, in order)."""
+        with self._lock:
+            self._thread = threading.get_ident()
+            stream = self._streams.get((kind, peer))
+            if kind == "send" and stream is None:
+                _begin(work, pieces[0])
+                pieces = pieces[1:]
+            if not pieces:
+                return
+            work._held, work._p2p = len(pieces), self
+            if stream is None:
+                stream = self._streams[(kind, peer)] = collections.deque()
+            stream.extend((work, start) for start in pieces)
+
+    def submitted_here(self) -> bool:
+        return self._thread == threading.get_ident()
+
+    def flush(self) -> None:
+        """Hands every held piece to jaccl, in rounds (see the class)."""
+        with self._lock:
+            streams, self._streams = self._streams, {}
+            sends = [s for (kind, _), s in streams.items() if kind == "send"]
+            receives = [s for (kind, _), s in streams.items() if kind == "recv"]
+            while sends or receives:
+                for stream in sends + receives:
+                    work, start = stream.popleft()
+                    _begin(work, start)
+                    work._held -= 1
+                sends = [s for s in sends if s]
+                receives = [s for s in receives if s]
+
+    def fail(self, error: BaseException) -> None:
+        """Ends every held operation with `error` (the group stopped)."""
+        with self._lock:
+            streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            for work, _ in stream:
+                work._fail(error)
+
+
+def _begin(work: _Work, start: Callable[[], Any]) -> None:
+    """Hands a piece of `work` to jaccl; a failure to start ends `work` with it (and drops
+    its other pieces)."""
+    if work._error is not None:
+        return
+    try:
+        work._pending.append(start())
+    except BaseException as e:
+        work._fail(e)
 
 
 class _Marker(torch._C._distributed_c10d.Backend):
@@ -412,13 +662,13 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         self._g = group
         self._timeout = timeout
         self._store = store
-        self._queue: Optional["queue.Queue"] = None
-        # Receives started asynchronously and not yet handed to jaccl (see `recv`).
-        self._held: List[_Work] = []
-        self._held_lock = threading.Lock()
+        self._completer = _Completer()
+        # The thread goes when the group does, if nobody stopped it (`shutdown`).
+        weakref.finalize(self, self._completer.stop)
+        self._p2p = _P2P()
         self._name = ""
         # What a blocking operation returns: torch waits on it at once and drops it.
-        self._completed = _Work(self, [], None)
+        self._completed = _Work([], None)
         self._desc = ""
         self._staging = _Staging()
         self._monitored = 0  # monitored barriers called (their keys in the store)
@@ -473,6 +723,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
             return None
         members, name = list(ranks), group_name or ""
         g = _raising(lambda: self._g.subgroup_of_members(members, name))
+        g.set_timeout(max((timeout or self._timeout).total_seconds(), 0.001))
         store = dist.PrefixStore(f"jaccl/split/{name}/", self._store) if self._store is not None else None
         child = ProcessGroupJaccl(g, members.index(self.rank()), len(members), timeout or self._timeout, store)
         child.setGroupName(name)
@@ -480,27 +731,25 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         return child
 
     def abort(self) -> None:
-        self._g.close()
+        """Stops the group from any thread (torchft's watchdog): the operation in flight,
+        blocking or not, raises an error caused by ``jaccl.Aborted`` at its next wait, as does
+        every later one, and everything the group holds is released."""
+        self._stop(self._g.abort, "aborted")
 
     def shutdown(self) -> None:
-        self._g.close()
+        """Closes the group (``destroy_process_group`` calls it): as `abort`, but an idle
+        group says goodbye to its peers first."""
+        self._stop(self._g.close, "shut down")
+
+    def _stop(self, how: Callable[[], None], what: str) -> None:
+        how()
+        e = errors.Error(f"rank {self.rank()}: the group was {what} before this operation started")
+        e.rank = self.rank()
+        self._p2p.fail(e)
+        self._completer.stop()
 
     def __repr__(self) -> str:
         return f"ProcessGroupJaccl(rank={self.rank()}, size={self.size()})"
-
-    def _completer(self) -> "queue.Queue":
-        """A thread that completes futures (``Work.get_future``) in order, as their operations
-        end: the progress thread never waits for the GIL."""
-        if self._queue is None:
-            self._queue = queue.Queue()
-
-            def run(q: "queue.Queue") -> None:
-                while True:
-                    future, work = q.get()
-                    _settle(future, work)
-
-            threading.Thread(target=run, args=(self._queue,), name="jaccl-futures", daemon=True).start()
-        return self._queue
 
     def _run(
         self,
@@ -523,15 +772,16 @@ class ProcessGroupJaccl(dist.ProcessGroup):
                     copy_out()
                 self._staging.give(staged)
 
-        self._flush()
+        self._p2p.flush()
         asynchronous = getattr(opts, "asyncOp", True) if opts is not None else True
         if not asynchronous:
             _raising(lambda: [c(None) for c in calls])
             if finish is not None:
                 finish()
-            return _Work(self, [], result)
+            return _Work([], result)
+        keep, guard = _guarded(keep)
         pending = _raising(lambda: [c(keep) for c in calls])
-        return _Work(self, [w for w in pending if w is not None], result, finish)
+        return _Work([w for w in pending if w is not None], result, finish, guard, self._completer)
 
     # Collectives.
 
@@ -539,7 +789,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         """The one tensor of a blocking call that can take the short way (contiguous, on the
         CPU, nothing held): what `dist.all_reduce(t)` costs beyond jaccl's own call is then a
         few attribute reads."""
-        if opts is None or getattr(opts, "asyncOp", True) or len(tensors) != 1 or self._held:
+        if opts is None or getattr(opts, "asyncOp", True) or len(tensors) != 1 or self._p2p:
             return None
         t = tensors[0]
         return t if t.is_cpu and t.is_contiguous() else None
@@ -582,16 +832,15 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         op, factor = _reduction(opts.reduceOp)
         root = opts.rootRank
         bufs = [_Tensor(t, reduced=True) for t in tensors]
-        if factor is not None:
-            for b in bufs:
-                b.buffer.mul_(factor)
         # The root's result goes over its input (torch's reduce is in place); the others'
-        # tensors are left as they are.
+        # tensors are left as they are (PREMUL_SUM scales a copy, as NCCL does).
         at_root = self.rank() == root
         scratch = [
             self._staging.take(b.buffer, b.buffer.numel()).copy_(b.buffer.reshape(-1)) if at_root else b.buffer
             for b in bufs
         ]
+        if factor is not None:
+            scratch = [s.mul_(factor) if at_root else s * factor for s in scratch]
 
         def call(keep: Optional[list], b: _Tensor, inp: torch.Tensor) -> Any:
             out = b.memory if self.rank() == root else (0, 0)
@@ -799,37 +1048,29 @@ class ProcessGroupJaccl(dist.ProcessGroup):
 
     # Point to point: messages between two ranks are taken in the order they are sent, and
     # their tags are checked, not matched: a receive whose tag is not the next message's fails
-    # with Mismatch naming both (NCCL ignores tags; gloo matches them).
-    # jaccl runs a group's operations in order, and a receive waits for its data. So that
-    # `batch_isend_irecv([irecv(left), isend(right)])` on every rank cannot wait for itself, a
-    # receive started asynchronously is held and handed to jaccl only when anything but a send
-    # comes next (or any operation is waited for or polled): sends overtake the receives before
-    # them. Each direction between two ranks keeps its order, so messages match as they would.
+    # with Mismatch naming both (NCCL ignores tags; gloo matches them). Each message goes to
+    # jaccl in pieces, when `_P2P` says.
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> _Work:
-        bufs = [_Tensor(t) for t in tensors]
-        tag = _wire_tag(tag)
-        calls = [(lambda keep, b=b: self._g.send(b.memory, dst, b.dtype, keep, tag)) for b in bufs]
-        keep = [b.buffer for b in bufs]
-        pending = _raising(lambda: [c(keep) for c in calls])
-        return _Work(self, [w for w in pending if w is not None], tensors)
+        return self._p2p_op("send", tensors, dst, tag)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> _Work:
-        bufs = [_Tensor(t) for t in tensors]
-        keep = [b.buffer for b in bufs]
-        tag = _wire_tag(tag)
-        calls = [(lambda b=b: self._g.recv(b.memory, src, b.dtype, keep, tag)) for b in bufs]
-        work = _Work(self, None, tensors, _finisher(bufs), start=lambda: [c() for c in calls])
-        with self._held_lock:
-            self._held.append(work)
-        return work
+        return self._p2p_op("recv", tensors, src, tag)
 
-    def _flush(self) -> None:
-        """Hands the held receives to jaccl, in order."""
-        with self._held_lock:
-            held, self._held = self._held, []
-            for work in held:
-                work._begin()
+    def _p2p_op(self, kind: str, tensors: List[torch.Tensor], peer: int, tag: int) -> _Work:
+        bufs = [_Tensor(t) for t in tensors]
+        keep, guard = _guarded([b.buffer for b in bufs])
+        tag = _wire_tag(tag)
+        call = self._g.send if kind == "send" else self._g.recv
+        pieces = [
+            (lambda m=m, b=b: call(m, peer, b.dtype, keep, tag))
+            for b in bufs
+            for m in _pieces(b.buffer)
+        ]
+        finish = _finisher(bufs) if kind == "recv" else None
+        work = _Work(None, tensors, finish, guard, self._completer, p2p=True)
+        self._p2p.submit(work, kind, peer, pieces)
+        return work
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> _Work:
         raise RuntimeError("jaccl: recv needs a source rank (jaccl has no receive from any source)")
@@ -847,7 +1088,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         usable after a failure."""
         if self._store is None:
             raise RuntimeError("jaccl: monitored_barrier needs the group's store")
-        self._flush()
+        self._p2p.flush()
         timeout = timeout or self._timeout
         self._monitored += 1
         key = f"jaccl/monitored/{self._monitored}"
@@ -893,6 +1134,14 @@ def _uneven(counts: List[int]) -> Optional[List[int]]:
 
 def _mem(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), t.numel() * t.element_size())
+
+
+def _pieces(t: torch.Tensor) -> List[tuple]:
+    """`(address, length)` of the consecutive pieces of at most `_P2P.PIECE` bytes (whole
+    elements) that a message of `t`'s bytes travels in (one, empty, for an empty tensor)."""
+    address, length = _mem(t)
+    step = max(_P2P.PIECE // t.element_size(), 1) * t.element_size()
+    return [(address + at, min(step, length - at)) for at in range(0, length, step)] or [(address, 0)]
 
 
 def _finisher(bufs: Sequence[_Tensor]) -> Optional[Callable[[], None]]:

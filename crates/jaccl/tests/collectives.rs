@@ -410,6 +410,40 @@ fn recv_any_takes_every_sender_in_turn() {
     ));
 }
 
+/// A receive from any source passes over a peer that has gone on to a collective (its header
+/// waits at the receiver, or it waits in a direct collective over shared memory): it can send
+/// nothing before the receiver enters that collective too, so the message is another's. With
+/// every other rank in a collective, the receive is a `Mismatch` naming one.
+#[test]
+fn recv_any_passes_over_peers_in_a_collective() {
+    for net in nets() {
+        let got = with_group(net, 3, 1, |g| match g.rank() {
+            0 => {
+                let mut x = [0u32];
+                let src = g.recv_any(&mut x)?;
+                g.barrier()?;
+                Ok(Some((src, x[0])))
+            }
+            1 => g.barrier().map(|()| None),
+            _ => {
+                // Long after rank 1 entered the barrier (and the 250 ms a peer may be ahead).
+                std::thread::sleep(Duration::from_secs(1));
+                g.send(&[7u32], 0)?;
+                g.barrier().map(|()| None)
+            }
+        });
+        assert!(matches!(got[0], Ok(Some((2, 7)))), "{net:?}: {got:?}");
+        let got = with_group(net, 2, 1, |g| match g.rank() {
+            0 => g.recv_any(&mut [0u8]).map(drop),
+            _ => g.barrier(),
+        });
+        assert!(
+            matches!(&got[0], Err(Error::Mismatch { peer: 1, detail, .. }) if detail.contains("in a collective")),
+            "{net:?}: {got:?}"
+        );
+    }
+}
+
 /// `auto` builds the mesh for 4 ranks or more when each is on a host of its own and they talk
 /// TCP (here: pretend hosts, so no shared memory; inside the RDMA VM they talk RDMA instead and
 /// keep the ring).

@@ -3,15 +3,19 @@
 //! The receiver does not know who will send, so it first makes itself reachable by every peer:
 //! it opens the links it would open itself for a send (to higher ranks it has none to; see
 //! `crate::connect::late`), and takes those the lower ranks open when they send to it, as they
-//! arrive. Then it waits until a message begins to arrive on a peer's first wire (which carries
-//! the first bytes, the header, of every message from that peer) and names that peer; an
-//! ordinary receive then takes the message whole, checking its header (type, length, tag) as
-//! `recv` does. Nothing is consumed while looking.
+//! arrive. Then it waits until the header of a peer's next operation has arrived on its first
+//! wire (which carries the first bytes, the header, of every operation with that peer), read
+//! ahead without consuming anything. A send's header names that peer: an ordinary receive then
+//! takes the message whole, checking the header (type, length, tag) as `recv` does. Any other
+//! header is a collective this rank has not entered yet, and the peer can send this rank
+//! nothing before this rank enters it: that peer is passed over, as is a peer in a direct
+//! collective (shared memory) with nothing sent before it.
 //!
-//! Of several messages that have begun to arrive, it takes that of the first peer in the round
-//! that starts after the peer of the previous one: senders are taken in turn, and none starves
-//! however fast another sends. A peer whose links closed (it left the group) can send no more
-//! and is passed over; when every peer has, the receive fails.
+//! Of several messages whose headers have arrived, it takes that of the first peer in the
+//! round that starts after the peer of the previous one: senders are taken in turn, and none
+//! starves however fast another sends. A peer whose links closed (it left the group) can send
+//! no more and is passed over; when every peer has left or is in a collective, the receive
+//! fails (`PeerLost`, or `Mismatch` naming a peer in a collective).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +25,7 @@ use super::geometry::Geometry;
 use crate::error::{Error, Result};
 use crate::transport::{Interest, LinkError};
 use crate::wait::{Backoff, Idle};
+use crate::wire::{Header, Kind};
 
 impl Network {
     /// The peer whose message a receive from any source takes (see the module docs), the
@@ -28,7 +33,7 @@ impl Network {
     ///
     /// # Errors
     /// Every peer left; a lost peer, a deadlock, an interrupt or the timeout, as every wait;
-    /// a peer in a direct collective this rank did not call (`Mismatch`).
+    /// every peer left or in a collective this rank did not call (`Mismatch`).
     pub(crate) fn next_sender(&mut self, g: &Geometry, after: usize, call: &Call) -> Result<usize> {
         let order: Vec<usize> = (1..=g.size)
             .map(|k| (after + k) % g.size)
@@ -37,60 +42,73 @@ impl Network {
         let higher = order.iter().filter(|&&p| p > g.rank);
         self.reach(higher.map(|&p| g.channel_to(p, 0)), call)?;
         let mut gone: Vec<usize> = Vec::new();
+        // Peers whose next operation is a collective, and that collective's header.
+        let mut in_collective: Vec<(usize, Header)> = Vec::new();
         let mut backoff = Backoff::new(call.wait, call.timeout);
         let liveness = Arc::clone(&self.liveness);
         let mut blocked = BlockedReport::new(&liveness);
         let mut peer_ahead_since: Option<Instant> = None;
         loop {
             self.take_arrived(g, &order, call)?;
+            let passed = |p: &usize, gone: &[usize], coll: &[(usize, Header)]| {
+                gone.contains(p) || coll.iter().any(|(q, _)| q == p)
+            };
             for &p in &order {
                 let ch = &mut self.channels[g.channel_to(p, 0)];
-                if !ch.is_open() || gone.contains(&p) {
+                if !ch.is_open() || passed(&p, &gone, &in_collective) {
                     continue;
                 }
-                match ch.has_bytes() {
-                    Ok(true) => return Ok(p),
-                    Ok(false) => {}
+                match ch.next_header() {
+                    Ok(Some(bytes)) => match Header::decode(&bytes) {
+                        Ok(h) if h.kind != Kind::SendRecv => in_collective.push((p, h)),
+                        // A send's (or bytes that are no header, which its receive reports).
+                        _ => return Ok(p),
+                    },
+                    Ok(None) => {}
                     Err(LinkError::Closed(_)) => gone.push(p),
                     Err(e) => return Err(lost(e, p, call)),
                 }
             }
-            if gone.len() == order.len() {
-                let last = gone.last().copied().unwrap_or(after);
-                return Err(lost(
-                    LinkError::Closed("every other rank has left the group".into()),
-                    last,
-                    call,
-                ));
+            let waiting: Vec<usize> = order
+                .iter()
+                .copied()
+                .filter(|p| !passed(p, &gone, &in_collective))
+                .collect();
+            if waiting.is_empty() {
+                return Err(match in_collective.first() {
+                    Some((peer, theirs)) => in_a_collective(*peer, &theirs.to_string(), call),
+                    None => {
+                        let why = "every other rank has left the group".into();
+                        lost(
+                            LinkError::Closed(why),
+                            gone.last().copied().unwrap_or(after),
+                            call,
+                        )
+                    }
+                });
             }
             liveness.check(call.op)?;
             let wants: Vec<Interest> = (0..self.channels.len())
                 .map(|c| Interest {
-                    read: order.iter().any(|&p| {
-                        g.channel_to(p, 0) == c && !gone.contains(&p) && self.channels[c].is_open()
-                    }),
+                    read: waiting
+                        .iter()
+                        .any(|&p| g.channel_to(p, 0) == c && self.channels[c].is_open()),
                     write: false,
                 })
                 .collect();
-            let ahead = order.iter().copied().find(|&p| {
+            // Every peer still waited on in a direct collective: once bytes it sent before it
+            // moved on have had time to arrive (TCP), none is coming.
+            let ahead = waiting.iter().all(|&p| {
                 let ch = &self.channels[g.channel_to(p, 0)];
                 ch.is_open() && ch.peer_ahead()
             });
-            if let Some(peer) = ahead {
-                // Bytes it sent before it moved on may still be on their way (TCP).
+            if ahead {
                 let since = *peer_ahead_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= PEER_AHEAD_GRACE {
-                    return Err(Error::Mismatch {
-                        rank: call.rank,
-                        peer,
-                        op: call.op,
-                        detail: format!(
-                            "rank {peer} is in a collective this rank did not call; this rank \
-                             called {} from any rank",
-                            call.header(0, call.rank)
-                        ),
-                    });
+                    return Err(in_a_collective(waiting[0], "a direct collective", call));
                 }
+            } else {
+                peer_ahead_since = None;
             }
             let in_memory = self
                 .channels
@@ -127,5 +145,20 @@ impl Network {
             self.channels[g.channel_to(peer, 0)].open(link);
         }
         Ok(())
+    }
+}
+
+/// The `Mismatch` of a receive from any source that no other rank can send to any more:
+/// `peer` (one of them) is in a collective (`theirs`) this rank did not call.
+fn in_a_collective(peer: usize, theirs: &str, call: &Call) -> Error {
+    Error::Mismatch {
+        rank: call.rank,
+        peer,
+        op: call.op,
+        detail: format!(
+            "rank {peer} is in a collective this rank did not call ({theirs}), and no other rank \
+             can send to this one any more; this rank called {} from any rank",
+            call.header(0, call.rank)
+        ),
     }
 }

@@ -115,17 +115,21 @@ impl Channel {
         self.link.wait_fds(interest, fds);
     }
 
-    /// Whether the peer has sent bytes that no call has consumed yet (consuming none).
+    /// The header of the peer's next operation on this channel once all of it has arrived
+    /// (read ahead, consuming nothing), else `None`. Only between operations: the next bytes
+    /// are then a header.
     ///
     /// # Errors
     /// The link failed (the peer closed it, say).
-    pub(crate) fn has_bytes(&mut self) -> std::result::Result<bool, LinkError> {
-        let mut seen = false;
-        self.try_recv(1, &mut |bytes| {
-            seen = !bytes.is_empty();
-            0
-        })?;
-        Ok(seen)
+    pub(crate) fn next_header(
+        &mut self,
+    ) -> std::result::Result<Option<[u8; HEADER_LEN]>, LinkError> {
+        let have = self.early.len() - self.early_pos;
+        if have < HEADER_LEN {
+            self.read_ahead(HEADER_LEN - have)?;
+        }
+        let next = self.early.get(self.early_pos..self.early_pos + HEADER_LEN);
+        Ok(next.and_then(|b| b.try_into().ok()))
     }
 
     /// Whether re-checking the link costs no system call ([`Link::in_memory`]).

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -218,6 +219,69 @@ fn fifty_random_sequences_of_splits_and_subgroups_stay_in_step() {
                 assert_eq!(x[0], 5);
             }
         });
+    }
+}
+
+/// A sub-group formed with a timeout of its own waits that long, not its parent's (60 s here):
+/// for its start-up (rank 2 never comes while the others wait) and for its operations (rank 1
+/// never sends). Each rank that is not to come waits for the others' failures for 30 s, and
+/// then comes after all: with the parent's timeouts, the others would then succeed.
+#[test]
+fn sub_groups_of_members_with_a_timeout_of_their_own() {
+    for net in nets() {
+        let failed = (Mutex::new(0), Condvar::new());
+        let fail = |result: Result<(), Error>| {
+            *failed.0.lock().unwrap() += 1;
+            failed.1.notify_all();
+            result
+        };
+        let others_failed = |count: usize| {
+            let waited = failed.1.wait_timeout_while(
+                failed.0.lock().unwrap(),
+                Duration::from_secs(30),
+                |n| *n < count,
+            );
+            !waited.unwrap().1.timed_out()
+        };
+        let second = Duration::from_secs(1);
+        let got = with_group(net, 3, 1, |g| {
+            let late = match g.rank() {
+                2 if others_failed(2) => return Ok(()),
+                2 => g.subgroup_of_members_with_timeout(&[0, 1, 2], "late", second),
+                _ => {
+                    return fail(
+                        g.subgroup_of_members_with_timeout(&[0, 1, 2], "late", second)
+                            .map(drop),
+                    );
+                }
+            };
+            late.map(drop)
+        });
+        // Rank 0 times out; rank 1 hears of it from rank 0.
+        assert!(
+            matches!(&got[0], Err(Error::Bootstrap(why)) if why.contains("timed out")),
+            "{net:?}: {got:?}"
+        );
+        assert!(
+            matches!(&got[1], Err(Error::Bootstrap(_))),
+            "{net:?}: {got:?}"
+        );
+        *failed.0.lock().unwrap() = 0;
+        let got = with_group(net, 3, 1, |g| {
+            let mut pair = match g.rank() {
+                2 => return Ok(()),
+                _ => g.subgroup_of_members_with_timeout(&[0, 1], "pair", second)?,
+            };
+            match g.rank() {
+                0 => fail(pair.recv(&mut [0u8], 1)),
+                _ if others_failed(1) => Ok(()),
+                _ => pair.send(&[1u8], 0),
+            }
+        });
+        assert!(
+            matches!(&got[0], Err(Error::Timeout { after, .. }) if *after == second),
+            "{net:?}: {got:?}"
+        );
     }
 }
 

@@ -388,8 +388,8 @@ impl Group {
     }
 
     /// Sets the operation timeout ([`Config::timeout`]) of the calls made from now on, on any
-    /// thread, those started with [`Group::start`] included (a framework that forms a
-    /// sub-group with a timeout of its own: torch's `new_group(timeout=...)`).
+    /// thread, those started with [`Group::start`] included. (A sub-group formed with a
+    /// timeout of its own: [`Group::subgroup_of_members_with_timeout`].)
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout.store(nanos(timeout), Ordering::Relaxed);
     }

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
 
@@ -166,7 +167,7 @@ impl Group {
         members.sort_unstable();
         let members: Vec<usize> = members.into_iter().map(|(_, rank)| rank).collect();
         let id = group_id("split", self.family.id, &[&split, &color.to_le_bytes()]);
-        self.form(&members, id).map(Some)
+        self.form(&members, id, None).map(Some)
     }
 
     /// Makes a sub-group of `ranks` (ranks of this group, in the order of their new ranks):
@@ -187,7 +188,7 @@ impl Group {
             return Ok(None);
         }
         let id = group_id("subgroup", self.family.id, &[&split, &list]);
-        self.form(ranks, id).map(Some)
+        self.form(ranks, id, None).map(Some)
     }
 
     /// The number of this split (or subgroup) among those of this group: counted on every
@@ -212,6 +213,31 @@ impl Group {
     /// [`Error::InvalidArgument`] for a list without this rank, with a rank out of range or
     /// listed twice; [`Error::Bootstrap`] as [`Group::split`].
     pub fn subgroup_of_members(&self, ranks: &[usize], name: &str) -> Result<Group> {
+        self.members_form(ranks, name, None)
+    }
+
+    /// [`Group::subgroup_of_members`] whose new group has `timeout` as its start-up and
+    /// operation timeouts instead of this group's (PyTorch's `new_group(timeout=...)`):
+    /// members that do not all come within it fail with [`Error::Bootstrap`].
+    ///
+    /// # Errors
+    /// As [`Group::subgroup_of_members`].
+    pub fn subgroup_of_members_with_timeout(
+        &self,
+        ranks: &[usize],
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Group> {
+        self.members_form(ranks, name, Some(timeout))
+    }
+
+    /// [`Group::subgroup_of_members`], with `timeout` (else this group's) for the new group.
+    fn members_form(
+        &self,
+        ranks: &[usize],
+        name: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Group> {
         self.check_list(ranks)?;
         if !ranks.contains(&self.rank) {
             return Err(self.invalid(Op::Split, format!("this rank is not in the list {ranks:?}")));
@@ -233,7 +259,7 @@ impl Group {
             self.family.id,
             &[name.as_bytes(), &list, &made.to_le_bytes()],
         );
-        self.form(ranks, id)
+        self.form(ranks, id, timeout)
     }
 
     /// [`Error::InvalidArgument`] unless `ranks` is a non-empty list of distinct ranks.
@@ -292,8 +318,9 @@ impl Group {
     }
 
     /// Forms the group of `members` (ranks of this group, in their new order; this rank among
-    /// them) whose connections carry `id`.
-    fn form(&self, members: &[usize], id: u64) -> Result<Group> {
+    /// them) whose connections carry `id`, with `timeout` as its start-up and operation
+    /// timeouts (`None`: this group's).
+    fn form(&self, members: &[usize], id: u64, timeout: Option<Duration>) -> Result<Group> {
         let rank = members
             .iter()
             .position(|&r| r == self.rank)
@@ -302,11 +329,15 @@ impl Group {
                 Error::io(self.rank, "split", why)
             })?;
         let job_rank: Arc<[usize]> = members.iter().map(|&r| self.family.job_rank[r]).collect();
-        let config = Config {
+        let mut config = Config {
             rank,
             size: members.len(),
             ..(*self.family.config).clone()
         };
+        if let Some(timeout) = timeout {
+            config.timeout = timeout;
+            config.startup_timeout = timeout;
+        }
         let registration = match &self.family.job {
             Some(job) if members.len() > 1 => Some(Arc::new(
                 job.register(id)

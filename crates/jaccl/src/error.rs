@@ -97,9 +97,10 @@ pub enum Error {
         cause: String,
     },
     /// No data moved for the configured timeout: a peer is stopped, far too slow, or waiting in
-    /// another operation.
+    /// another operation. The message says "timed out" and "timeout", the words that
+    /// frameworks' tools and users' scripts look for (PyTorch's tests match " timeout ").
     #[error(
-        "rank {rank}: {op}: no progress for {after:?} (a peer is stopped, overloaded, or not in this operation; see Config::timeout / JACCL_TIMEOUT)"
+        "rank {rank}: {op}: timed out after {after:?} without progress (the operation timeout of Config::timeout / JACCL_TIMEOUT: a peer is stopped, overloaded, or not in this operation)"
     )]
     Timeout {
         /// The rank reporting the error.

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use jaccl::{Dtype, ReduceOp};
@@ -107,6 +107,22 @@ struct Work {
     request: jaccl::Request<Option<Internal>>,
     /// The operation's name, for errors that do not carry one (`Aborted`, `Closed`).
     op: &'static str,
+    /// A receive from any source's sender, set when it has received (else `None`).
+    sender: Option<Sender>,
+}
+
+/// The sender of a receive from any source, once known: set by the operation, read by
+/// `Work.source` and by the receives of the message's later pieces (`Group.recv`).
+type Sender = Arc<OnceLock<usize>>;
+
+/// Where `Group.recv` receives from: a rank, or the sender of an earlier `recv_any` (its
+/// `Work`), read when the receive runs (which is after that one: a group runs its operations
+/// in order), so that a message sent in pieces is received in pieces from whoever sent its
+/// first.
+#[derive(FromPyObject)]
+enum Source {
+    Rank(usize),
+    SenderOf(Py<Work>),
 }
 
 #[pymethods]
@@ -147,6 +163,12 @@ impl Work {
     /// Whether the operation has ended (well or not).
     fn is_completed(&self) -> bool {
         self.request.is_done()
+    }
+
+    /// The rank a receive from any source received from, once it has (else `None`).
+    #[getter]
+    fn source(&self) -> Option<usize> {
+        self.sender.as_ref().and_then(|s| s.get().copied())
     }
 }
 
@@ -454,20 +476,75 @@ impl Group {
         })
     }
 
+    /// `src`: a rank, or the `Work` of an earlier `recv_any` (see [`Source`]).
     #[pyo3(signature = (out, src, dtype, keep=None, tag=0))]
     fn recv(
         &self,
         py: Python<'_>,
         out: Memory,
-        src: usize,
+        src: Source,
         dtype: &str,
         keep: Keep,
         tag: u32,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
+        // The rank, or the sender to read it from when the receive runs.
+        let (src, sender) = match src {
+            Source::Rank(rank) => (rank, None),
+            Source::SenderOf(work) => {
+                let sender = work.get().sender.clone().ok_or_else(|| {
+                    let why = "src is the Work of an operation that is not a recv_any".to_owned();
+                    exception(py, "InvalidArgument", why, Some(self.rank), None, None)
+                })?;
+                (0, Some(sender))
+            }
+        };
+        let rank = self.rank;
         self.call(py, "recv", keep, &[], out, move |g, _, o| {
+            let src = match &sender {
+                None => src,
+                Some(sender) => sender.get().copied().ok_or_else(|| {
+                    jaccl::Error::InvalidArgument(format!(
+                        "rank {rank}: recv: the receive from any source that this one continues \
+                         failed"
+                    ))
+                })?,
+            };
             g.recv_raw(o, src, dtype, tag)
         })
+    }
+
+    /// Receives into `out` the next message from any rank (`jaccl::Group::recv_any_raw`):
+    /// returns its sender, or with `keep` the `Work`, whose `source` is the sender once
+    /// received.
+    #[pyo3(signature = (out, dtype, keep=None, tag=0))]
+    fn recv_any<'py>(
+        &self,
+        py: Python<'py>,
+        out: Memory,
+        dtype: &str,
+        keep: Keep,
+        tag: u32,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let dtype = parse_dtype(py, dtype)?;
+        let sender = Sender::default();
+        let found = Arc::clone(&sender);
+        let work = self.call(py, "recv_any", keep, &[], out, move |g, _, o| {
+            let from = g.recv_any_raw(o, dtype, tag)?;
+            // The one set of this cell: the operation runs once.
+            let _ = found.set(from);
+            Ok(())
+        })?;
+        match work {
+            Some(work) => {
+                let work = Work {
+                    sender: Some(sender),
+                    ..work
+                };
+                Ok(Bound::new(py, work)?.into_any())
+            }
+            None => Ok(sender.get().copied().into_pyobject(py)?.into_any()),
+        }
     }
 
     #[pyo3(signature = (keep=None))]
@@ -577,7 +654,11 @@ impl Group {
             })
         });
         match request {
-            Ok(request) => Ok(Work { request, op }),
+            Ok(request) => Ok(Work {
+                request,
+                op,
+                sender: None,
+            }),
             Err(unusable) => Err(self.unusable(py, unusable, op)),
         }
     }

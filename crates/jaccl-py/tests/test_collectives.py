@@ -165,6 +165,8 @@ bad = {
     "negative tag": lambda: g.send(x, 1 - g.rank, tag=-1),
     "tag beyond 32 bits": lambda: g.recv(x, 1 - g.rank, tag=1 << 32),
     "recv read-only": lambda: g.recv(np.frombuffer(bytes(32), np.float32), 1 - g.rank),
+    "recv_any read-only": lambda: g.recv_any(np.frombuffer(bytes(32), np.float32)),
+    "recv_any tag": lambda: g.recv_any(x, tag=-1),
 }
 seen = {}
 for name, call in bad.items():
@@ -216,6 +218,51 @@ report([g.topology, sorted(p for p, _ in g.transport)])
     assert got == [[["ring", everyone(r)]] for r in range(4)], got
     got = run(4, code.format(settings='topology="mesh", transport="tcp"'))
     assert got == [[["mesh", everyone(r)]] for r in range(4)], got
+
+
+def test_recv_any_takes_every_sender_once_in_order_with_its_data(run):
+    # Ranks 1-3 each send rank 0 two messages, in an order of their own; rank 0 receives all six from any source, blocking and async_op, and checks
+    # each sender, its data and the order of its messages. Then a tag that differs is a
+    # Mismatch naming the sender's tag.
+    code = """
+g = jaccl.init({settings}, timeout="60s")
+if g.rank == 0:
+    got = []
+    for k in range(6):
+        out = np.empty(1000, np.int64)
+        if k % 2:
+            work = g.recv_any(out, async_op=True, tag=5)
+            sender = work.result()
+            assert work.source == sender
+        else:
+            sender = g.recv_any(out, tag=5)
+        got.append([sender, int(out[0]), bool((out == out[0]).all())])
+    g.send(np.ones(1, np.int64), 2)  # (no collective here: recv_any would read its header)
+    try:
+        g.recv_any(np.empty(3, np.int64), tag=6)
+        got.append("no error")
+    except jaccl.Mismatch as e:
+        got.append([e.peer, "with tag 9" in str(e)])
+    report(got)
+else:
+    import time
+    time.sleep(0.05 * (3 - g.rank))  # the ranks' first messages arrive in varied orders
+    for k in range(2):
+        g.send(np.full(1000, g.rank * 10 + k, np.int64), 0, tag=5)
+    if g.rank == 2:
+        g.recv(np.empty(1, np.int64), 0)
+        g.send(np.zeros(3, np.int64), 0, tag=9)
+"""
+    for settings in ('transport="tcp"', 'transport="auto"'):
+        results = run(4, code.format(settings=settings))
+        got = results[0][0]
+        received, mismatch = got[:6], got[6]
+        assert sorted(s for s, _, _ in received) == [1, 1, 2, 2, 3, 3], got
+        for sender, value, whole in received:
+            assert whole and value // 10 == sender, got
+        for q in (1, 2, 3):  # a sender's messages in the order it sent them
+            assert [v for s, v, _ in received if s == q] == [q * 10, q * 10 + 1], got
+        assert mismatch == [2, True], got
 
 
 def test_dlpack_and_buffer_inputs(run):

@@ -408,6 +408,18 @@ class Group:
         work = self._g.recv(_memory(o), _rank(src), dtype, _keep(async_op, o), _tag(tag))
         return _outcome(work, out)
 
+    def recv_any(self, out: Any, async_op: bool = False, tag: int = 0) -> Any:
+        """Receives into ``out`` the next message from any other rank (``MPI_ANY_SOURCE``),
+        sent with the same shape, type and ``tag`` (checked as :meth:`recv` checks them);
+        returns the sender's rank (with ``async_op=True``, a :class:`Work` whose ``result()``
+        and ``source`` are the sender). Of several messages that have begun to arrive, senders
+        are taken in turn, starting after the previous ``recv_any``'s; messages from one rank
+        arrive in the order it sent them."""
+        o, dtype = self._input(out, "recv_any")
+        _check_writable(o, self, "recv_any")
+        work = self._g.recv_any(_memory(o), dtype, _keep(async_op, o), _tag(tag))
+        return work if not async_op else Work(work, None)
+
     def barrier(self, async_op: bool = False) -> Any:
         """Returns once every rank has entered."""
         return _outcome(self._g.barrier(_keep(async_op)), None)
@@ -507,9 +519,16 @@ class Work:
         return self._w.is_completed()
 
     def result(self) -> Any:
-        """Waits for the operation and returns what the blocking call would have returned."""
+        """Waits for the operation and returns what the blocking call would have returned
+        (for :meth:`Group.recv_any`, the sender)."""
         self.wait()
-        return self._result
+        source = self._w.source
+        return self._result if source is None else source
+
+    @property
+    def source(self) -> Optional[int]:
+        """The sender of a :meth:`Group.recv_any` once it has received (else ``None``)."""
+        return self._w.source
 
     def __repr__(self) -> str:
         return f"jaccl.Work(completed={self.is_completed()})"

@@ -179,6 +179,11 @@ def test_polls_p2p_rings_timeouts_aborts_and_tensors_changed_in_flight():
     assert [r["wrong"] for r in results] == [[]] * 3
 
 
+def test_receives_from_any_source():
+    results = torchrun(RANKS, ["any_source"], 3)
+    assert [r["wrong"] for r in results] == [[]] * 3
+
+
 def test_groups_made_and_destroyed_leave_nothing_behind():
     results = torchrun(RANKS, ["cycles"], 2)
     for got in results:

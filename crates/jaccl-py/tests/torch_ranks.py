@@ -600,6 +600,94 @@ def hardening():
     report({"wrong": wrong})
 
 
+def any_source():
+    """Receives from any source (3 ranks): ranks 1 and 2 each send rank 0 two messages, in
+    varied orders, which rank 0 takes with recv and irecv without a source (each sender
+    twice, its data, in its order); messages of 40 MiB (in pieces) from any source, all
+    receives posted before the first wait; receives with and without a source interleaved
+    (each message goes to the first posted that can take it); a ring whose receives are from
+    any source; a differing tag is a Mismatch."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    wrong = []
+    if r == 0:
+        got = []
+        for k in range(2 * (n - 1)):
+            t = torch.full((1000,), -1, dtype=torch.int64)
+            if k % 2 == 0:
+                sender = dist.recv(t, tag=3)
+            else:
+                w = dist.irecv(t, tag=3)
+                w.wait()
+                sender = w._source_rank()
+            got.append((sender, int(t[0])))
+            if not bool((t == t[0]).all()):
+                wrong.append(f"message {k} from {sender}: not whole")
+        for q in range(1, n):
+            if [v for s, v in got if s == q] != [q * 10, q * 10 + 1]:
+                wrong.append(f"any source: {got}")
+    else:
+        time.sleep(0.05 * (n - r))
+        for k in range(2):
+            dist.send(torch.full((1000,), r * 10 + k, dtype=torch.int64), dst=0, tag=3)
+    dist.barrier()
+
+    big = 10 << 20  # 40 MiB of float32: 3 pieces
+    if r == 0:
+        inbox = [torch.empty(big) for _ in range(n - 1)]
+        works = [dist.irecv(t) for t in inbox]
+        senders = []
+        for w, t in zip(works, inbox):
+            w.wait()
+            senders.append(w.source_rank())
+            if not torch.equal(t[:: 1 << 16], torch.full((160,), float(senders[-1]))):
+                wrong.append(f"40 MiB from {senders[-1]}: {t[:: 1 << 20].tolist()}")
+        if sorted(senders) != list(range(1, n)):
+            wrong.append(f"40 MiB senders: {senders}")
+    else:
+        dist.send(torch.full((big,), float(r)), dst=0)
+    dist.barrier()
+
+    # Rank 1 sends three 20 MiB messages (2 pieces each); rank 0 posts a receive from rank 1,
+    # one from any source, one from rank 1: they take the messages in that order.
+    half = 5 << 20
+    if r == 0:
+        a, b, c = torch.empty(half), torch.empty(half), torch.empty(half)
+        works = [dist.irecv(a, src=1), dist.irecv(b), dist.irecv(c, src=1)]
+        for w in works:
+            w.wait()
+        got = [a[:: 1 << 18].unique().tolist(), b[:: 1 << 18].unique().tolist(), c[:: 1 << 18].unique().tolist()]
+        if got != [[1.0], [2.0], [3.0]] or works[1].source_rank() != 1:
+            wrong.append(f"receives interleaved: {got}, from {works[1].source_rank()}")
+    elif r == 1:
+        for v in (1.0, 2.0, 3.0):
+            dist.send(torch.full((half,), v), dst=0)
+    dist.barrier()
+
+    # A ring of 40 MiB messages, each rank receiving from any source.
+    got = torch.empty(big)
+    works = [dist.irecv(got), dist.isend(torch.full((big,), float(r)), dst=(r + 1) % n)]
+    for w in works:
+        w.wait()
+    left = (r - 1) % n
+    if works[0].source_rank() != left or not torch.equal(got[:: 1 << 16], torch.full((160,), float(left))):
+        wrong.append(f"ring from any source: {works[0].source_rank()}, {got[:: 1 << 20].tolist()}")
+    del got, works
+
+    # A tag that differs: Mismatch (on a group of its own, which it poisons).
+    pair = dist.new_group([0, 2])
+    if r == 0:
+        try:
+            dist.recv(torch.empty(2), group=pair, tag=7)
+            wrong.append("differing tag: no error")
+        except dist.DistBackendError as e:
+            if type(e.__cause__).__name__ != "Mismatch" or "with tag 8" not in str(e):
+                wrong.append(f"differing tag: {e}")
+    elif r == 2:
+        dist.send(torch.ones(2), dst=0, group=pair, tag=8)
+    dist.barrier()
+    report({"wrong": wrong})
+
+
 def cycles():
     """100 sub-groups made, used (blocking, async with a future, point to point) and destroyed
     with the cyclic garbage collector off (2 ranks): no jaccl thread, file descriptor or
@@ -710,6 +798,6 @@ if __name__ == "__main__":
         dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
     {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
      "lose_a_rank": lose_a_rank, "user_token": user_token, "shared_store": shared_store,
-     "hardening": hardening, "cycles": cycles}[case]()
+     "hardening": hardening, "cycles": cycles, "any_source": any_source}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -385,10 +385,12 @@ class _Work(_WorkBase):
         guard: Sequence[tuple] = (),
         completer: Optional["_Completer"] = None,
         p2p: bool = False,
+        sender: Optional[list] = None,
     ) -> None:
         """`pending`: the jaccl operations (`p2p`: to come, through `_P2P.submit`); `guard`:
         `(tensor, data_ptr)` of the tensors they use (see `_guarded`); `completer`: the
-        group's, for `get_future`."""
+        group's, for `get_future`; `sender`: for a receive from any source, where its first
+        piece's jaccl operation goes (which knows the sender once it has received)."""
         super().__init__()
         self._pending = pending or []
         self._result = result
@@ -400,6 +402,7 @@ class _Work(_WorkBase):
         self._held = 0
         self._p2p: Optional["_P2P"] = None
         self._completer = completer
+        self._sender = sender
         self._done = not pending and not p2p
         self._lock = threading.Lock()
 
@@ -466,7 +469,14 @@ class _Work(_WorkBase):
         return self._result
 
     def source_rank(self) -> int:
-        raise RuntimeError("jaccl: source_rank applies to recv from any source, which jaccl lacks")
+        """The sender of a receive from any source (``irecv`` without ``src``) once it has
+        received, else -1 (as Gloo's)."""
+        if self._sender is None:
+            raise RuntimeError("jaccl: source_rank is for a receive from any source (recv without src)")
+        source = self._sender[0].source if self._sender else None
+        return -1 if source is None else source
+
+    _source_rank = source_rank
 
     def get_future(self) -> "torch.futures.Future":
         """A future that the group's completer thread completes. Held pieces are handed to
@@ -562,32 +572,48 @@ class _P2P:
     then a piece of each receive stream. A send thus overtakes the receives submitted before
     it by at most one piece, and each rank of a ring alternates sending and receiving pieces.
     When each piece is handed over depends only on the order of submissions on the thread
-    that submits them, not on other threads' polls."""
+    that submits them, not on other threads' polls.
+
+    A receive from any source cannot be put in a peer's stream before its sender is known: it
+    is a stream of its own, whose first piece takes the next message from any rank and whose
+    other pieces come from that piece's sender. Receives go in phases: the receives submitted
+    before one from any source are handed over whole before its first piece (it could take
+    their messages otherwise), and those submitted after it wait for its last piece (it could
+    take theirs); sends go on alternating with each phase. So every message is taken by the
+    receive submitted first among those it can match, as MPI matches them."""
 
     PIECE = 16 << 20
 
     def __init__(self) -> None:
-        # (kind, peer) -> [(work, start)]: `start()` hands one piece to jaccl.
-        self._streams: Dict[tuple, "collections.deque"] = {}
+        # Peer -> [(work, start)]: `start()` hands one piece to jaccl.
+        self._sends: Dict[int, "collections.deque"] = {}
+        # The receives' phases, each {peer: [(work, start)]}; a receive from any source is a
+        # phase of its own, peer None.
+        self._receives: "collections.deque[Dict[Optional[int], collections.deque]]" = collections.deque()
         self._lock = threading.Lock()
         self._thread: Optional[int] = None
 
     def __bool__(self) -> bool:
-        return bool(self._streams)
+        return bool(self._sends or self._receives)
 
-    def submit(self, work: _Work, kind: str, peer: int, pieces: List[Callable[[], Any]]) -> None:
-        """Submits `work`'s pieces (its messages to or from `peer`, in order)."""
+    def submit(self, work: _Work, kind: str, peer: Optional[int], pieces: List[Callable[[], Any]]) -> None:
+        """Submits `work`'s pieces (its messages to or from `peer`, None: from any source)."""
         with self._lock:
             self._thread = threading.get_ident()
-            stream = self._streams.get((kind, peer))
-            if kind == "send" and stream is None:
-                _begin(work, pieces[0])
-                pieces = pieces[1:]
-            if not pieces:
-                return
+            if kind == "send":
+                stream = self._sends.get(peer)
+                if stream is None:
+                    _begin(work, pieces[0])
+                    pieces = pieces[1:]
+                    if not pieces:
+                        return
+                    stream = self._sends[peer] = collections.deque()
+            else:
+                phases = self._receives
+                if peer is None or not phases or None in phases[-1]:
+                    phases.append({})
+                stream = phases[-1].setdefault(peer, collections.deque())
             work._held, work._p2p = len(pieces), self
-            if stream is None:
-                stream = self._streams[(kind, peer)] = collections.deque()
             stream.extend((work, start) for start in pieces)
 
     def submitted_here(self) -> bool:
@@ -596,22 +622,24 @@ class _P2P:
     def flush(self) -> None:
         """Hands every held piece to jaccl, in rounds (see the class)."""
         with self._lock:
-            streams, self._streams = self._streams, {}
-            sends = [s for (kind, _), s in streams.items() if kind == "send"]
-            receives = [s for (kind, _), s in streams.items() if kind == "recv"]
-            while sends or receives:
+            sends, self._sends = list(self._sends.values()), {}
+            phases, self._receives = self._receives, collections.deque()
+            while sends or phases:
+                receives = [s for s in phases[0].values() if s] if phases else []
                 for stream in sends + receives:
                     work, start = stream.popleft()
                     _begin(work, start)
                     work._held -= 1
                 sends = [s for s in sends if s]
-                receives = [s for s in receives if s]
+                if phases and not any(phases[0].values()):
+                    phases.popleft()
 
     def fail(self, error: BaseException) -> None:
         """Ends every held operation with `error` (the group stopped)."""
         with self._lock:
-            streams, self._streams = self._streams, {}
-        for stream in streams.values():
+            streams = list(self._sends.values()) + [s for p in self._receives for s in p.values()]
+            self._sends, self._receives = {}, collections.deque()
+        for stream in streams:
             for work, _ in stream:
                 work._fail(error)
 
@@ -1057,23 +1085,39 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> _Work:
         return self._p2p_op("recv", tensors, src, tag)
 
-    def _p2p_op(self, kind: str, tensors: List[torch.Tensor], peer: int, tag: int) -> _Work:
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> _Work:
+        """A receive from any source: its first piece takes the next message from any rank
+        (jaccl's `recv_any`), the others come from that piece's sender (see `_P2P`); the
+        Work's `source_rank()` is the sender."""
+        if len(tensors) != 1:
+            raise ValueError("jaccl: a receive from any source takes one tensor")
+        return self._p2p_op("recv", tensors, None, tag)
+
+    def _p2p_op(self, kind: str, tensors: List[torch.Tensor], peer: Optional[int], tag: int) -> _Work:
+        """`peer`: the other rank (None: a receive from any source)."""
         bufs = [_Tensor(t) for t in tensors]
         keep, guard = _guarded([b.buffer for b in bufs])
         tag = _wire_tag(tag)
-        call = self._g.send if kind == "send" else self._g.recv
-        pieces = [
-            (lambda m=m, b=b: call(m, peer, b.dtype, keep, tag))
-            for b in bufs
-            for m in _pieces(b.buffer)
-        ]
+        messages = [(m, b.dtype) for b in bufs for m in _pieces(b.buffer)]
+        sender: Optional[list] = None
+        if peer is None:
+            # The first piece's jaccl operation, which the later pieces receive from the
+            # sender of (they start after it: jaccl runs a group's operations in order).
+            sender = []
+
+            def first(m: tuple = messages[0][0], dtype: str = messages[0][1]) -> Any:
+                sender.append(self._g.recv_any(m, dtype, keep, tag))
+                return sender[0]
+
+            rest = [(lambda m=m, d=d: self._g.recv(m, sender[0], d, keep, tag)) for m, d in messages[1:]]
+            pieces = [first] + rest
+        else:
+            call = self._g.send if kind == "send" else self._g.recv
+            pieces = [(lambda m=m, d=d: call(m, peer, d, keep, tag)) for m, d in messages]
         finish = _finisher(bufs) if kind == "recv" else None
-        work = _Work(None, tensors, finish, guard, self._completer, p2p=True)
+        work = _Work(None, tensors, finish, guard, self._completer, p2p=True, sender=sender)
         self._p2p.submit(work, kind, peer, pieces)
         return work
-
-    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> _Work:
-        raise RuntimeError("jaccl: recv needs a source rank (jaccl has no receive from any source)")
 
     def barrier(self, opts: Any = None) -> _Work:
         return self._run(opts, [lambda keep: self._g.barrier(keep)], [], None)

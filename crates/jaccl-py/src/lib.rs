@@ -240,15 +240,6 @@ impl Group {
         self.close(py);
     }
 
-    /// Sets the operation timeout of later calls (`jaccl::Group::set_timeout`), in seconds.
-    fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
-        let timeout = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX);
-        self.run(py, "set_timeout", move |g| {
-            g.set_timeout(timeout);
-            Ok(())
-        })
-    }
-
     /// All-reduce of `input` into `output`, or of `output` in place when `input` is `None`.
     ///
     /// Every operation runs at once, or with `keep` (the arrays it uses, kept referenced until
@@ -561,15 +552,18 @@ impl Group {
         Ok(made.map(Group::wrap))
     }
 
-    /// `jaccl::Group::subgroup_of_members`: the group of `ranks` that only they call.
+    /// `jaccl::Group::subgroup_of_members_with_timeout`: the group of `ranks` that only they
+    /// call, with `timeout` (seconds) as its start-up and operation timeouts.
     fn subgroup_of_members(
         &self,
         py: Python<'_>,
         ranks: Vec<usize>,
         name: String,
+        timeout: f64,
     ) -> PyResult<Group> {
+        let timeout = Duration::try_from_secs_f64(timeout.max(0.0)).unwrap_or(Duration::MAX);
         let made = self.run(py, "subgroup_of_members", move |g| {
-            g.subgroup_of_members(&ranks, &name)
+            g.subgroup_of_members_with_timeout(&ranks, &name, timeout)
         })?;
         Ok(Group::wrap(made))
     }

@@ -581,6 +581,25 @@ def hardening():
                 if isinstance(cause, TimeoutError) or ("aborted" if how == "abort" else "closed") not in str(e):
                     wrong.append(f"{how}: {type(cause).__name__}: {e}")
 
+    # new_group's timeout is also its start-up's: rank 0 forms the group alone and fails
+    # within 2 s; rank 1 comes only then (or after 15 s: with the parent's 60 s start-up
+    # timeout, the group would then form) and fails too, rank 0 being gone.
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]) + 4, n, r == 0)
+    if r == 1:
+        try:
+            store.wait(["rank 0 failed"], timedelta(seconds=15))
+        except RuntimeError:
+            pass
+    try:
+        dist.new_group([0, 1], timeout=timedelta(seconds=2))
+        if r < 2:
+            wrong.append(f"new_group start-up timeout: no error on rank {r}")
+    except dist.DistBackendError as e:
+        if r == 0 and (type(e.__cause__).__name__ != "BootstrapError" or "timed out" not in str(e)):
+            wrong.append(f"new_group start-up timeout: {e}")
+    if r == 0:
+        store.set("rank 0 failed", "")
+
     # A tensor set_() to another storage while its all-reduce is in flight: the operation
     # works on the old storage (kept alive) and its wait says so.
     t = torch.ones(4)

@@ -97,8 +97,7 @@ def _create(opts: Any, _backend_options: Any = None) -> "ProcessGroupJaccl":
     name = str(getattr(opts, "group_id", "") or "")
     world = dist.group.WORLD if members else None
     if isinstance(world, ProcessGroupJaccl):
-        g = _raising(lambda: world._g.subgroup_of_members(members, name))
-        g.set_timeout(max(timeout.total_seconds(), 0.001))
+        g = _raising(lambda: world._g.subgroup_of_members(members, name, _at_least_1ms(timeout)))
     else:
         g = _start_job(opts.store, rank, size, timeout, name)
     return ProcessGroupJaccl(g, rank, size, timeout, opts.store)
@@ -210,7 +209,12 @@ def _start_up_error(rank: int, why: str) -> BaseException:
 
 def _seconds(timeout: datetime.timedelta) -> str:
     """torch's timeout as jaccl reads one (seconds; at least a millisecond)."""
-    return repr(max(timeout.total_seconds(), 0.001))
+    return repr(_at_least_1ms(timeout))
+
+
+def _at_least_1ms(timeout: datetime.timedelta) -> float:
+    """torch's timeout in seconds, at least a millisecond (jaccl has no zero timeout)."""
+    return max(timeout.total_seconds(), 0.001)
 
 
 def _reachable_address(store: Any) -> str:
@@ -750,10 +754,10 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         if self.rank() not in ranks:
             return None
         members, name = list(ranks), group_name or ""
-        g = _raising(lambda: self._g.subgroup_of_members(members, name))
-        g.set_timeout(max((timeout or self._timeout).total_seconds(), 0.001))
+        timeout = self._timeout if timeout is None else timeout
+        g = _raising(lambda: self._g.subgroup_of_members(members, name, _at_least_1ms(timeout)))
         store = dist.PrefixStore(f"jaccl/split/{name}/", self._store) if self._store is not None else None
-        child = ProcessGroupJaccl(g, members.index(self.rank()), len(members), timeout or self._timeout, store)
+        child = ProcessGroupJaccl(g, members.index(self.rank()), len(members), timeout, store)
         child.setGroupName(name)
         child.setGroupDesc(group_desc or "")
         return child

@@ -110,6 +110,7 @@ def test_init_methods_and_stores(how, tmp_path):
     assert [r["sum"] for r in results] == [[2.0, 2.0]] * 2
     # The job secret jaccl got is in no key or value of the store, nor in the environment.
     assert [r["secret_kept"] for r in results] == [True] * 2
+    assert [r["monitored"] for r in results] == [[]] * 2
 
 
 def test_a_user_token_is_used_as_it_is():
@@ -182,6 +183,63 @@ def test_polls_p2p_rings_timeouts_aborts_and_tensors_changed_in_flight():
 def test_receives_from_any_source():
     results = torchrun(RANKS, ["any_source"], 3)
     assert [r["wrong"] for r in results] == [[]] * 3
+
+
+@pytest.mark.parametrize("kind", ["hash", "file", "tcp", "prefix"])
+def test_monitored_barrier_over_every_store(kind, tmp_path):
+    """The monitored barrier's protocol over each store torch offers (a prefix store over a
+    file store for "prefix"), its 3 ranks as threads of this process (a hash store lives in
+    one): all come; rank 2 does not (rank 0 names it, rank 1 hears of it); ranks 1 and 2 do
+    not (both named, wait_all_ranks); a zero timeout on rank 0 fails at once. The messages
+    are Gloo's, which torch's tests match."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from jaccl.torch import _monitored
+
+    path, tcp = str(tmp_path / "store"), []
+
+    def store(rank):
+        if kind == "hash":
+            return shared
+        if kind == "tcp":
+            made = dist.TCPStore("127.0.0.1", tcp[0].port if tcp else 0, 3, rank == 0, wait_for_workers=False)
+            tcp.append(made)
+            return made
+        made = dist.FileStore(path, 3)
+        return dist.PrefixStore("group/", made) if kind == "prefix" else made
+
+    shared = dist.HashStore() if kind == "hash" else None
+    stores = [store(r) for r in range(3)]
+    outcomes = {}
+
+    def rank(r, number, comes, timeout, wait_all):
+        try:
+            if comes:
+                _monitored.monitored_barrier(stores[r], r, 3, number, timeout, timedelta(seconds=10), wait_all)
+            outcomes[(number, r)] = "passed" if comes else "absent"
+        except dist.DistBackendError as e:
+            outcomes[(number, r)] = str(e)
+
+    cases = [  # (who comes, rank 0's timeout, wait_all_ranks)
+        ((0, 1, 2), timedelta(seconds=10), False),
+        ((0, 1), timedelta(seconds=1), False),
+        ((0,), timedelta(milliseconds=500), True),
+        ((0,), timedelta(0), False),
+    ]
+    for number, (coming, timeout, wait_all) in enumerate(cases, 1):
+        threads = [threading.Thread(target=rank, args=(r, number, r in coming, timeout, wait_all)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert [outcomes[(1, r)] for r in range(3)] == ["passed"] * 3, outcomes
+    assert "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 1000 ms" in outcomes[(2, 0)], outcomes
+    assert outcomes[(2, 1)].startswith("Rank 1 successfully reached monitoredBarrier, but received errors"), outcomes
+    assert "rank 0 says: [Rank 0]: Rank 2 failed" in outcomes[(2, 1)], outcomes
+    assert "[Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 500 ms" in outcomes[(3, 0)], outcomes
+    assert outcomes[(4, 0)].startswith("Rank 0 timed out in monitoredBarrier after 0 ms"), outcomes
 
 
 def test_groups_made_and_destroyed_leave_nothing_behind():

@@ -351,7 +351,7 @@ def groups():
                 dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
                 wrong.append("monitored_barrier without rank 3: no error")
             except dist.DistBackendError as e:
-                if r == 0 and "rank 3 did not come" not in str(e):
+                if r == 0 and "Ranks 3 failed to pass monitoredBarrier" not in str(e):
                     wrong.append(f"monitored_barrier error on rank 0: {e}")
         t = torch.ones(1)
         dist.all_reduce(t)
@@ -399,8 +399,10 @@ def secret_is_kept(given):
 
 
 def init_methods():
-    """The default group made with the init method or store of argv[2] (2 ranks); the secret
-    that start-up passed to jaccl is nowhere in the store or the environment."""
+    """The default group made with the init method or store of argv[2] (2 ranks; the store: a
+    prefix store over a TCP store); the secret that start-up passed to jaccl is nowhere in the
+    store or the environment; monitored_barrier over that store names a rank that does not
+    come, and a zero timeout fails at once."""
     how = sys.argv[2]
     r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     given = settings_given_to_jaccl()
@@ -415,10 +417,26 @@ def init_methods():
         dist.init_process_group("jaccl", init_method="file://" + os.environ["TEST_FILE"], rank=r, world_size=n)
     else:
         store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]) + 3, n, r == 0)
+        store = dist.PrefixStore("user/", store)
         dist.init_process_group("jaccl", store=store, rank=r, world_size=n, timeout=timedelta(seconds=20))
     t = torch.ones(2)
     dist.all_reduce(t)
-    report({"sum": t.tolist(), "secret_kept": secret_is_kept(given)})
+    kept = secret_is_kept(given)
+    monitored = []
+    dist.monitored_barrier(timeout=timedelta(seconds=10))
+    if r == 0:
+        for timeout, expect in [
+            (timedelta(seconds=1), "Rank 1 failed to pass monitoredBarrier in 1000 ms"),
+            (timedelta(0), "Rank 0 timed out in monitoredBarrier after 0 ms"),
+        ]:
+            try:
+                dist.monitored_barrier(timeout=timeout)
+                monitored.append(f"{timeout}: no error")
+            except dist.DistBackendError as e:
+                if expect not in str(e):
+                    monitored.append(str(e))
+    dist.barrier()
+    report({"sum": t.tolist(), "secret_kept": kept, "monitored": monitored})
 
 
 def user_token():

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _native, errors
+from . import _monitored
 
 __all__ = ["ProcessGroupJaccl", "register"]
 
@@ -1129,44 +1130,22 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     def monitored_barrier(
         self, timeout: Optional[datetime.timedelta] = None, wait_all_ranks: bool = False
     ) -> None:
-        """torch's debugging barrier, through the group's store: every rank checks in, rank 0
-        waits up to `timeout` for them and then lets them go, or raises naming the first
-        rank that did not come (all of them with `wait_all_ranks`); the others raise if rank 0
-        does not let them go in time. No jaccl operation is involved, so the group stays
-        usable after a failure."""
+        """torch's debugging barrier, through the group's store (see `_monitored`): rank 0
+        raises naming the first rank that did not come within `timeout` (all of them with
+        `wait_all_ranks`), the others raise if rank 0 fails; the group stays usable."""
         if self._store is None:
             raise RuntimeError("jaccl: monitored_barrier needs the group's store")
         self._p2p.flush()
-        timeout = timeout or self._timeout
         self._monitored += 1
-        key = f"jaccl/monitored/{self._monitored}"
-        me, store = self.rank(), self._store
-        if me != 0:
-            store.set(f"{key}/{me}", b"")
-            try:
-                store.wait([f"{key}/done"], timeout)
-            except dist.DistStoreError as e:
-                raise dist.DistBackendError(
-                    f"rank {me}: monitored_barrier: rank 0 did not end it within {timeout} "
-                    "(it found a rank missing, or did not come itself)"
-                ) from e
-            return
-        deadline = time.monotonic() + timeout.total_seconds()
-        missing = []
-        for q in range(1, self.size()):
-            left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-            try:
-                store.wait([f"{key}/{q}"], left)
-            except dist.DistStoreError:
-                missing.append(q)
-                if not wait_all_ranks:
-                    break
-        if missing:
-            raise dist.DistBackendError(
-                f"rank 0: monitored_barrier: rank{'s' if len(missing) > 1 else ''} "
-                f"{', '.join(map(str, missing))} did not come within {timeout}"
-            )
-        store.set(f"{key}/done", b"")
+        _monitored.monitored_barrier(
+            self._store,
+            self.rank(),
+            self.size(),
+            self._monitored,
+            self._timeout if timeout is None else timeout,
+            self._timeout,
+            wait_all_ranks,
+        )
 
 
 def _wire_tag(tag: int) -> int:

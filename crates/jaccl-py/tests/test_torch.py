@@ -185,6 +185,11 @@ def test_receives_from_any_source():
     assert [r["wrong"] for r in results] == [[]] * 3
 
 
+def test_coalesced_all_gather():
+    results = torchrun(RANKS, ["coalesced"], 3)
+    assert [r["wrong"] for r in results] == [[]] * 3
+
+
 @pytest.mark.parametrize("kind", ["hash", "file", "tcp", "prefix"])
 def test_monitored_barrier_over_every_store(kind, tmp_path):
     """The monitored barrier's protocol over each store torch offers (a prefix store over a

@@ -725,6 +725,26 @@ def any_source():
     report({"wrong": wrong})
 
 
+def coalesced():
+    """all_gather_coalesced in torch's layout (3 ranks)."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    wrong = []
+    # output_lists[q][k] is rank q's input k: shapes that differ by k, empty ones among them.
+    shapes = [(2, 3), (0,), (4,), (1, 1, 5)]
+    inputs = [torch.full(s, float(r * 10 + k)) for k, s in enumerate(shapes)]
+    outputs = [[torch.full(s, -1.0) for s in shapes] for _ in range(n)]
+    for asynchronous in (False, True):
+        w = dist.all_gather_coalesced(outputs, inputs, async_op=asynchronous)
+        if asynchronous:
+            w.wait()
+        for q in range(n):
+            for k, s in enumerate(shapes):
+                if not torch.equal(outputs[q][k], torch.full(s, float(q * 10 + k))):
+                    wrong.append(f"all_gather_coalesced [{q}][{k}]: {outputs[q][k].tolist()}")
+    dist.barrier()
+    report({"wrong": wrong})
+
+
 def cycles():
     """100 sub-groups made, used (blocking, async with a future, point to point) and destroyed
     with the cyclic garbage collector off (2 ranks): no jaccl thread, file descriptor or
@@ -835,6 +855,7 @@ if __name__ == "__main__":
         dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
     {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
      "lose_a_rank": lose_a_rank, "user_token": user_token, "shared_store": shared_store,
-     "hardening": hardening, "cycles": cycles, "any_source": any_source}[case]()
+     "hardening": hardening, "cycles": cycles, "any_source": any_source,
+     "coalesced": coalesced}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -887,6 +887,21 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     def allgather(
         self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
     ) -> _Work:
+        """`output_tensors[k][r]`: rank r's `input_tensors[k]`."""
+        return self._allgather(output_tensors, input_tensors, opts, output_tensors)
+
+    def allgather_coalesced(
+        self, output_lists: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        """`output_lists[r][k]`: rank r's `input_tensors[k]` (torch's layout here, the other
+        way round from `allgather`'s)."""
+        by_input = [[outs[k] for outs in output_lists] for k in range(len(input_tensors))]
+        return self._allgather(by_input, input_tensors, opts, output_lists)
+
+    def _allgather(
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any, result: Any
+    ) -> _Work:
+        """`allgather`, whose Work's result is `result`."""
         stages = []
         for outs, inp in zip(output_tensors, input_tensors):
             src = _Tensor(inp)
@@ -907,12 +922,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
 
         keep = [t for s, f, _, _ in stages for t in (s.buffer, f)]
         staged = [f for _, f, _, _ in stages]
-        return self._run(opts, calls, keep, output_tensors, finish, staged)
-
-    def allgather_coalesced(
-        self, output_lists: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
-    ) -> _Work:
-        return self.allgather(output_lists, input_tensors, opts)
+        return self._run(opts, calls, keep, result, finish, staged)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
         return self.all_gather_single_coalesced([output], [input], opts)

@@ -185,8 +185,8 @@ def test_receives_from_any_source():
     assert [r["wrong"] for r in results] == [[]] * 3
 
 
-def test_coalesced_all_gather():
-    results = torchrun(RANKS, ["coalesced"], 3)
+def test_coalesced_all_gather_and_sparse_all_reduce():
+    results = torchrun(RANKS, ["coalesced_and_sparse"], 3)
     assert [r["wrong"] for r in results] == [[]] * 3
 
 

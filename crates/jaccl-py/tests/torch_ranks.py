@@ -725,8 +725,9 @@ def any_source():
     report({"wrong": wrong})
 
 
-def coalesced():
-    """all_gather_coalesced in torch's layout (3 ranks)."""
+def coalesced_and_sparse():
+    """all_gather_coalesced in torch's layout (3 ranks), and all-reduce of sparse COO tensors:
+    the sum, the same bits on every rank; sparse tensors in other operations are refused."""
     r, n = dist.get_rank(), dist.get_world_size()
     wrong = []
     # output_lists[q][k] is rank q's input k: shapes that differ by k, empty ones among them.
@@ -741,6 +742,41 @@ def coalesced():
             for k, s in enumerate(shapes):
                 if not torch.equal(outputs[q][k], torch.full(s, float(q * 10 + k))):
                     wrong.append(f"all_gather_coalesced [{q}][{k}]: {outputs[q][k].tolist()}")
+
+    def sparse(rank, dense_dims):
+        """Rank `rank`'s tensor: rows 0..rank of an 8 x 3 (x 2 per dense dimension) tensor, row
+        1 twice (uncoalesced), values with rounding; rank 0's has no non-zeros."""
+        g = torch.Generator().manual_seed(rank)
+        rows = [i for i in range(rank + 1) if rank > 0] + ([1] if rank > 0 else [])
+        indices = torch.tensor([rows, [(i * 2) % 3 for i in range(len(rows))]], dtype=torch.int64)
+        values = torch.rand((len(rows),) + (2,) * dense_dims, generator=g, dtype=torch.float64) / 3
+        return torch.sparse_coo_tensor(indices, values, (8, 3) + (2,) * dense_dims)
+
+    for dense_dims in (0, 1):
+        for asynchronous in (False, True):
+            t = sparse(r, dense_dims)
+            w = dist.all_reduce(t, async_op=asynchronous)
+            if asynchronous:
+                w.wait()
+            expect = sum(sparse(q, dense_dims).to_dense() for q in range(n))
+            if not t.is_sparse or not torch.allclose(t.to_dense(), expect, rtol=0, atol=1e-12):
+                wrong.append(f"sparse all_reduce {dense_dims} dense dims: {t}")
+            everyone = [torch.empty_like(t.to_dense()) for _ in range(n)]
+            dist.all_gather(everyone, t.to_dense())
+            if not all(torch.equal(e.view(torch.int64), everyone[0].view(torch.int64)) for e in everyone):
+                wrong.append(f"sparse all_reduce {dense_dims} dense dims: bits differ between ranks")
+    for name, call in [
+        ("broadcast", lambda t: dist.broadcast(t, src=0)),
+        ("all_gather", lambda t: dist.all_gather([torch.empty(8, 3, dtype=t.dtype) for _ in range(n)], t)),
+        ("all_reduce max", lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX)),
+        ("reduce", lambda t: dist.reduce(t, dst=0)),
+    ]:
+        try:
+            call(sparse(r, 0))
+            wrong.append(f"sparse {name}: no error")
+        except ValueError as e:
+            if "sparse" not in str(e) and "dense" not in str(e):
+                wrong.append(f"sparse {name}: {e}")
     dist.barrier()
     report({"wrong": wrong})
 
@@ -856,6 +892,6 @@ if __name__ == "__main__":
     {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
      "lose_a_rank": lose_a_rank, "user_token": user_token, "shared_store": shared_store,
      "hardening": hardening, "cycles": cycles, "any_source": any_source,
-     "coalesced": coalesced}[case]()
+     "coalesced_and_sparse": coalesced_and_sparse}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _native, errors
-from . import _monitored
+from . import _monitored, _sparse
 
 __all__ = ["ProcessGroupJaccl", "register"]
 
@@ -299,12 +299,12 @@ class _Tensor:
         `reduced`: whether the call computes with the elements (else it only moves them)."""
         if tensor.device.type != "cpu":
             raise ValueError(f"jaccl: tensors must be on the CPU, not {tensor.device}")
-        dtype = _DTYPES.get(tensor.dtype)
-        if dtype is None and not reduced:
-            dtype = _MOVED_AS.get(tensor.element_size())
-        if dtype is None:
-            what = "reduced" if reduced else "moved"
-            raise ValueError(f"jaccl: element type {tensor.dtype} cannot be {what} by jaccl")
+        if tensor.layout != torch.strided:
+            raise ValueError(
+                f"jaccl: tensors must be dense, not {tensor.layout} (as with Gloo, only all_reduce "
+                "takes sparse COO tensors, and sums them)"
+            )
+        dtype = _jaccl_dtype(tensor, reduced)
         self.tensor = tensor
         self.buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
         self.dtype = dtype
@@ -319,6 +319,18 @@ class _Tensor:
     def finish(self) -> None:
         if self.buffer is not self.tensor:
             self.tensor.copy_(self.buffer)
+
+
+def _jaccl_dtype(tensor: torch.Tensor, reduced: bool) -> str:
+    """jaccl's element type for `tensor`'s, in a call that computes with the elements
+    (`reduced`) or only moves them (then any type, as unsigned integers of its size)."""
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None and not reduced:
+        dtype = _MOVED_AS.get(tensor.element_size())
+    if dtype is None:
+        what = "reduced" if reduced else "moved"
+        raise ValueError(f"jaccl: element type {tensor.dtype} cannot be {what} by jaccl")
+    return dtype
 
 
 def _overlap(a: tuple, b: tuple) -> bool:
@@ -825,7 +837,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         if opts is None or getattr(opts, "asyncOp", True) or len(tensors) != 1 or self._p2p:
             return None
         t = tensors[0]
-        return t if t.is_cpu and t.is_contiguous() else None
+        return t if t.is_cpu and t.is_contiguous() else None  # (sparse ones are not contiguous)
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         t = self._blocking(opts, tensors)
@@ -836,6 +848,11 @@ class ProcessGroupJaccl(dist.ProcessGroup):
             if op is not None and dtype is not None:
                 _raising(lambda: self._g.all_reduce(None, (t.data_ptr(), t.nbytes), dtype, op, None))
                 return self._completed
+        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
+            return self._sparse_allreduce(tensors[0], opts)
+        return self.allreduce_coalesced(tensors, opts)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         bufs = [_Tensor(t, reduced=True) for t in tensors]
         if factor is not None:
@@ -846,8 +863,18 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         ]
         return self._run(opts, calls, [b.buffer for b in bufs], tensors, _finisher(bufs))
 
-    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
-        return self.allreduce(tensors, opts)
+    def _sparse_allreduce(self, tensor: torch.Tensor, opts: Any) -> _Work:
+        """The sum of every rank's sparse COO `tensor`, into it (see `_sparse`): at once,
+        whether asynchronous or not (it is three jaccl calls, each sized by the one before)."""
+        op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if op != "sum" or factor is not None:
+            raise ValueError("jaccl: all_reduce of sparse tensors sums them: only ReduceOp.SUM")
+        if tensor.device.type != "cpu":
+            raise ValueError(f"jaccl: tensors must be on the CPU, not {tensor.device}")
+        dtype = _jaccl_dtype(tensor, reduced=False)
+        self._p2p.flush()
+        tensor.copy_(_raising(lambda: _sparse.all_reduce_sum(self._g, tensor, dtype)))
+        return _Work([], [tensor])
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         t = self._blocking(opts, tensors)

@@ -266,6 +266,20 @@ def test_a_lost_rank_is_a_dist_backend_error_naming_it():
         assert "rank 1" in got["message"], got
 
 
+def test_pytorch_suite_part():
+    """The part of PyTorch's own distributed suite that CI runs, every group made by jaccl
+    (torch_suite.py's CI_TESTS, at 2 ranks): each passes. Its whole: torch_suite.py."""
+    import importlib.util
+
+    if importlib.util.find_spec("expecttest") is None and not os.environ.get("JACCL_REQUIRE_TORCH"):
+        pytest.skip("torch's test suite needs expecttest (pip install expecttest)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
+    run = subprocess.run(
+        [sys.executable, str(HERE / "torch_suite.py"), "--ci"], env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
+
+
 def example(name, nproc, *args, nodes=1, expect_failure=False):
     return torchrun(
         ROOT / "examples" / name, list(args), nproc, nodes, timeout=600, expect_failure=expect_failure

@@ -1143,16 +1143,17 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         messages = [(m, b.dtype) for b in bufs for m in _pieces(b.buffer)]
         sender: Optional[list] = None
         if peer is None:
-            # The first piece's jaccl operation, which the later pieces receive from the
-            # sender of (they start after it: jaccl runs a group's operations in order).
+            # The first piece's jaccl operation knows the sender once it has received; the
+            # later pieces receive from that sender (they run after it: jaccl runs a group's
+            # operations in order).
             sender = []
+            (m0, d0), rest = messages[0], messages[1:]
 
-            def first(m: tuple = messages[0][0], dtype: str = messages[0][1]) -> Any:
-                sender.append(self._g.recv_any(m, dtype, keep, tag))
+            def first() -> Any:
+                sender.append(self._g.recv_any(m0, d0, keep, tag))
                 return sender[0]
 
-            rest = [(lambda m=m, d=d: self._g.recv(m, sender[0], d, keep, tag)) for m, d in messages[1:]]
-            pieces = [first] + rest
+            pieces = [first] + [(lambda m=m, d=d: self._g.recv(m, sender[0], d, keep, tag)) for m, d in rest]
         else:
             call = self._g.send if kind == "send" else self._g.recv
             pieces = [(lambda m=m, d=d: call(m, peer, d, keep, tag)) for m, d in messages]

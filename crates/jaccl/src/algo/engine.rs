@@ -400,14 +400,18 @@ impl<'a> Execution<'a> {
                 wants[i].read |= headers[i].incoming.is_some();
             }
         }
-        // Blocked sending: read ahead what peers send on channels this call does not receive
-        // on, so that sends in a cycle (every rank sends before it receives) go through.
-        if !progress && wants.iter().any(|w| w.write) {
-            for (i, (ch, want)) in channels.iter_mut().zip(wants.iter_mut()).enumerate() {
-                if !plan.receives_on(i) {
-                    progress |= ch.read_ahead_idle() > 0;
-                    want.read = ch.reads_ahead();
+        // Waiting: read ahead what peers send on channels this call does not receive on.
+        // Blocked sending, from every peer, so that sends in a cycle (every rank sends before
+        // it receives) go through; waiting to receive from a peer, from that peer, whose bytes
+        // there mean that it called something else ([`peer_in_another_call`]).
+        if !progress {
+            let writing = wants.iter().any(|w| w.write);
+            for i in 0..channels.len() {
+                if plan.receives_on(i) || !(writing || awaits(plan, channels, wants, i)) {
+                    continue;
                 }
+                progress |= channels[i].read_ahead_idle() > 0;
+                wants[i].read = channels[i].reads_ahead();
             }
         }
         Ok(progress)
@@ -605,7 +609,14 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
             continue;
         }
         liveness.check(call.op)?;
-        if let Some(peer) = peer_in_a_collective(channels, exec) {
+        let moved_on = peer_in_a_collective(channels, exec).map(|peer| {
+            let detail = format!(
+                "rank {peer} is in a collective this rank did not call; this rank called {}",
+                call.header(0, call.rank)
+            );
+            (peer, detail)
+        });
+        if let Some((peer, detail)) = moved_on.or_else(|| peer_in_another_call(channels, exec)) {
             // Bytes its side sent before it moved on may still be on their way (TCP): wait a
             // moment for them before calling it a mismatch.
             let since = *peer_ahead_since.get_or_insert_with(Instant::now);
@@ -614,11 +625,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
                     rank: call.rank,
                     peer,
                     op: call.op,
-                    detail: format!(
-                        "rank {peer} is in a collective this rank did not call; this rank \
-                         called {}",
-                        call.header(0, call.rank)
-                    ),
+                    detail,
                 });
             }
         }
@@ -705,8 +712,8 @@ impl Drop for BlockedReport<'_> {
     }
 }
 
-/// How long a send or receive waits, without progress, on a peer that has entered a direct
-/// collective before it fails with `Mismatch`.
+/// How long a call waits, without progress, on a peer that has entered a direct collective
+/// (or sent on a connection the call does not use) before it fails with `Mismatch`.
 pub(crate) const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
 
 /// A peer that this call sends to or receives from, that it waits on, and that has entered a
@@ -722,6 +729,40 @@ fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Option<us
             want.any() && used(*i) && ch.ahead.as_ref().is_some_and(|ahead| ahead())
         })
         .map(|(_, (ch, _))| ch.peer)
+}
+
+/// Whether the plan waits to receive from the peer of channel `i` on another channel.
+fn awaits(plan: &Plan, channels: &[Channel], wants: &[Interest], i: usize) -> bool {
+    let peer = channels[i].peer;
+    (0..channels.len())
+        .any(|j| j != i && wants[j].read && plan.receives_on(j) && channels[j].peer == peer)
+}
+
+/// A peer that this call waits to receive from, and that sent this rank something on a
+/// channel the call does not receive on, with what it called there: in a program whose ranks
+/// call the same operations it sends there only after its part of this call. Two ranks share
+/// two connections, and a call may use only one: the peer's header on the other is the only
+/// sign that it called something else.
+fn peer_in_another_call(channels: &[Channel], exec: &Execution<'_>) -> Option<(usize, String)> {
+    let (plan, call) = (exec.plan, exec.call);
+    let (_, ch) = channels.iter().enumerate().find(|(i, ch)| {
+        !plan.receives_on(*i)
+            && !ch.read_ahead_bytes().is_empty()
+            && awaits(plan, channels, exec.wants(), *i)
+    })?;
+    let ours = call.header(0, call.rank);
+    let sent = ch.read_ahead_bytes().first_chunk::<HEADER_LEN>();
+    let detail = match sent.map(Header::decode) {
+        Some(Ok(theirs)) => ours.mismatch(&theirs),
+        _ => None,
+    }
+    .unwrap_or_else(|| {
+        format!(
+            "rank {} sent on a connection this call does not use; this rank called {ours}",
+            ch.peer
+        )
+    });
+    Some((ch.peer, detail))
 }
 
 /// When a peer closed a connection, the reason may be in another channel: a header that does

@@ -69,8 +69,8 @@ pub(crate) struct Direct {
     made: u32,
     /// The sequence field of the current call's description.
     described: u32,
-    /// Eager broadcasts since the last call that waits for every rank, and of how many of them
-    /// this rank was the root ([`Direct::check_roots`]).
+    /// Eager (and flat) broadcasts since the last call that waits for every rank, and of how
+    /// many of them this rank was the root ([`Direct::check_roots`]).
     eager_run: Run,
     /// `eager_run` as the current call began: what its first synchronisation checks.
     eager_before: Run,
@@ -645,10 +645,20 @@ impl Direct {
         }
     }
 
-    /// Whether the next broadcast may be eager: at most `u8::MAX` in a row, so that the count
-    /// of their roots fits its byte (every rank counts the same calls, so all choose alike).
+    /// Whether the next broadcast may be eager (or flat, [`Direct::count_broadcast`]): at most
+    /// `u8::MAX` in a row, so that the count of their roots fits its byte (every rank counts
+    /// the same calls, so all choose alike).
     pub(crate) fn eager_allowed(&self) -> bool {
         self.eager_run.broadcasts < u8::MAX
+    }
+
+    /// Counts a flat broadcast (over the connections, the root sending to each rank) in the
+    /// run of eager ones: its root only sends, so ranks that each took themselves for the
+    /// root all return, and the next call that waits for every rank finds more roots than
+    /// broadcasts ([`Direct::check_roots`]).
+    pub(crate) fn count_broadcast(&mut self, root: usize) {
+        self.eager_run.broadcasts += 1;
+        self.eager_run.rooted += u8::from(self.rank == root);
     }
 
     /// Checks, at the first synchronisation of call `seq`, that the eager broadcasts since
@@ -975,7 +985,7 @@ impl Direct {
     }
 }
 
-/// A run of eager broadcasts ([`Direct::eager_run`]).
+/// A run of eager (and flat) broadcasts ([`Direct::eager_run`]).
 #[derive(Debug, Default, Clone, Copy)]
 struct Run {
     broadcasts: u8,

@@ -3,12 +3,13 @@
 //! The receiver does not know who will send, so it first makes itself reachable by every peer:
 //! it opens the links it would open itself for a send (to higher ranks it has none to; see
 //! `crate::connect::late`), and takes those the lower ranks open when they send to it, as they
-//! arrive. Then it waits until a message begins to arrive on a peer's first wire (which carries
-//! the first bytes, the header, of every message from that peer) and names that peer; an
+//! arrive. Then it waits until the header of a message (a send's, not a later collective's: a
+//! peer that has moved on to one may be ahead of the sender) has arrived on a peer's first wire
+//! (which carries the first bytes of every message from that peer) and names that peer; an
 //! ordinary receive then takes the message whole, checking its header (type, length, tag) as
-//! `recv` does. Nothing is consumed while looking.
+//! `recv` does. What is read while looking is read ahead, for the calls that take it.
 //!
-//! Of several messages that have begun to arrive, it takes that of the first peer in the round
+//! Of several messages whose headers have arrived, it takes that of the first peer in the round
 //! that starts after the peer of the previous one: senders are taken in turn, and none starves
 //! however fast another sends. A peer whose links closed (it left the group) can send no more
 //! and is passed over; when every peer has, the receive fails.
@@ -21,6 +22,7 @@ use super::geometry::Geometry;
 use crate::error::{Error, Result};
 use crate::transport::{Interest, LinkError};
 use crate::wait::{Backoff, Idle};
+use crate::wire::{Header, Kind};
 
 impl Network {
     /// The peer whose message a receive from any source takes (see the module docs), the
@@ -48,9 +50,25 @@ impl Network {
                 if !ch.is_open() || gone.contains(&p) {
                     continue;
                 }
-                match ch.has_bytes() {
-                    Ok(true) => return Ok(p),
-                    Ok(false) => {}
+                match ch.peek_header() {
+                    Ok(Some(bytes)) => match Header::decode(&bytes) {
+                        Ok(header) if header.kind == Kind::SendRecv => return Ok(p),
+                        // The peer is already in a later collective: not a message for this.
+                        // Its bytes are read ahead, so that the deadlock search sees nothing
+                        // on its way from it should no sender come.
+                        Ok(_) => {
+                            ch.read_ahead_idle();
+                        }
+                        Err(detail) => {
+                            return Err(Error::Protocol {
+                                rank: call.rank,
+                                peer: p,
+                                op: call.op,
+                                detail,
+                            });
+                        }
+                    },
+                    Ok(None) => {}
                     Err(LinkError::Closed(_)) => gone.push(p),
                     Err(e) => return Err(lost(e, p, call)),
                 }

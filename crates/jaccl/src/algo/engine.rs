@@ -115,17 +115,19 @@ impl Channel {
         self.link.wait_fds(interest, fds);
     }
 
-    /// Whether the peer has sent bytes that no call has consumed yet (consuming none).
+    /// The header of the next operation the peer sent on this channel, once all of it has
+    /// arrived (read ahead: the call that receives it takes it from there).
     ///
     /// # Errors
     /// The link failed (the peer closed it, say).
-    pub(crate) fn has_bytes(&mut self) -> std::result::Result<bool, LinkError> {
-        let mut seen = false;
-        self.try_recv(1, &mut |bytes| {
-            seen = !bytes.is_empty();
-            0
-        })?;
-        Ok(seen)
+    pub(crate) fn peek_header(
+        &mut self,
+    ) -> std::result::Result<Option<[u8; HEADER_LEN]>, LinkError> {
+        let have = self.read_ahead_bytes().len();
+        if have < HEADER_LEN {
+            self.read_ahead(HEADER_LEN - have)?;
+        }
+        Ok(self.read_ahead_bytes().first_chunk::<HEADER_LEN>().copied())
     }
 
     /// Whether re-checking the link costs no system call ([`Link::in_memory`]).
@@ -402,8 +404,12 @@ impl<'a> Execution<'a> {
         }
         // Waiting: read ahead what peers send on channels this call does not receive on.
         // Blocked sending, from every peer, so that sends in a cycle (every rank sends before
-        // it receives) go through; waiting to receive from a peer, from that peer, whose bytes
-        // there mean that it called something else ([`peer_in_another_call`]).
+        // it receives) go through; waiting to receive from a peer, from that peer: two ranks
+        // share two connections, and a call may use one, so the peer's next call may start on
+        // the other. Bytes read ahead count as received, so when the peer waits for this rank
+        // in a call of its own (it called something else), the deadlock search sees nothing on
+        // its way and names it, while data of this call still on its way (a TCP
+        // retransmission, say) keeps it from doing so.
         if !progress {
             let writing = wants.iter().any(|w| w.write);
             for i in 0..channels.len() {
@@ -609,14 +615,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
             continue;
         }
         liveness.check(call.op)?;
-        let moved_on = peer_in_a_collective(channels, exec).map(|peer| {
-            let detail = format!(
-                "rank {peer} is in a collective this rank did not call; this rank called {}",
-                call.header(0, call.rank)
-            );
-            (peer, detail)
-        });
-        if let Some((peer, detail)) = moved_on.or_else(|| peer_in_another_call(channels, exec)) {
+        if let Some(peer) = peer_in_a_collective(channels, exec) {
             // Bytes its side sent before it moved on may still be on their way (TCP): wait a
             // moment for them before calling it a mismatch.
             let since = *peer_ahead_since.get_or_insert_with(Instant::now);
@@ -625,7 +624,11 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
                     rank: call.rank,
                     peer,
                     op: call.op,
-                    detail,
+                    detail: format!(
+                        "rank {peer} is in a collective this rank did not call; this rank \
+                         called {}",
+                        call.header(0, call.rank)
+                    ),
                 });
             }
         }
@@ -712,8 +715,8 @@ impl Drop for BlockedReport<'_> {
     }
 }
 
-/// How long a call waits, without progress, on a peer that has entered a direct collective
-/// (or sent on a connection the call does not use) before it fails with `Mismatch`.
+/// How long a send or receive waits, without progress, on a peer that has entered a direct
+/// collective before it fails with `Mismatch`.
 pub(crate) const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
 
 /// A peer that this call sends to or receives from, that it waits on, and that has entered a
@@ -736,33 +739,6 @@ fn awaits(plan: &Plan, channels: &[Channel], wants: &[Interest], i: usize) -> bo
     let peer = channels[i].peer;
     (0..channels.len())
         .any(|j| j != i && wants[j].read && plan.receives_on(j) && channels[j].peer == peer)
-}
-
-/// A peer that this call waits to receive from, and that sent this rank something on a
-/// channel the call does not receive on, with what it called there: in a program whose ranks
-/// call the same operations it sends there only after its part of this call. Two ranks share
-/// two connections, and a call may use only one: the peer's header on the other is the only
-/// sign that it called something else.
-fn peer_in_another_call(channels: &[Channel], exec: &Execution<'_>) -> Option<(usize, String)> {
-    let (plan, call) = (exec.plan, exec.call);
-    let (_, ch) = channels.iter().enumerate().find(|(i, ch)| {
-        !plan.receives_on(*i)
-            && !ch.read_ahead_bytes().is_empty()
-            && awaits(plan, channels, exec.wants(), *i)
-    })?;
-    let ours = call.header(0, call.rank);
-    let sent = ch.read_ahead_bytes().first_chunk::<HEADER_LEN>();
-    let detail = match sent.map(Header::decode) {
-        Some(Ok(theirs)) => ours.mismatch(&theirs),
-        _ => None,
-    }
-    .unwrap_or_else(|| {
-        format!(
-            "rank {} sent on a connection this call does not use; this rank called {ours}",
-            ch.peer
-        )
-    });
-    Some((ch.peer, detail))
 }
 
 /// When a peer closed a connection, the reason may be in another channel: a header that does

@@ -52,8 +52,9 @@ pub(crate) struct Channel {
 }
 
 /// Whether the peer of a channel has entered a direct collective this rank has not: a send or
-/// receive that waits on it then fails with `Mismatch` (see [`drive`]).
-pub(crate) type PeerAhead = Box<dyn Fn() -> bool + Send>;
+/// receive that waits on it then fails with `Mismatch` (see [`drive`]). `Err`: its stamp is
+/// one no honest rank writes, and why (a `Protocol` error).
+pub(crate) type PeerAhead = Box<dyn Fn() -> std::result::Result<bool, String> + Send>;
 
 /// The most a pass reads ahead from one channel, so a fast peer cannot keep a pass going.
 const READ_AHEAD_PER_PASS: usize = 4 << 20;
@@ -615,7 +616,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
             continue;
         }
         liveness.check(call.op)?;
-        if let Some(peer) = peer_in_a_collective(channels, exec) {
+        if let Some(peer) = peer_in_a_collective(channels, exec)? {
             // Bytes its side sent before it moved on may still be on their way (TCP): wait a
             // moment for them before calling it a mismatch.
             let since = *peer_ahead_since.get_or_insert_with(Instant::now);
@@ -721,17 +722,31 @@ pub(crate) const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
 
 /// A peer that this call sends to or receives from, that it waits on, and that has entered a
 /// direct collective this rank has not.
-fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Option<usize> {
+///
+/// # Errors
+/// Such a peer's stamp fails its checks (`Protocol`).
+fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Result<Option<usize>> {
     let plan = exec.plan;
     let used = |i: usize| plan.receives_on(i) || plan.transfers.iter().any(|t| t.tx == Some(i));
-    channels
-        .iter()
-        .zip(exec.wants())
-        .enumerate()
-        .find(|(i, (ch, want))| {
-            want.any() && used(*i) && ch.ahead.as_ref().is_some_and(|ahead| ahead())
-        })
-        .map(|(_, (ch, _))| ch.peer)
+    for (i, (ch, want)) in channels.iter().zip(exec.wants()).enumerate() {
+        let Some(ahead) = ch.ahead.as_ref().filter(|_| want.any() && used(i)) else {
+            continue;
+        };
+        let call = exec.call;
+        match ahead() {
+            Ok(true) => return Ok(Some(ch.peer)),
+            Ok(false) => {}
+            Err(detail) => {
+                return Err(Error::Protocol {
+                    rank: call.rank,
+                    peer: ch.peer,
+                    op: call.op,
+                    detail,
+                });
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Whether the plan waits to receive from the peer of channel `i` on another channel.

@@ -90,10 +90,14 @@ impl Network {
                     write: false,
                 })
                 .collect();
-            let ahead = order.iter().copied().find(|&p| {
+            let mut ahead = None;
+            for &p in &order {
                 let ch = &self.channels[g.channel_to(p, 0)];
-                ch.is_open() && ch.peer_ahead()
-            });
+                if ch.is_open() && ch.peer_ahead(call)? {
+                    ahead = Some(p);
+                    break;
+                }
+            }
             if let Some(peer) = ahead {
                 // Bytes it sent before it moved on may still be on their way (TCP).
                 let since = *peer_ahead_since.get_or_insert_with(Instant::now);

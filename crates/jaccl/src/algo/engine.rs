@@ -137,8 +137,19 @@ impl Channel {
     }
 
     /// Whether the peer has entered a direct collective this rank has not ([`Channel::watch`]).
-    pub(crate) fn peer_ahead(&self) -> bool {
-        self.ahead.as_ref().is_some_and(|ahead| ahead())
+    ///
+    /// # Errors
+    /// Its stamp is one no honest rank writes (`Protocol`).
+    pub(crate) fn peer_ahead(&self, call: &Call) -> Result<bool> {
+        let Some(ahead) = &self.ahead else {
+            return Ok(false);
+        };
+        ahead().map_err(|detail| Error::Protocol {
+            rank: call.rank,
+            peer: self.peer,
+            op: call.op,
+            detail,
+        })
     }
 
     /// The bytes read ahead and not consumed yet.
@@ -729,21 +740,8 @@ fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Result<Op
     let plan = exec.plan;
     let used = |i: usize| plan.receives_on(i) || plan.transfers.iter().any(|t| t.tx == Some(i));
     for (i, (ch, want)) in channels.iter().zip(exec.wants()).enumerate() {
-        let Some(ahead) = ch.ahead.as_ref().filter(|_| want.any() && used(i)) else {
-            continue;
-        };
-        let call = exec.call;
-        match ahead() {
-            Ok(true) => return Ok(Some(ch.peer)),
-            Ok(false) => {}
-            Err(detail) => {
-                return Err(Error::Protocol {
-                    rank: call.rank,
-                    peer: ch.peer,
-                    op: call.op,
-                    detail,
-                });
-            }
+        if want.any() && used(i) && ch.peer_ahead(exec.call)? {
+            return Ok(Some(ch.peer));
         }
     }
     Ok(None)

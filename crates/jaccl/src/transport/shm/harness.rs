@@ -201,7 +201,7 @@ pub(crate) fn recv(link: &mut ShmLink, max: usize, into: &mut Vec<u8>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Barrier;
+    use std::sync::{Condvar, Mutex};
     use std::time::Duration;
 
     use super::*;
@@ -285,6 +285,42 @@ mod tests {
         assert!(line(point - lines).is_err());
     }
 
+    /// A barrier for the threads of one test that fails the test instead of hanging when a
+    /// member never comes (it panicked before, or a call it made hangs).
+    struct Barrier {
+        size: usize,
+        /// Members arrived in this generation, and the generation.
+        state: Mutex<(usize, u64)>,
+        all_came: Condvar,
+    }
+
+    impl Barrier {
+        fn new(size: usize) -> Barrier {
+            Barrier {
+                size,
+                state: Mutex::new((0, 0)),
+                all_came: Condvar::new(),
+            }
+        }
+
+        fn wait(&self) {
+            let mut state = self.state.lock().unwrap();
+            let generation = state.1;
+            state.0 += 1;
+            if state.0 == self.size {
+                *state = (0, generation + 1);
+                self.all_came.notify_all();
+                return;
+            }
+            let limit = Duration::from_secs(150);
+            let (_state, waited) = self
+                .all_came
+                .wait_timeout_while(state, limit, |state| state.1 == generation)
+                .unwrap();
+            assert!(!waited.timed_out(), "a member never came to the barrier");
+        }
+    }
+
     /// The ranks of the group tests; the last one also plays the hostile member.
     const SIZE: usize = 4;
     const HOSTILE: usize = SIZE - 1;
@@ -366,6 +402,7 @@ mod tests {
                     g.all_sum(&[call; 256], &mut sum).unwrap();
                     assert_eq!(sum, [call * SIZE as u32; 256]);
                 }
+                barrier.wait(); // every rank has read the stamps of the last call
                 if me == HOSTILE {
                     let forger = Forger::of(g).unwrap();
                     forger.write_stamp(me, back(forger.stamp(me)));

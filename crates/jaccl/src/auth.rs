@@ -25,7 +25,6 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -421,14 +420,15 @@ pub(crate) enum Admission {
 /// accept(2) says ([`crate::os::accept_failure`]), with back-off when the process or the system
 /// is out of descriptors or memory. Authenticated connections reach `admit`, on the calling
 /// thread, in the order they finish; `admit` sends the verdict, and its error ends start-up
-/// (only members, who authenticated, can cause one). Setting `stop` ends it early (false).
+/// (only members, who authenticated, can cause one). `stop`, asked every tenth of a second,
+/// ends it early (false) when it answers true.
 pub(crate) fn serve<S: Messages + AsFd + Send + 'static>(
     listener: BorrowedFd<'_>,
     mut accept_one: impl FnMut() -> io::Result<Option<(S, String)>>,
     token: &JobToken,
     rank: usize,
     deadline: Instant,
-    stop: Option<&AtomicBool>,
+    stop: Option<&dyn Fn() -> bool>,
     mut admit: impl FnMut(Claim, S) -> Result<Admission>,
 ) -> Result<bool> {
     let wake =
@@ -451,10 +451,10 @@ pub(crate) fn serve<S: Messages + AsFd + Send + 'static>(
         }
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);
-        if left.is_zero() || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+        if left.is_zero() || stop.is_some_and(|stop| stop()) {
             return Ok(false);
         }
-        // With a stop flag, look at it every 100 ms; while resting, do not accept.
+        // With a stop check, ask it every 100 ms; while resting, do not accept.
         let mut limit = match stop {
             Some(_) => left.min(Duration::from_millis(100)),
             None => left,

@@ -19,7 +19,7 @@ use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Heartbeat, Liveness};
 use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after, time_left};
-use crate::transport::tcp::LateTcp;
+use crate::transport::tcp::{DialError, LateTcp};
 use crate::wire::{Reader, to_u32};
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
@@ -86,13 +86,14 @@ impl SideChannel {
     /// The side channel of sub-group `group` (`crate::group`), whose rank `r` is the job's rank
     /// `job_rank[r]`, through the listener every rank keeps from start-up (`job`): its rank 0
     /// coordinates, and each other member connects to it, authenticated like every
-    /// connection, before `deadline`.
+    /// connection, before `deadline`; the waits for members ask `go_on`.
     pub(crate) fn through(
         job: &LateTcp,
         group: u64,
         job_rank: &[usize],
         rank: usize,
         deadline: Instant,
+        go_on: &(dyn Fn() -> Result<()> + Send + Sync),
     ) -> Result<SideChannel> {
         let fail = |why: String| Error::Bootstrap(format!("rank {rank}: {why}"));
         let (role, local) = if rank == 0 {
@@ -100,16 +101,21 @@ impl SideChannel {
                 .iter()
                 .map(|&r| (Purpose::Side, group, r, 0))
                 .collect();
-            let members = job.collect(&slots, deadline)?;
+            let members = job.collect(&slots, deadline, go_on)?;
             let local = members.first().map(TcpStream::local_addr);
             (Role::Coordinator { members }, local)
         } else {
             let coordinator = job_rank.first().copied().unwrap_or_default();
             let stream = job
                 .dial(Purpose::Side, group, coordinator, 0, deadline, &mut || {
-                    Ok(())
+                    go_on()
                 })
-                .map_err(|e| fail(format!("joining the new group's rank 0: {e}")))?;
+                .map_err(|e| match e {
+                    DialError::Stopped(e) => e,
+                    DialError::Failed(why) => {
+                        fail(format!("joining the new group's rank 0: {why}"))
+                    }
+                })?;
             let local = Some(stream.local_addr());
             (Role::Member { stream }, local)
         };

@@ -24,6 +24,12 @@
 //! - **Every rank calls the same operations in the same order**, with the same element type,
 //!   reduction and lengths. Each operation sends a small header first, so a rank that calls
 //!   something else fails with [`Error::Mismatch`] instead of receiving garbage or hanging.
+//!   Comparisons are exact (tags, counts and sub-group requests whole, or by SHA-256). A rank
+//!   whose part of a call only sends (a broadcast's root) cannot tell at once that no one
+//!   receives it: two ranks that each take themselves for a broadcast's root both go on, and
+//!   it shows at a later call (over shared memory, the next one that waits for every rank; over
+//!   the network, the next that uses the connection where the unread message waits), or, if no
+//!   later call comes, not at all.
 //! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
 //!   inputs give the same output on every run: each element is reduced once, in a fixed order,
 //!   and the result is copied to the other ranks.

@@ -10,7 +10,13 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What a wait that no link of its own watches asks, at least every tenth of a second,
+/// whether to go on: its error ends the wait. Forming a sub-group asks its parent's liveness
+/// (a member lost or gone), abort, close and interrupt.
+pub(crate) type GoOn = Arc<dyn Fn() -> crate::error::Result<()> + Send + Sync>;
 
 /// How a rank waits for shared-memory peers: busy-wait for `spin` after the last progress, then
 /// give the CPU away between checks (`sched_yield`) until `spin + yield_for` has passed, then

@@ -394,6 +394,21 @@ fn recv_any_takes_every_sender_in_turn() {
             detail.contains("with tag 6") && detail.contains("with tag 5"),
             "{detail}"
         );
+        // A rank that moved on to the next collective is no sender: its header, which comes
+        // first (the sender waits a moment), is left for the barrier.
+        with_group(net, 3, 1, |g| {
+            for _ in 0..5 {
+                match g.rank() {
+                    0 => assert_eq!(g.recv_any(&mut [0u8; 4]).unwrap(), 1, "{net:?}"),
+                    1 => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        g.send(&[1u8; 4], 0).unwrap();
+                    }
+                    _ => {}
+                }
+                g.barrier().unwrap();
+            }
+        });
         // Every rank waiting for any other: the heartbeat names the deadlock.
         let results = with_group(net, 3, 1, |g| g.recv_any(&mut [0u8]));
         for (rank, r) in results.iter().enumerate() {

@@ -314,6 +314,54 @@ fn sub_groups_with_one_name_and_list_do_not_cross() {
     }
 }
 
+/// Forming a sub-group waits for its members, and that wait listens: to an abort of the
+/// parent from another thread, and to a member that has left the parent (its start-up
+/// timeout, a minute here, would end it otherwise).
+#[test]
+fn forming_a_sub_group_ends_by_abort_or_a_member_that_left() {
+    for net in nets() {
+        let make = || {
+            configs(net, 2, 1, Duration::from_secs(60))
+                .into_iter()
+                .map(|c| c.startup_timeout(Duration::from_secs(60)))
+                .collect()
+        };
+        // Rank 1 never comes; rank 0's own thread aborts it.
+        let results = with_configs(make, |g| {
+            if g.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(1500));
+                return None;
+            }
+            let abort = g.abort_handle();
+            let aborter = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(500));
+                abort.abort();
+            });
+            let formed = g.subgroup_of_members(&[0, 1], "never");
+            aborter.join().unwrap();
+            Some(formed.map(drop))
+        });
+        assert!(
+            matches!(results[0], Some(Err(Error::Aborted { .. }))),
+            "{net:?}: {:?}",
+            results[0]
+        );
+        // Rank 1 has left the group before rank 0 forms one with it.
+        let results = with_configs(make, |g| {
+            if g.rank() == 1 {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            Some(g.subgroup_of_members(&[0, 1], "gone").map(drop))
+        });
+        assert!(
+            matches!(results[0], Some(Err(Error::PeerLost { peer: 1, .. }))),
+            "{net:?}: {:?}",
+            results[0]
+        );
+    }
+}
+
 #[test]
 fn split_mismatches_are_errors_that_name_the_ranks_not_hangs() {
     for net in nets() {

@@ -55,14 +55,26 @@ impl Network {
             };
             for &p in &order {
                 let ch = &mut self.channels[g.channel_to(p, 0)];
+                if in_collective.iter().any(|(q, _)| *q == p) {
+                    // Its collective's bytes are read ahead, so that the deadlock search sees
+                    // nothing on its way from it should no sender come.
+                    ch.read_ahead_idle();
+                }
                 if !ch.is_open() || passed(&p, &gone, &in_collective) {
                     continue;
                 }
-                match ch.next_header() {
+                match ch.peek_header() {
                     Ok(Some(bytes)) => match Header::decode(&bytes) {
-                        Ok(h) if h.kind != Kind::SendRecv => in_collective.push((p, h)),
-                        // A send's (or bytes that are no header, which its receive reports).
-                        _ => return Ok(p),
+                        Ok(h) if h.kind == Kind::SendRecv => return Ok(p),
+                        Ok(h) => in_collective.push((p, h)),
+                        Err(detail) => {
+                            return Err(Error::Protocol {
+                                rank: call.rank,
+                                peer: p,
+                                op: call.op,
+                                detail,
+                            });
+                        }
                     },
                     Ok(None) => {}
                     Err(LinkError::Closed(_)) => gone.push(p),
@@ -98,10 +110,11 @@ impl Network {
                 .collect();
             // Every peer still waited on in a direct collective: once bytes it sent before it
             // moved on have had time to arrive (TCP), none is coming.
-            let ahead = waiting.iter().all(|&p| {
+            let mut ahead = true;
+            for &p in &waiting {
                 let ch = &self.channels[g.channel_to(p, 0)];
-                ch.is_open() && ch.peer_ahead()
-            });
+                ahead &= ch.is_open() && ch.peer_ahead(call)?;
+            }
             if ahead {
                 let since = *peer_ahead_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= PEER_AHEAD_GRACE {

@@ -293,13 +293,15 @@ impl Collectives {
                 let direct = direct(&mut self.direct, call)?;
                 direct.broadcast_eager(data, root, call, &mut self.net.channels)
             }
-            Broadcast::Eager | Broadcast::Direct => {
-                let direct = direct(&mut self.direct, call)?;
-                direct.broadcast(data, root, call, &mut self.net.channels)
-            }
-            Broadcast::Flat => {
+            Broadcast::Flat if eager => {
+                // Its root only sends: checked later, as an eager broadcast's is.
+                direct(&mut self.direct, call)?.count_broadcast(root);
                 let plan = mesh::broadcast_flat(&g, root, data.len());
                 self.net.run(&plan, bufs(data), None, call)
+            }
+            Broadcast::Eager | Broadcast::Flat | Broadcast::Direct => {
+                let direct = direct(&mut self.direct, call)?;
+                direct.broadcast(data, root, call, &mut self.net.channels)
             }
             Broadcast::Tree => {
                 let plans = mesh::broadcast_tree(&g, root, data.len());

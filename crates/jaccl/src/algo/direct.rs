@@ -69,8 +69,8 @@ pub(crate) struct Direct {
     made: u32,
     /// The sequence field of the current call's description.
     described: u32,
-    /// Eager broadcasts since the last call that waits for every rank, and of how many of them
-    /// this rank was the root ([`Direct::check_roots`]).
+    /// Eager (and flat) broadcasts since the last call that waits for every rank, and of how
+    /// many of them this rank was the root ([`Direct::check_roots`]).
     eager_run: Run,
     /// `eager_run` as the current call began: what its first synchronisation checks.
     eager_before: Run,
@@ -94,6 +94,9 @@ impl Direct {
         board: Arc<Board>,
         liveness: Arc<Liveness>,
     ) -> Direct {
+        // The deadlock search goes by the stamp peers see: its mailbox.
+        let shown = Arc::clone(&board);
+        liveness.show_stamp(Box::new(move || shown.shown_stamp()));
         Direct {
             rank,
             size,
@@ -116,9 +119,10 @@ impl Direct {
     }
 
     /// Whether `peer` has entered a direct collective this rank has not: its synchronisation
-    /// stamp is ahead of this rank's. A connection to the peer asks while a send or receive
-    /// waits on it: in a program whose ranks call the same operations, a peer gets ahead only
-    /// after its side of the send or receive is done, so the wait cannot be for anything else.
+    /// stamp is ahead of this rank's (a stamp that fails its checks is an error). A connection
+    /// to the peer asks while a send or receive waits on it: in a program whose ranks call the
+    /// same operations, a peer gets ahead only after its side of the send or receive is done,
+    /// so the wait cannot be for anything else.
     pub(crate) fn ahead(&self, peer: usize) -> Option<PeerAhead> {
         let board = Arc::clone(&self.board);
         (peer != self.rank && peer < self.size)
@@ -367,8 +371,11 @@ impl Direct {
             if read_by > self.peers_reached {
                 self.wait_for_others(call, None, read_by, channels)?;
                 // They may be further on: fewer waits in a long pipeline.
-                let seen = self.others.iter().map(|&q| self.board.stamp_of(q)).min();
-                self.peers_reached = self.peers_reached.max(seen.unwrap_or(0));
+                let mut least = u64::MAX;
+                for &q in &self.others {
+                    least = least.min(self.stamp_of(call, q)?);
+                }
+                self.peers_reached = self.peers_reached.max(least);
             }
             self.board.post_eager(stamp, words, data);
         }
@@ -383,7 +390,7 @@ impl Direct {
         let result = self.wait(call, None, Await::EagerLine, stamp, &mut pending, channels);
         self.pending = pending;
         result?;
-        if self.board.eager_stamp(root, stamp) != stamp {
+        if self.eager_stamp(call, root, stamp)? != stamp {
             return Err(Error::Mismatch {
                 rank: call.rank,
                 peer: root,
@@ -645,10 +652,20 @@ impl Direct {
         }
     }
 
-    /// Whether the next broadcast may be eager: at most `u8::MAX` in a row, so that the count
-    /// of their roots fits its byte (every rank counts the same calls, so all choose alike).
+    /// Whether the next broadcast may be eager (or flat, [`Direct::count_broadcast`]): at most
+    /// `u8::MAX` in a row, so that the count of their roots fits its byte (every rank counts
+    /// the same calls, so all choose alike).
     pub(crate) fn eager_allowed(&self) -> bool {
         self.eager_run.broadcasts < u8::MAX
+    }
+
+    /// Counts a flat broadcast (over the connections, the root sending to each rank) in the
+    /// run of eager ones: its root only sends, so ranks that each took themselves for the
+    /// root all return, and the next call that waits for every rank finds more roots than
+    /// broadcasts ([`Direct::check_roots`]).
+    pub(crate) fn count_broadcast(&mut self, root: usize) {
+        self.eager_run.broadcasts += 1;
+        self.eager_run.rooted += u8::from(self.rank == root);
     }
 
     /// Checks, at the first synchronisation of call `seq`, that the eager broadcasts since
@@ -687,7 +704,6 @@ impl Direct {
     /// Publishes that this rank reached synchronisation point `stamp`, and wakes the peers.
     fn publish(&self, stamp: u64) {
         self.board.publish_stamp(stamp);
-        self.liveness.published(stamp);
         for &q in &self.others {
             self.board.wake(q);
         }
@@ -730,7 +746,7 @@ impl Direct {
             let mut i = 0;
             while i < pending.len() {
                 let peer = self.others[pending[i]];
-                match self.arrival(peer, awaiting, target) {
+                match self.arrival(call, peer, awaiting, target)? {
                     Arrival::Arrived => {
                         if let Some(seq) = check {
                             self.check_call(peer, seq, call)?;
@@ -767,20 +783,39 @@ impl Direct {
     }
 
     /// Whether `peer` has reached synchronisation point `target`, or left the group first.
-    fn arrival(&self, peer: usize, awaiting: Await, target: u64) -> Arrival {
+    ///
+    /// # Errors
+    /// A stamp of the peer's fails its checks (`Protocol`).
+    fn arrival(&self, call: &Call, peer: usize, awaiting: Await, target: u64) -> Result<Arrival> {
         // An eager root stamps its line before its mailbox: polling the line fetches one
         // cache line where the data is, not two.
-        let posted = awaiting == Await::EagerLine && self.board.eager_stamp(peer, target) == target;
-        if posted || self.board.stamp_of(peer) >= target {
-            return Arrival::Arrived;
+        let posted =
+            awaiting == Await::EagerLine && self.eager_stamp(call, peer, target)? == target;
+        if posted || self.stamp_of(call, peer)? >= target {
+            return Ok(Arrival::Arrived);
         }
-        match self.board.departed(peer) {
+        Ok(match self.board.departed(peer) {
             None => Arrival::Pending,
             // A peer publishes its stamp before it leaves: it may have reached the point, and
             // finished and left, since the stamp was read.
-            Some(_) if self.board.stamp_of(peer) >= target => Arrival::Arrived,
+            Some(_) if self.stamp_of(call, peer)? >= target => Arrival::Arrived,
             Some(why) => Arrival::Departed(why),
-        }
+        })
+    }
+
+    /// `peer`'s synchronisation stamp, checked ([`Board::stamp_of`]).
+    fn stamp_of(&self, call: &Call, peer: usize) -> Result<u64> {
+        self.board
+            .stamp_of(peer)
+            .map_err(|detail| protocol(call, peer, detail))
+    }
+
+    /// The stamp in `peer`'s eager line for synchronisation point `point`, checked
+    /// ([`Board::eager_stamp`]).
+    fn eager_stamp(&self, call: &Call, peer: usize, point: u64) -> Result<u64> {
+        self.board
+            .eager_stamp(peer, point)
+            .map_err(|detail| protocol(call, peer, detail))
     }
 
     /// What a wait for the `pending` peers reports to the deadlock search: it reads from them
@@ -852,10 +887,9 @@ impl Direct {
     ) -> Result<()> {
         let sleep_error = |e| Error::io(call.rank, format!("{}: before sleeping", call.op), e);
         self.board.arm().map_err(sleep_error)?;
-        let arrived = pending.iter().any(|&q| {
-            let peer = self.others[q];
-            self.board.stamp_of(peer) >= target || self.board.departed(peer).is_some()
-        });
+        let arrived = self
+            .any_arrived(call, target, pending)
+            .inspect_err(|_| self.board.disarm())?;
         let mut result = Ok(());
         if !arrived {
             let mut waited = pending.iter().map(|&q| self.others[q]);
@@ -880,6 +914,17 @@ impl Direct {
         result
     }
 
+    /// Whether a `pending` peer has reached `target` or left.
+    fn any_arrived(&self, call: &Call, target: u64, pending: &[usize]) -> Result<bool> {
+        for &q in pending {
+            let peer = self.others[q];
+            if self.stamp_of(call, peer)? >= target || self.board.departed(peer).is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// A pending peer that sent this rank something on a connection is in a send, not in this
     /// call (in a program whose ranks call the same operations, every byte a peer sent before
     /// this call was received before it, and one it sends after has passed this point):
@@ -896,8 +941,13 @@ impl Direct {
             for ch in channels.iter_mut().filter(|ch| ch.peer() == peer) {
                 ch.read_ahead_idle();
                 let sent = ch.read_ahead_bytes();
-                if sent.is_empty() || self.board.stamp_of(peer) >= target {
+                if sent.is_empty() {
                     continue;
+                }
+                match self.stamp_of(call, peer) {
+                    Ok(stamp) if stamp >= target => continue,
+                    Ok(_) => {}
+                    Err(e) => return Some(e),
                 }
                 let ours = call.header(0, call.rank);
                 let detail = match sent.first_chunk::<HEADER_LEN>().map(Header::decode) {
@@ -975,7 +1025,7 @@ impl Direct {
     }
 }
 
-/// A run of eager broadcasts ([`Direct::eager_run`]).
+/// A run of eager (and flat) broadcasts ([`Direct::eager_run`]).
 #[derive(Debug, Default, Clone, Copy)]
 struct Run {
     broadcasts: u8,
@@ -1082,6 +1132,16 @@ impl StoreTuner {
         } else {
             self.hints & !bit
         };
+    }
+}
+
+/// The error for a stamp of `peer`'s that no honest rank can have written.
+fn protocol(call: &Call, peer: usize, detail: String) -> Error {
+    Error::Protocol {
+        rank: call.rank,
+        peer,
+        op: call.op,
+        detail,
     }
 }
 

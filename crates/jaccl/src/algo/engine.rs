@@ -52,8 +52,9 @@ pub(crate) struct Channel {
 }
 
 /// Whether the peer of a channel has entered a direct collective this rank has not: a send or
-/// receive that waits on it then fails with `Mismatch` (see [`drive`]).
-pub(crate) type PeerAhead = Box<dyn Fn() -> bool + Send>;
+/// receive that waits on it then fails with `Mismatch` (see [`drive`]). `Err`: its stamp is
+/// one no honest rank writes, and why (a `Protocol` error).
+pub(crate) type PeerAhead = Box<dyn Fn() -> std::result::Result<bool, String> + Send>;
 
 /// The most a pass reads ahead from one channel, so a fast peer cannot keep a pass going.
 const READ_AHEAD_PER_PASS: usize = 4 << 20;
@@ -115,21 +116,19 @@ impl Channel {
         self.link.wait_fds(interest, fds);
     }
 
-    /// The header of the peer's next operation on this channel once all of it has arrived
-    /// (read ahead, consuming nothing), else `None`. Only between operations: the next bytes
-    /// are then a header.
+    /// The header of the next operation the peer sent on this channel, once all of it has
+    /// arrived (read ahead: the call that receives it takes it from there).
     ///
     /// # Errors
     /// The link failed (the peer closed it, say).
-    pub(crate) fn next_header(
+    pub(crate) fn peek_header(
         &mut self,
     ) -> std::result::Result<Option<[u8; HEADER_LEN]>, LinkError> {
-        let have = self.early.len() - self.early_pos;
+        let have = self.read_ahead_bytes().len();
         if have < HEADER_LEN {
             self.read_ahead(HEADER_LEN - have)?;
         }
-        let next = self.early.get(self.early_pos..self.early_pos + HEADER_LEN);
-        Ok(next.and_then(|b| b.try_into().ok()))
+        Ok(self.read_ahead_bytes().first_chunk::<HEADER_LEN>().copied())
     }
 
     /// Whether re-checking the link costs no system call ([`Link::in_memory`]).
@@ -138,8 +137,19 @@ impl Channel {
     }
 
     /// Whether the peer has entered a direct collective this rank has not ([`Channel::watch`]).
-    pub(crate) fn peer_ahead(&self) -> bool {
-        self.ahead.as_ref().is_some_and(|ahead| ahead())
+    ///
+    /// # Errors
+    /// Its stamp is one no honest rank writes (`Protocol`).
+    pub(crate) fn peer_ahead(&self, call: &Call) -> Result<bool> {
+        let Some(ahead) = &self.ahead else {
+            return Ok(false);
+        };
+        ahead().map_err(|detail| Error::Protocol {
+            rank: call.rank,
+            peer: self.peer,
+            op: call.op,
+            detail,
+        })
     }
 
     /// The bytes read ahead and not consumed yet.
@@ -404,14 +414,22 @@ impl<'a> Execution<'a> {
                 wants[i].read |= headers[i].incoming.is_some();
             }
         }
-        // Blocked sending: read ahead what peers send on channels this call does not receive
-        // on, so that sends in a cycle (every rank sends before it receives) go through.
-        if !progress && wants.iter().any(|w| w.write) {
-            for (i, (ch, want)) in channels.iter_mut().zip(wants.iter_mut()).enumerate() {
-                if !plan.receives_on(i) {
-                    progress |= ch.read_ahead_idle() > 0;
-                    want.read = ch.reads_ahead();
+        // Waiting: read ahead what peers send on channels this call does not receive on.
+        // Blocked sending, from every peer, so that sends in a cycle (every rank sends before
+        // it receives) go through; waiting to receive from a peer, from that peer: two ranks
+        // share two connections, and a call may use one, so the peer's next call may start on
+        // the other. Bytes read ahead count as received, so when the peer waits for this rank
+        // in a call of its own (it called something else), the deadlock search sees nothing on
+        // its way and names it, while data of this call still on its way (a TCP
+        // retransmission, say) keeps it from doing so.
+        if !progress {
+            let writing = wants.iter().any(|w| w.write);
+            for i in 0..channels.len() {
+                if plan.receives_on(i) || !(writing || awaits(plan, channels, wants, i)) {
+                    continue;
                 }
+                progress |= channels[i].read_ahead_idle() > 0;
+                wants[i].read = channels[i].reads_ahead();
             }
         }
         Ok(progress)
@@ -609,7 +627,7 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
             continue;
         }
         liveness.check(call.op)?;
-        if let Some(peer) = peer_in_a_collective(channels, exec) {
+        if let Some(peer) = peer_in_a_collective(channels, exec)? {
             // Bytes its side sent before it moved on may still be on their way (TCP): wait a
             // moment for them before calling it a mismatch.
             let since = *peer_ahead_since.get_or_insert_with(Instant::now);
@@ -715,17 +733,25 @@ pub(crate) const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
 
 /// A peer that this call sends to or receives from, that it waits on, and that has entered a
 /// direct collective this rank has not.
-fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Option<usize> {
+///
+/// # Errors
+/// Such a peer's stamp fails its checks (`Protocol`).
+fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Result<Option<usize>> {
     let plan = exec.plan;
     let used = |i: usize| plan.receives_on(i) || plan.transfers.iter().any(|t| t.tx == Some(i));
-    channels
-        .iter()
-        .zip(exec.wants())
-        .enumerate()
-        .find(|(i, (ch, want))| {
-            want.any() && used(*i) && ch.ahead.as_ref().is_some_and(|ahead| ahead())
-        })
-        .map(|(_, (ch, _))| ch.peer)
+    for (i, (ch, want)) in channels.iter().zip(exec.wants()).enumerate() {
+        if want.any() && used(i) && ch.peer_ahead(exec.call)? {
+            return Ok(Some(ch.peer));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether the plan waits to receive from the peer of channel `i` on another channel.
+fn awaits(plan: &Plan, channels: &[Channel], wants: &[Interest], i: usize) -> bool {
+    let peer = channels[i].peer;
+    (0..channels.len())
+        .any(|j| j != i && wants[j].read && plan.receives_on(j) && channels[j].peer == peer)
 }
 
 /// When a peer closed a connection, the reason may be in another channel: a header that does

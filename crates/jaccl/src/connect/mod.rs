@@ -32,6 +32,7 @@ use crate::transport::connector::{
 use crate::transport::rdma::{DeviceNames, RdmaConnector};
 use crate::transport::shm::{self, Board, Shm, ShmConnector};
 use crate::transport::tcp::{LateTcp, TcpConnector};
+use crate::wait::GoOn;
 use crate::wait::WaitPolicy;
 
 pub(crate) mod late;
@@ -100,16 +101,18 @@ pub(crate) fn connect(config: &Config) -> Result<(Connected, Arc<LateTcp>)> {
 
 /// Forms sub-group `group` of the job whose listener is `job` (see `crate::group`), as
 /// `config` (its rank and size) says: rank `r` of it is the job's rank `job_rank[r]`. Its side
-/// channel and TCP links go through the job's listener; everything else as [`connect`].
+/// channel and TCP links go through the job's listener, and the waits for members ask
+/// `go_on`; everything else as [`connect`].
 pub(crate) fn connect_subgroup(
     config: &Config,
     job: Arc<LateTcp>,
     job_rank: Arc<[usize]>,
     group: u64,
+    go_on: GoOn,
 ) -> Result<Connected> {
     let deadline = deadline_after(config.startup_timeout);
-    let side = SideChannel::through(&job, group, &job_rank, config.rank, deadline)?;
-    let tcp = TcpConnector::through(job, group, Arc::clone(&job_rank));
+    let side = SideChannel::through(&job, group, &job_rank, config.rank, deadline, &*go_on)?;
+    let tcp = TcpConnector::through(job, group, Arc::clone(&job_rank), go_on);
     set_up(config, side, tcp, &job_rank, group, deadline).map(|(connected, _)| connected)
 }
 

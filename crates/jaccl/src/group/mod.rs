@@ -366,6 +366,16 @@ impl Group {
         self.wait
     }
 
+    /// This rank's shared memory with its peers on this host, for the tests that play a
+    /// hostile member of a real group (`crate::transport::shm::harness`).
+    #[cfg(test)]
+    pub(crate) fn shared_memory(&self) -> Option<&crate::transport::shm::Shm> {
+        match &self.state {
+            Holder::Own(State::Connected(c)) => c.shm.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The topology in use ([`Topology::Ring`] or [`Topology::Mesh`]); `None` for a group of
     /// one.
     pub fn topology(&self) -> Option<Topology> {

@@ -524,7 +524,8 @@ impl Group {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for counts that are not `size()` long or do not add up to
-    /// the lengths; [`Error::Mismatch`] naming both ranks when a sender's count differs from
+    /// the lengths, and in a group of one for `send_counts[0] != recv_counts[0]`;
+    /// [`Error::Mismatch`] naming both ranks when a sender's count differs from
     /// its receiver's, found before any data moves; otherwise the transport errors of
     /// [`Error`], after which the group is poisoned.
     pub fn all_to_all_v<T: Element>(
@@ -580,6 +581,17 @@ impl Group {
             self.check_len(op, buffer, len, sum, dtype)?;
         }
         if self.alone() {
+            // This rank is its own sender: the counts it sends and receives must be one.
+            let (sent, received) = (send_counts[0], recv_counts[0]);
+            if sent != received {
+                return Err(self.invalid(
+                    op,
+                    format!(
+                        "send_counts[0] is {sent} but recv_counts[0] is {received}: a group \
+                         of one sends itself what it receives"
+                    ),
+                ));
+            }
             output.copy_from_slice(input);
             return Ok(());
         }

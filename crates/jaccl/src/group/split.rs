@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::connect;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
+use crate::wait::GoOn;
 use crate::wire::Digest;
 
 /// What a rank asks of a split, as the all-gather carries it.
@@ -361,7 +362,24 @@ impl Group {
             let why = std::io::Error::other("a group of one has no connections to split");
             Error::io(self.rank, "split", why)
         })?;
-        let connected = connect::connect_subgroup(&config, job, job_rank, id)?;
+        // Forming waits for the members: it ends early when one of them is lost or has left
+        // this group, or when this group is aborted, closed or interrupted.
+        let (parent, interruptible) = (self.liveness.clone(), !self.on_progress_thread);
+        let parent_ranks = members.to_vec();
+        let go_on: GoOn = Arc::new(move || match &parent {
+            Some(parent) => {
+                parent.check_peers(Op::Split, &parent_ranks)?;
+                parent.check_interrupt(Op::Split, interruptible)
+            }
+            None => Ok(()),
+        });
+        let connected =
+            connect::connect_subgroup(&config, job, job_rank, id, go_on).map_err(|e| match e {
+                Error::Bootstrap(why) => Error::Bootstrap(format!(
+                    "{why} (forming the sub-group of ranks {members:?})"
+                )),
+                other => other,
+            })?;
         Ok(Group::connected(&config, connected, family))
     }
 }

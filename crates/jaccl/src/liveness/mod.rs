@@ -38,7 +38,7 @@ mod message;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
@@ -71,8 +71,9 @@ pub(crate) struct Liveness {
     blocked: Mutex<Option<Blocked>>,
     /// Numbers the stretches of waiting ([`Blocked::episode`]).
     episodes: AtomicU64,
-    /// The stamp this rank last published for the direct collectives ([`Blocked::stamp`]).
-    stamp: AtomicU64,
+    /// Reads the stamp this rank shows for the direct collectives ([`Blocked::stamp`]); unset
+    /// without them.
+    shown_stamp: OnceLock<StampSource>,
     /// The ranks known to have left the group (dropped it, or it failed).
     departed: Mutex<Vec<Departure>>,
     /// Readable after a departure, for [`Liveness::explain`].
@@ -139,6 +140,9 @@ impl Verdict {
     }
 }
 
+/// Reads a rank's stamp for the direct collectives where its peers read it (its mailbox).
+pub(crate) type StampSource = Box<dyn Fn() -> u64 + Send + Sync>;
+
 /// A check that says whether the caller wants the current operation to stop (for example, the
 /// Python bindings answer whether Ctrl-C was pressed). See [`crate::Group::interrupt_when`].
 pub(crate) type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -155,7 +159,9 @@ pub(crate) struct Blocked {
     /// The call's name, for the error message.
     op: String,
     /// How many synchronisation points of the direct collectives this rank has published
-    /// (shared memory, every rank on one host; 0 without them).
+    /// (shared memory, every rank on one host; 0 without them), as its peers read it: its
+    /// mailbox, read when the report is sent. A peer sees that, not what this rank meant to
+    /// publish, should anything have written over it.
     stamp: u64,
     /// In a direct collective: the stamp it waits for from the peers it reads from (who may
     /// have no connection to this rank).
@@ -215,7 +221,7 @@ impl Liveness {
             aborted: AtomicBool::new(false),
             blocked: Mutex::new(None),
             episodes: AtomicU64::new(0),
-            stamp: AtomicU64::new(0),
+            shown_stamp: OnceLock::new(),
             departed: Mutex::new(Vec::new()),
             departures: event_counter()?,
             news_ended: AtomicBool::new(false),
@@ -469,16 +475,17 @@ impl Liveness {
             *slot = Some(Blocked {
                 episode,
                 op: op.name().to_owned(),
-                stamp: self.stamp.load(Ordering::Relaxed),
+                stamp: 0, // read when sent ([`Liveness::blocked`])
                 awaits,
                 flows,
             });
         }
     }
 
-    /// This rank published `stamp` for the direct collectives (before it waits on it).
-    pub(crate) fn published(&self, stamp: u64) {
-        self.stamp.store(stamp, Ordering::Relaxed);
+    /// Where the reports read this rank's stamp for the direct collectives (set once, by
+    /// them).
+    pub(crate) fn show_stamp(&self, source: StampSource) {
+        let _ = self.shown_stamp.set(source);
     }
 
     /// The call that reported itself blocked moved or ended.
@@ -488,8 +495,13 @@ impl Liveness {
         }
     }
 
+    /// The report of the call that sleeps, with the stamp its peers see now. Read under the
+    /// report's lock: an honest rank publishes no stamp while it stays blocked, so that is the
+    /// stamp it published before (a call withdraws its report before it moves on).
     fn blocked(&self) -> Option<Blocked> {
-        self.blocked.lock().ok().and_then(|b| b.clone())
+        let slot = self.blocked.lock().ok()?;
+        let stamp = self.shown_stamp.get().map_or(0, |read| read());
+        slot.clone().map(|b| Blocked { stamp, ..b })
     }
 }
 

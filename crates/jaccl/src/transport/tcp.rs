@@ -23,6 +23,7 @@ use super::{Interest, Link, LinkError, Readiness};
 use crate::auth::{self, Admission, AuthError, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
 use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after};
+use crate::wait::GoOn;
 
 /// Receive staging per rank, split over its receiving links. Receiving into a small buffer
 /// that stays in cache and copying out of it measured 1.5-2× cheaper on loopback than
@@ -198,6 +199,7 @@ enum How {
         job: Arc<LateTcp>,
         group: u64,
         job_rank: Arc<[usize]>,
+        go_on: GoOn,
     },
 }
 
@@ -213,13 +215,19 @@ impl TcpConnector {
     }
 
     /// Makes the connections of sub-group `group` through the job's listener: rank `r` of the
-    /// sub-group is the job's rank `job_rank[r]`.
-    pub(crate) fn through(job: Arc<LateTcp>, group: u64, job_rank: Arc<[usize]>) -> TcpConnector {
+    /// sub-group is the job's rank `job_rank[r]`; its waits ask `go_on`.
+    pub(crate) fn through(
+        job: Arc<LateTcp>,
+        group: u64,
+        job_rank: Arc<[usize]>,
+        go_on: GoOn,
+    ) -> TcpConnector {
         TcpConnector {
             how: How::Through {
                 job,
                 group,
                 job_rank,
+                go_on,
             },
         }
     }
@@ -273,12 +281,14 @@ impl Connector for TcpConnector {
                 job,
                 group,
                 job_rank,
+                go_on,
             } => job.establish(
                 *group,
                 job_rank,
                 &connect_to,
                 &accept_from,
                 request.deadline,
+                go_on.as_ref(),
             )?,
         };
         let (mut outgoing, mut incoming) = (outgoing.into_iter(), incoming.into_iter());
@@ -544,12 +554,18 @@ impl LateTcp {
         }
     }
 
-    /// Waits until the connections of every slot of `slots` have arrived, or `deadline`.
+    /// Waits until the connections of every slot of `slots` have arrived, or `deadline`,
+    /// asking `go_on` at least every tenth of a second.
     ///
     /// # Errors
-    /// The deadline passed (naming the ranks that did not connect), or the thread that
-    /// accepts connections stopped.
-    pub(crate) fn collect(&self, slots: &[Slot], deadline: Instant) -> Result<Vec<TcpStream>> {
+    /// The deadline passed (naming the ranks that did not connect), the thread that accepts
+    /// connections stopped, or `go_on`'s error.
+    pub(crate) fn collect(
+        &self,
+        slots: &[Slot],
+        deadline: Instant,
+        go_on: &(dyn Fn() -> Result<()> + Send + Sync),
+    ) -> Result<Vec<TcpStream>> {
         let rank = self.me.rank;
         let mut got: Vec<Option<TcpStream>> = slots.iter().map(|_| None).collect();
         loop {
@@ -575,6 +591,7 @@ impl LateTcp {
                     absent.join(", ")
                 )));
             }
+            go_on()?;
             let mut fds = [PollFd::from_borrowed_fd(self.arrivals(), PollFlags::IN)];
             crate::os::poll(&mut fds, left.min(Duration::from_millis(100)))
                 .map_err(|e| Error::io(rank, "waiting for connections", e))?;
@@ -591,6 +608,7 @@ impl LateTcp {
         connect_to: &[(usize, SocketAddr, usize)],
         accept_from: &[(usize, usize)],
         deadline: Instant,
+        go_on: &(dyn Fn() -> Result<()> + Send + Sync),
     ) -> Result<Established> {
         let rank = self.me.rank;
         let job = |peer: usize| job_rank.get(peer).copied().unwrap_or(usize::MAX);
@@ -600,9 +618,14 @@ impl LateTcp {
                 (0..wires)
                     .map(|wire| {
                         self.dial(Purpose::Data, group, job(peer), wire, deadline, &mut || {
-                            Ok(())
+                            go_on()
                         })
-                        .map_err(|e| Error::Bootstrap(format!("rank {rank}: {e}")))
+                        .map_err(|e| match e {
+                            DialError::Stopped(e) => e,
+                            DialError::Failed(why) => {
+                                Error::Bootstrap(format!("rank {rank}: {why}"))
+                            }
+                        })
                     })
                     .collect::<Result<Vec<_>>>()
             })
@@ -613,7 +636,7 @@ impl LateTcp {
                 (0..wires).map(move |w| (Purpose::Data, group, job(peer), w))
             })
             .collect();
-        let mut arrived = self.collect(&slots, deadline)?.into_iter();
+        let mut arrived = self.collect(&slots, deadline, go_on)?.into_iter();
         let incoming = accept_from
             .iter()
             .map(|&(_, wires)| arrived.by_ref().take(wires).collect())
@@ -632,16 +655,23 @@ fn late_link(stream: TcpStream) -> io::Result<TcpLink> {
 }
 
 /// The accepting thread of [`LateTcp`]: admits authenticated connections of this job that
-/// claim a late link from another rank, and parks them, until `stop`.
+/// claim a late link from another rank, and parks them, until `stop`; every tenth of a second
+/// it closes those nobody will take ([`Parked::purge`]).
 fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &AtomicBool) {
     let forever = deadline_after(Duration::MAX);
+    let tick = || {
+        if let Ok(mut streams) = parked.streams.lock() {
+            parked.purge(&mut streams);
+        }
+        stop.load(Ordering::Relaxed)
+    };
     let served = auth::serve(
         listener.as_fd(),
         || accept_tcp(listener),
         &me.token,
         me.rank,
         forever,
-        Some(stop),
+        Some(&tick),
         |claim, mut stream| {
             let reply_by = deadline_after(auth::HANDSHAKE_TIMEOUT);
             let fits = parks(&claim, me);
@@ -893,7 +923,7 @@ fn accept_all(
             &me.token,
             me.rank,
             deadline,
-            Some(stop),
+            Some(&|| stop.load(Ordering::Relaxed)),
             |claim, mut stream| {
                 let reply_by = deadline.min(deadline_after(auth::HANDSHAKE_TIMEOUT));
                 let slot = accept_from
@@ -1018,18 +1048,23 @@ mod tests {
             one.dial(purpose, group, 0, 0, deadline, &mut || Ok(()))
                 .unwrap();
         }
-        let parked = || zero.parked.streams.lock().unwrap().len();
-        while parked() < 2 {
+        // The accepting thread closes the stale start-up connection by itself (nothing else
+        // happens here); the live group's stays.
+        let parked = |slot: (Purpose, u64)| {
+            let streams = zero.parked.streams.lock().unwrap();
+            streams.keys().any(|&(p, g, _, _)| (p, g) == slot)
+        };
+        while !parked(slots[1]) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(400));
-        // Taking anything purges: the stale start-up connection goes, the live group's stays.
-        assert!(
-            zero.take_stream((Purpose::Side, 3, 1, 0))
-                .unwrap()
-                .is_none()
-        );
-        assert_eq!(parked(), 1);
+        let given_up = deadline_after(Duration::from_secs(30));
+        while parked(slots[0]) {
+            assert!(
+                Instant::now() < given_up,
+                "the stale connection was never closed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert!(zero.take(7, 1, 0).unwrap().is_some());
     }
 

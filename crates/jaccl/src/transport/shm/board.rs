@@ -3,10 +3,14 @@
 //! synchronisation stamp, the description of its current call, rank 0's store hints), ranks
 //! named by their number, and how to wake a peer or sleep until one moves. The segments,
 //! mappings and their layout stay inside this module.
+//!
+//! Every stamp read from a peer is checked here, against what this rank saw of it before and
+//! what an honest rank can have reached ([`Board::stamp_of`], [`Board::eager_stamp`]; the
+//! rules are next to the mailbox's definition, `super::segment::Mailbox`).
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::event::PollFd;
 
@@ -25,16 +29,45 @@ pub(crate) struct Board {
     local: Arc<Local>,
     /// Every other rank, by rank (`None` at this rank's index).
     peers: Vec<Option<Arc<Peer>>>,
+    /// The greatest stamps this rank has seen of each rank (by rank), which theirs may never
+    /// go below. Atomics only so that the board can be shared: one thread at a time reads
+    /// stamps (the group's calls run one at a time), and these words are in this process's
+    /// own memory.
+    seen: Box<[Seen]>,
+    /// The stamp this rank last published: its own copy, since any peer can write its mailbox.
+    published: AtomicU64,
+}
+
+/// What this rank saw of one rank's stamps.
+struct Seen {
+    /// Its mailbox's stamp.
+    stamp: AtomicU64,
+    /// The stamp in each of its eager lines.
+    lines: Box<[AtomicU64]>,
 }
 
 impl Board {
     /// The board of a group of `size` whose every other rank `shm` reaches, else `None`.
     pub(crate) fn new(size: usize, shm: &Shm) -> Option<Board> {
         let others = shm.peers.iter().flatten().count();
-        (others + 1 == size && shm.peers.len() == size).then(|| Board {
-            local: Arc::clone(&shm.local),
-            peers: shm.peers.clone(),
-        })
+        (others + 1 == size && shm.peers.len() == size)
+            .then(|| Board::of(Arc::clone(&shm.local), shm.peers.clone()))
+    }
+
+    /// The board over this rank's segment and its peers' (`None` at this rank's index).
+    pub(super) fn of(local: Arc<Local>, peers: Vec<Option<Arc<Peer>>>) -> Board {
+        let seen = (0..peers.len())
+            .map(|_| Seen {
+                stamp: AtomicU64::new(0),
+                lines: (0..EAGER_LINES).map(|_| AtomicU64::new(0)).collect(),
+            })
+            .collect();
+        Board {
+            local,
+            peers,
+            seen,
+            published: AtomicU64::new(0),
+        }
     }
 
     fn peer(&self, rank: usize) -> Option<&Peer> {
@@ -137,17 +170,60 @@ impl Board {
     /// everything it wrote before is visible to a peer that sees it).
     pub(crate) fn publish_stamp(&self, stamp: u64) {
         self.local.mailbox().stamp().store(stamp, Ordering::Release);
+        self.published.store(stamp, Ordering::Relaxed);
     }
 
-    /// The synchronisation point `rank` reached (an `Acquire` load).
-    pub(crate) fn stamp_of(&self, rank: usize) -> u64 {
-        self.mailbox_of(rank).stamp().load(Ordering::Acquire)
+    /// This rank's stamp as its peers read it (its mailbox's), for the deadlock search.
+    pub(crate) fn shown_stamp(&self) -> u64 {
+        self.local.mailbox().stamp().load(Ordering::Acquire)
+    }
+
+    /// The synchronisation point `rank` reached (an `Acquire` load), checked: never below
+    /// what this rank saw of it before, never beyond [`Board::reach`].
+    ///
+    /// # Errors
+    /// What is wrong with the stamp, for a `Protocol` error naming `rank`.
+    pub(crate) fn stamp_of(&self, rank: usize) -> Result<u64, String> {
+        let stamp = self.mailbox_of(rank).stamp().load(Ordering::Acquire);
+        let seen = &self.seen[rank].stamp;
+        let last = seen.load(Ordering::Relaxed);
+        if stamp == last {
+            return Ok(stamp);
+        }
+        let (published, reach) = self.reach();
+        if stamp < last {
+            return Err(format!(
+                "its synchronisation stamp went back from {last} to {stamp} (it only grows)"
+            ));
+        }
+        if stamp > reach {
+            return Err(format!(
+                "its synchronisation stamp {stamp} is beyond {reach}, the most a rank can reach \
+                 while this rank is at {published} (only eager broadcasts run ahead, at most \
+                 {EAGER_LINES})"
+            ));
+        }
+        seen.store(stamp, Ordering::Relaxed);
+        Ok(stamp)
+    }
+
+    /// This rank's stamp, and the most any peer's can be. A rank publishes point `k` only
+    /// after it finished point `k - 1`: a synchronisation waits for every rank to publish
+    /// `k - 1`, and an eager broadcast for its root to post `k - 1`, which the root does only
+    /// once every rank published `k - EAGER_LINES` (it reuses the line of that broadcast). So
+    /// `k ≤ this rank's stamp + EAGER_LINES`, whatever either rank calls.
+    fn reach(&self) -> (u64, u64) {
+        let published = self.published.load(Ordering::Relaxed);
+        (published, published.saturating_add(EAGER_LINES as u64))
     }
 
     /// Whether `rank` has passed a synchronisation point this rank has not: it is in a direct
     /// collective this rank has not entered.
-    pub(crate) fn ahead(&self, rank: usize) -> bool {
-        self.stamp_of(rank) > self.local.mailbox().stamp().load(Ordering::Relaxed)
+    ///
+    /// # Errors
+    /// As [`Board::stamp_of`].
+    pub(crate) fn ahead(&self, rank: usize) -> Result<bool, String> {
+        Ok(self.stamp_of(rank)? > self.published.load(Ordering::Relaxed))
     }
 
     /// Posts an eager broadcast at synchronisation point `stamp` in this rank's eager line for
@@ -163,10 +239,37 @@ impl Board {
         line.stamp().store(stamp, Ordering::Release);
     }
 
-    /// The stamp of the eager broadcast in `rank`'s line for `stamp` (an `Acquire` load).
-    pub(crate) fn eager_stamp(&self, rank: usize, stamp: u64) -> u64 {
-        let line = EagerLine::of(self.main_of(rank), stamp);
-        line.stamp().load(Ordering::Acquire)
+    /// The stamp of the eager broadcast in `rank`'s line for synchronisation point `point`
+    /// (an `Acquire` load), checked: never below what this rank saw in that line before, and
+    /// one its root can have posted there: 0 (never written) or a point of that line (equal
+    /// to `point` modulo `EAGER_LINES`) before [`Board::reach`] (which the root posts only
+    /// once every rank published the point after it, less `EAGER_LINES`). This rank has
+    /// published `point` when it asks, so a posted stamp is at most `point`.
+    ///
+    /// # Errors
+    /// What is wrong with the stamp, for a `Protocol` error naming `rank`.
+    pub(crate) fn eager_stamp(&self, rank: usize, point: u64) -> Result<u64, String> {
+        let line = EagerLine::of(self.main_of(rank), point);
+        let stamp = line.stamp().load(Ordering::Acquire);
+        let lines = EAGER_LINES as u64;
+        let seen = &self.seen[rank].lines[(point % lines) as usize];
+        let last = seen.load(Ordering::Relaxed);
+        if stamp == last {
+            return Ok(stamp);
+        }
+        let (published, reach) = self.reach();
+        let on_line = stamp == 0 || stamp % lines == point % lines;
+        if stamp < last || stamp >= reach || !on_line {
+            return Err(format!(
+                "its eager line for synchronisation point {point} holds stamp {stamp}; a root \
+                 can have posted only 0 or a point of that line ({} modulo {lines}) from {last} \
+                 (seen there before) to {} (this rank is at {published})",
+                point % lines,
+                reach.saturating_sub(1)
+            ));
+        }
+        seen.store(stamp, Ordering::Relaxed);
+        Ok(stamp)
     }
 
     /// The description of the eager broadcast in `rank`'s line for `stamp` (read after

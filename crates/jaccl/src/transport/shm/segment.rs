@@ -12,7 +12,9 @@
 //! as one [`Mapping`]; each ring separately, mirrored. What readers check of each value is
 //! written next to it: [`Mailbox`], [`EagerLine`], and the ring cursors in `super::link`. A
 //! segment's size is checked (and sealed) before it is mapped, so no offset computed from this
-//! layout can fall outside.
+//! layout can fall outside. Every peer maps the control page writable (it writes the heads
+//! there), so "one writer" is the protocol, not the hardware's: a reader checks every value
+//! as if anyone could have written it, and names the owner when one is wrong.
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -129,13 +131,23 @@ const EAGER_AT: usize = 3 * LINE;
 /// Where the rings' cursors start in the control page.
 const RINGS_AT: usize = EAGER_AT + EAGER_LINES * LINE;
 
-/// One of a rank's eager lines (line `k` carries its eager broadcasts `k`, `k + EAGER_LINES`,
-/// …, see `algo::direct`): the synchronisation stamp of the broadcast it holds (written last,
-/// `Release`), the call's description (two words) and up to [`EAGER_BYTES`] bytes of data, so
-/// a receiver fetches one cache line. Written by its owner only. A reader compares the stamp
-/// with the one it expects, parses the description with `Header::from_words` and compares it
-/// with its own call, and reads only as many bytes as its own call has: no value becomes an
-/// index, a length or an offset.
+/// One of a rank's eager lines (line `k` carries the eager broadcasts it roots at
+/// synchronisation points `k`, `k + EAGER_LINES`, …, see `algo::direct`), so a receiver
+/// fetches one cache line. Written by its owner only, and read only by a rank that waits for
+/// that owner as the root of the broadcast at point `p` (and has published `p` itself):
+/// - **stamp** (word 0): the point of the broadcast the line holds, written last (`Release`).
+///   The reader (`Board::eager_stamp`) checks that it is 0 (never written) or a point of this
+///   line (equal to `p` modulo `EAGER_LINES`), never below the stamp it saw in this line
+///   before, and at most the reader's stamp plus `EAGER_LINES - 1`: a root posts point `k`
+///   only once every rank published `k + 1 - EAGER_LINES` (the broadcast that used the line
+///   last), so here at most `p`. `p` itself means posted; anything else, not yet;
+/// - **description** (words 1-2): parsed with `Header::from_words` (unknown ids rejected) and
+///   compared whole with the reader's own call, its sequence number (`Direct::made`, the
+///   calls before) included;
+/// - **data** (the rest): the reader copies as many bytes as its own call has.
+///
+/// A value that breaks these rules is a `Protocol` error naming the owner (a description
+/// that differs, a `Mismatch`). No value becomes an index, a length or an offset.
 #[derive(Clone, Copy)]
 pub(crate) struct EagerLine<'a> {
     main: &'a Mapping,
@@ -181,26 +193,41 @@ pub(crate) enum State {
     Failed = 2,
 }
 
-/// A rank's mailbox: the first three lines of its segment, written only by its owner.
+/// A rank's mailbox: the first three lines of its segment. Line 0 is what peers wait on, so
+/// one cache-line transfer brings all they need; line 1 changes rarely, so peers keep it
+/// cached; line 2 is read only for the calls that have counts.
 ///
-/// Line 0 is what peers wait on, so one cache-line transfer brings all they need:
-/// - `stamp`: how many synchronisation points of the direct collectives it has reached;
-/// - two call slots (calls of even and odd number, see `algo::direct`): the call's description
-///   (two words) and up to [`INLINE`] bytes of its data.
+/// Who writes what, and what the reader checks (a peer is an authenticated member of the job,
+/// but a bug or a hostile member must not make this rank panic, read outside its mappings, or
+/// wait on or trust a stamp no honest rank can write):
+/// - **stamp** (line 0) is written by the owner only: how many synchronisation points of the
+///   direct collectives it has reached (`Release`, after all it covers). The reader
+///   (`Board::stamp_of`) checks that it never goes below the greatest it saw of that rank, and
+///   never passes the reader's own stamp plus `EAGER_LINES`: a rank publishes point `k` only
+///   after it finished point `k - 1`, which takes every rank at `k - 1` (a synchronisation) or
+///   its root's eager line posted (an eager broadcast, posted only once every rank published
+///   `k - EAGER_LINES`). The deadlock search is given this word too (a rank's reports read
+///   their own mailbox), so it sees what the waiting ranks see;
+/// - **two call slots** (line 0, calls of even and odd number, see `algo::direct`) are written
+///   by the owner only, before the stamp that publishes them: the call's description (two
+///   words) and up to [`INLINE`] bytes of its data. The reader parses the description with
+///   `Header::from_words` (unknown ids rejected) and compares it whole with its own call,
+///   sequence number (`Direct::made`) included; the count of eager broadcasts the owner
+///   rooted (its top byte) must add up, over all ranks, to the broadcasts since the last call
+///   (`Direct::check_roots`). The inline data is read at offsets of the reader's own call;
+/// - **state** (line 1, [`State`]) is written by the owner only; compared with `Running` and
+///   `Closed`, anything else is a failed group;
+/// - **sleeping** (line 1) is written by the owner only, non-zero while it may be asleep on
+///   its doorbell; every waker compares it with zero;
+/// - **hints** (line 1, rank 0's store hints, for the call after call `c` in the slot of `c`'s
+///   parity) are written by rank 0 only; tested bit by bit to pick a kind of store (any value
+///   gives correct results);
+/// - **counts** (line 2, per parity, [`Mailbox::counts`]) are written by the owner only, for
+///   the calls that have counts; compared whole with the reader's own digest.
 ///
-/// Line 1 changes rarely, so peers keep it cached: `state` ([`State`]), `sleeping` (non-zero
-/// while the owner may be asleep on its doorbell, read by every waker), and rank 0's store
-/// hints (for the call after call `c`, the slot of `c`'s parity).
-///
-/// Line 2 holds, per parity, the digest of the counts of a call that has them
-/// ([`Mailbox::counts`]), written only for such calls.
-///
-/// Every field is written by the owner only. What a reader does with a value the owner wrote
-/// (a buggy or hostile peer can write anything): the stamp and the state are only compared;
-/// the call description is parsed with `Header::from_words`, which rejects unknown ids, and
-/// compared with this rank's own (its digest of the counts too, where the kind has one); `sleeping` is compared with zero; a hint is only tested
-/// bit by bit to pick a kind of store. No value from a mailbox becomes an index, a length or
-/// an offset: offsets into the areas and the inline data come from this rank's own call.
+/// A value that breaks these rules is a `Protocol` error naming the owner (a description or
+/// digest that differs, a `Mismatch`). No value from a mailbox becomes an index, a length or an
+/// offset: offsets into the areas and the inline data come from the reader's own call.
 #[derive(Clone, Copy)]
 pub(crate) struct Mailbox<'a>(&'a Mapping);
 

@@ -201,7 +201,7 @@ fn accept_all(
         &me.token,
         me.rank,
         deadline,
-        Some(stop),
+        Some(&|| stop.load(Ordering::Relaxed)),
         |claim, mut socket| {
             let reply_by = deadline.min(crate::os::deadline_after(auth::HANDSHAKE_TIMEOUT));
             let expected = missing

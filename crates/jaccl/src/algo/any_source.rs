@@ -108,14 +108,18 @@ impl Network {
                     write: false,
                 })
                 .collect();
-            // Every peer still waited on in a direct collective: once bytes it sent before it
-            // moved on have had time to arrive (TCP), none is coming.
-            let mut ahead = true;
+            // Peers in a direct collective (shared memory) that sent nothing before it: passed
+            // over by the deadlock search too (they wait for this rank, not it for them).
+            let mut in_direct = Vec::new();
             for &p in &waiting {
                 let ch = &self.channels[g.channel_to(p, 0)];
-                ahead &= ch.is_open() && ch.peer_ahead(call)?;
+                if ch.is_open() && ch.peer_ahead(call)? {
+                    in_direct.push(g.channel_to(p, 0));
+                }
             }
-            if ahead {
+            // Once bytes they sent before they moved on have had time to arrive (TCP), none
+            // is coming: when every peer waited on is in one, nobody can send.
+            if in_direct.len() == waiting.len() {
                 let since = *peer_ahead_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= PEER_AHEAD_GRACE {
                     return Err(in_a_collective(waiting[0], "a direct collective", call));
@@ -123,6 +127,12 @@ impl Network {
             } else {
                 peer_ahead_since = None;
             }
+            let awaited: Vec<Interest> = (0..wants.len())
+                .map(|c| Interest {
+                    read: wants[c].read && !in_direct.contains(&c),
+                    write: false,
+                })
+                .collect();
             let in_memory = self
                 .channels
                 .iter()
@@ -136,7 +146,7 @@ impl Network {
                         Some(_) => limit.min(PEER_AHEAD_GRACE),
                         None => limit,
                     };
-                    blocked.report(call.op, || flows(&self.channels, &wants), None);
+                    blocked.report(call.op, || flows(&self.channels, &awaited), None);
                     let also = self.late.as_ref().map(|late| late.arrivals());
                     sleep_also(&mut self.channels, &liveness, &wants, also, limit, call)?;
                 }

@@ -19,9 +19,11 @@ use crate::wait::WaitPolicy;
 use crate::wire::Digest;
 
 mod abort;
-mod ops;
+mod collectives;
+mod point_to_point;
 mod progress;
 mod split;
+mod uneven;
 
 pub use abort::AbortHandle;
 use progress::Progress;

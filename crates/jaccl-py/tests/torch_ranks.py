@@ -169,6 +169,12 @@ def collectives():
             dist.all_to_all_single(out, inp, rows_out, rows_in)
             expect = torch.cat([values(s * 100 + r, (s + r + 1) * 2, dtype).reshape(-1, 2) for s in range(n)])
             check(f"all_to_all_single uneven {name}", out, expect)
+            # Rank 0 sends no rows (its input has shape (0, 4)); the others one row to each.
+            inp = torch.cat([values(r * 100 + d, 4, dtype).reshape(1, 4) for d in range(n)]) if r else torch.empty(0, 4, dtype=dtype)
+            out = torch.empty(n - 1, 4, dtype=dtype)
+            dist.all_to_all_single(out, inp, [int(s > 0) for s in range(n)], [int(r > 0)] * n)
+            expect = torch.cat([values(s * 100 + r, 4, dtype).reshape(1, 4) for s in range(1, n)])
+            check(f"all_to_all_single from no rows {name}", out, expect)
             out = torch.empty(n * length, dtype=dtype)
             dist.all_to_all_single(out, torch.cat([values(r * 100 + d, length, dtype) for d in range(n)]))
             check(f"all_to_all_single {name}", out, torch.cat([values(s * 100 + r, length, dtype) for s in range(n)]))

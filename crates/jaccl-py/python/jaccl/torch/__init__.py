@@ -24,6 +24,7 @@ import collections
 import datetime
 import hashlib
 import json
+import math
 import os
 import queue
 import secrets
@@ -1032,8 +1033,9 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         if not input_split_sizes and not output_split_sizes:
             call = lambda keep: self._g.all_to_all(i.memory, o.memory, i.dtype, keep)  # noqa: E731
         else:
-            row_in = input[0].numel() if input.dim() else 1
-            row_out = output[0].numel() if output.dim() else 1
+            # Elements per row (input[0] would fail on a tensor of no rows).
+            row_in = math.prod(input.shape[1:])
+            row_out = math.prod(output.shape[1:])
             rows_in = list(input_split_sizes) or [input.shape[0] // n] * n
             rows_out = list(output_split_sizes) or [output.shape[0] // n] * n
             sends = [r * row_in for r in rows_in]

@@ -167,6 +167,14 @@ bad = {
     "recv read-only": lambda: g.recv(np.frombuffer(bytes(32), np.float32), 1 - g.rank),
     "recv_any read-only": lambda: g.recv_any(np.frombuffer(bytes(32), np.float32)),
     "recv_any tag": lambda: g.recv_any(x, tag=-1),
+    # Ints beyond what the native calls take: InvalidArgument, not OverflowError.
+    "reduce root beyond 64 bits": lambda: g.reduce(x, root=2**64),
+    "broadcast root beyond 64 bits": lambda: g.broadcast(x, root=2**64),
+    "split color beyond 32 bits": lambda: g.split(2**40),
+    "split negative key": lambda: g.split(0, key=-5),
+    "subgroup rank beyond 64 bits": lambda: g.subgroup([0, 2**70]),
+    "all_gather_v count beyond 64 bits": lambda: g.all_gather_v(x, [2**70, 8]),
+    "reduce_scatter_v float count": lambda: g.reduce_scatter_v(x, [4.5, 3.5]),
 }
 seen = {}
 for name, call in bad.items():

@@ -186,8 +186,10 @@ class Group:
         passing ``None`` gets ``None``. The new group has every method, its own connections
         and algorithms (ranks of one host share memory), and can be used from another thread
         while this one is in use. Ranks that call it differently raise :class:`Mismatch`."""
-        if color is not None and (not isinstance(color, int) or color < 0):
-            raise self._invalid("split", f"color must be None or a non-negative int, not {color!r}")
+        if color is not None and not _is_int(color, 2**32):
+            raise self._invalid("split", f"color must be None or an int from 0 to 2**32 - 1, not {color!r}")
+        if not _is_int(key, 2**32):
+            raise self._invalid("split", f"key must be an int from 0 to 2**32 - 1, not {key!r}")
         g = self._g.split(None if color is None else int(color), int(key))
         return None if g is None else Group(g)
 
@@ -442,10 +444,12 @@ class Group:
     def _counts(self, counts: Any, name: str, op: str) -> List[int]:
         """``counts`` as ``size`` non-negative ints."""
         try:
+            if not all(_is_int(c, 2**63) for c in counts):
+                raise TypeError
             values = [int(c) for c in counts]
-        except (TypeError, ValueError):
-            raise self._invalid(op, f"{name} must be a sequence of ints, not {counts!r}") from None
-        if len(values) != self.size or any(c < 0 for c in values):
+        except TypeError:
+            raise self._invalid(op, f"{name} must be a sequence of ints from 0 to 2**63 - 1, not {counts!r}") from None
+        if len(values) != self.size:
             raise self._invalid(
                 op, f"{name} must hold {self.size} non-negative counts, not {values}"
             )
@@ -624,13 +628,20 @@ def _row_elements(a: np.ndarray) -> int:
     return int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 1
 
 
+def _is_int(v: Any, bound: int) -> bool:
+    """Whether ``v`` is an int (not a bool) from 0 to ``bound - 1``: the native calls take
+    fixed-size unsigned ints, and an int beyond one must be an InvalidArgument, not an
+    OverflowError."""
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and 0 <= v < bound
+
+
 def _rank(r: Any) -> int:
-    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0:
+    if not _is_int(r, 2**63):
         raise InvalidArgument(f"a rank must be a non-negative int, not {r!r}")
     return int(r)
 
 
 def _tag(t: Any) -> int:
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < 2**32:
+    if not _is_int(t, 2**32):
         raise InvalidArgument(f"a tag must be an int from 0 to 2**32 - 1, not {t!r}")
     return int(t)

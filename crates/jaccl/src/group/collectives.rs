@@ -7,6 +7,9 @@
 use super::Group;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Op, Result};
+// The docs name the errors.
+#[cfg(doc)]
+use crate::error::Error;
 
 /// A typed call on bytes: `input` and `output` viewed as the bytes of their elements (`bool`s
 /// are normalised on the way back).

@@ -3,6 +3,9 @@
 use super::Group;
 use crate::dtype::{Dtype, Element};
 use crate::error::{Op, Result};
+// The docs name the errors.
+#[cfg(doc)]
+use crate::error::Error;
 
 impl Group {
     /// Sends `data` to rank `dst`, which must call [`Group::recv`] with the same length and

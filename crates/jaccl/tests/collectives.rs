@@ -459,6 +459,33 @@ fn recv_any_passes_over_peers_in_a_collective() {
     }
 }
 
+/// A receive from any source that nobody can answer is a `Deadlock`, also when a peer it
+/// waited for goes on to a collective after the receive first told the deadlock search what
+/// it waits for (that report, kept, counted the peer as one that may still send).
+#[test]
+fn recv_any_that_nobody_answers_is_a_deadlock() {
+    for net in nets() {
+        let got = with_group(net, 3, 1, |g| match g.rank() {
+            0 => g.recv(&mut [0u32], 2),
+            1 => {
+                std::thread::sleep(Duration::from_millis(500));
+                g.barrier()
+            }
+            _ => g.recv_any(&mut [0u32]).map(drop),
+        });
+        // Once the deadlock is declared, the rank that receives from any source may see
+        // rank 0 leave first: then the only rank left is in a collective (Mismatch).
+        let ended = |r: &jaccl::Result<()>| {
+            matches!(
+                r,
+                Err(Error::Deadlock { .. } | Error::Mismatch { .. } | Error::PeerLost { .. })
+            )
+        };
+        let deadlock = got.iter().any(|r| matches!(r, Err(Error::Deadlock { .. })));
+        assert!(deadlock && got.iter().all(ended), "{net:?}: {got:?}");
+    }
+}
+
 /// `auto` builds the mesh for 4 ranks or more when each is on a host of its own and they talk
 /// TCP (here: pretend hosts, so no shared memory; inside the RDMA VM they talk RDMA instead and
 /// keep the ring).

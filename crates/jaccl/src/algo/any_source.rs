@@ -23,6 +23,7 @@ use std::time::Instant;
 use super::engine::{BlockedReport, Call, Network, PEER_AHEAD_GRACE, flows, lost, sleep_also};
 use super::geometry::Geometry;
 use crate::error::{Error, Result};
+use crate::liveness::Flow;
 use crate::transport::{Interest, LinkError};
 use crate::wait::{Backoff, Idle};
 use crate::wire::{Header, Kind};
@@ -48,6 +49,7 @@ impl Network {
         let liveness = Arc::clone(&self.liveness);
         let mut blocked = BlockedReport::new(&liveness);
         let mut peer_ahead_since: Option<Instant> = None;
+        let mut reported: Option<Vec<Flow>> = None;
         loop {
             self.take_arrived(g, &order, call)?;
             let passed = |p: &usize, gone: &[usize], coll: &[(usize, Header)]| {
@@ -146,7 +148,20 @@ impl Network {
                         Some(_) => limit.min(PEER_AHEAD_GRACE),
                         None => limit,
                     };
-                    blocked.report(call.op, || flows(&self.channels, &awaited), None);
+                    // A peer passed over since the report, or bytes read ahead from one: the
+                    // deadlock search must judge what this waits for now, not what it first
+                    // reported (stale, it counts a peer in a collective as one that may send).
+                    // Waiting on no one (every peer in a direct collective) is no deadlock
+                    // but the Mismatch above, once the grace is over.
+                    let now = flows(&self.channels, &awaited);
+                    if reported.as_ref().is_some_and(|before| *before != now) {
+                        blocked.withdraw();
+                    }
+                    reported = None;
+                    if now.iter().any(|f| f.reading) {
+                        blocked.report(call.op, || now.clone(), None);
+                        reported = Some(now);
+                    }
                     let also = self.late.as_ref().map(|late| late.arrivals());
                     sleep_also(&mut self.channels, &liveness, &wants, also, limit, call)?;
                 }

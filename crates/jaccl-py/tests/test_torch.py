@@ -49,7 +49,9 @@ def _torchrun(script, args, nproc, nodes, env, timeout, expect_failure):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
     if os.environ.get("JACCL_TORCH_IMPORT"):
         base["JACCL_TORCH_IMPORT"] = "1"  # a torch without entry points (see torch_ranks.py)
-    base.update(OMP_NUM_THREADS="1", JACCL_LIVENESS="2", MASTER_PORT=str(port))
+    # A store a rank makes itself listens on TEST_SPARE_PORT: a port the kernel just handed out
+    # and took back, not MASTER_PORT + k, which another test's connection may hold.
+    base.update(OMP_NUM_THREADS="1", JACCL_LIVENESS="2", MASTER_PORT=str(port), TEST_SPARE_PORT=str(free_port()))
     base.update(env)
     procs = []
     for node in range(nodes):

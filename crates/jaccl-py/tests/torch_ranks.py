@@ -417,12 +417,12 @@ def init_methods():
     elif how == "tcp":
         # torchrun's agent store would stand in for the tcp:// one in some torch versions.
         os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        port = int(os.environ["MASTER_PORT"]) + 2
+        port = int(os.environ["TEST_SPARE_PORT"])
         dist.init_process_group("jaccl", init_method=f"tcp://127.0.0.1:{port}", rank=r, world_size=n)
     elif how == "file":
         dist.init_process_group("jaccl", init_method="file://" + os.environ["TEST_FILE"], rank=r, world_size=n)
     else:
-        store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]) + 3, n, r == 0)
+        store = dist.TCPStore("127.0.0.1", int(os.environ["TEST_SPARE_PORT"]), n, r == 0)
         store = dist.PrefixStore("user/", store)
         dist.init_process_group("jaccl", store=store, rank=r, world_size=n, timeout=timedelta(seconds=20))
     t = torch.ones(2)
@@ -608,7 +608,7 @@ def hardening():
     # new_group's timeout is also its start-up's: rank 0 forms the group alone and fails
     # within 2 s; rank 1 comes only then (or after 15 s: with the parent's 60 s start-up
     # timeout, the group would then form) and fails too, rank 0 being gone.
-    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]) + 4, n, r == 0)
+    store = dist.TCPStore("127.0.0.1", int(os.environ["TEST_SPARE_PORT"]), n, r == 0)
     if r == 1:
         try:
             store.wait(["rank 0 failed"], timedelta(seconds=15))

@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 HEADER_LEN = 64
 # Kind ids (wire.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
 KIND = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "send_recv": 4, "barrier": 5,
@@ -30,7 +30,9 @@ def hello(purpose, rank, size, wire, group):
 def header(seq, kind, dtype, reduce, sender, count, root=0):
     """An operation header (wire.rs)."""
     b = b"JCOP" + struct.pack("<IBBBxIQI", seq, KIND[kind], dtype, reduce, sender, count, root)
-    return b + bytes(HEADER_LEN - len(b))
+    # A send's header carries its whole message (here the one piece) at byte 32.
+    message = struct.pack("<Q", count) if kind == "send_recv" else b""
+    return b + bytes(32 - len(b)) + message + bytes(HEADER_LEN - 32 - len(message))
 
 
 def piece(data):

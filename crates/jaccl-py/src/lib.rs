@@ -451,7 +451,10 @@ impl Group {
         )
     }
 
-    #[pyo3(signature = (data, dst, dtype, keep=None, tag=0))]
+    /// `message`: the bytes of the whole message `data` is a piece of (`data`'s own by
+    /// default; see `jaccl::Group::send_piece_raw`).
+    #[pyo3(signature = (data, dst, dtype, keep=None, tag=0, message=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments.
     fn send(
         &self,
         py: Python<'_>,
@@ -460,15 +463,19 @@ impl Group {
         dtype: &str,
         keep: Keep,
         tag: u32,
+        message: Option<usize>,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
+        let message = message.unwrap_or(data.len());
         self.call(py, "send", keep, &[data], Memory::EMPTY, move |g, i, _| {
-            g.send_raw(i[0], dst, dtype, tag)
+            g.send_piece_raw(i[0], dst, dtype, tag, message)
         })
     }
 
-    /// `src`: a rank, or the `Work` of an earlier `recv_any` (see [`Source`]).
-    #[pyo3(signature = (out, src, dtype, keep=None, tag=0))]
+    /// `src`: a rank, or the `Work` of an earlier `recv_any` (see [`Source`]); `message` as
+    /// for `send`.
+    #[pyo3(signature = (out, src, dtype, keep=None, tag=0, message=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments.
     fn recv(
         &self,
         py: Python<'_>,
@@ -477,8 +484,10 @@ impl Group {
         dtype: &str,
         keep: Keep,
         tag: u32,
+        message: Option<usize>,
     ) -> PyResult<Option<Work>> {
         let dtype = parse_dtype(py, dtype)?;
+        let message = message.unwrap_or(out.len());
         // The rank, or the sender to read it from when the receive runs.
         let (src, sender) = match src {
             Source::Rank(rank) => (rank, None),
@@ -501,14 +510,14 @@ impl Group {
                     ))
                 })?,
             };
-            g.recv_raw(o, src, dtype, tag)
+            g.recv_piece_raw(o, src, dtype, tag, message)
         })
     }
 
     /// Receives into `out` the next message from any rank (`jaccl::Group::recv_any_raw`):
     /// returns its sender, or with `keep` the `Work`, whose `source` is the sender once
-    /// received.
-    #[pyo3(signature = (out, dtype, keep=None, tag=0))]
+    /// received; `message` as for `send`.
+    #[pyo3(signature = (out, dtype, keep=None, tag=0, message=None))]
     fn recv_any<'py>(
         &self,
         py: Python<'py>,
@@ -516,12 +525,14 @@ impl Group {
         dtype: &str,
         keep: Keep,
         tag: u32,
+        message: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let dtype = parse_dtype(py, dtype)?;
+        let message = message.unwrap_or(out.len());
         let sender = Sender::default();
         let found = Arc::clone(&sender);
         let work = self.call(py, "recv_any", keep, &[], out, move |g, _, o| {
-            let from = g.recv_any_raw(o, dtype, tag)?;
+            let from = g.recv_any_piece_raw(o, dtype, tag, message)?;
             // The one set of this cell: the operation runs once.
             let _ = found.set(from);
             Ok(())

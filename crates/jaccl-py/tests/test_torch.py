@@ -123,6 +123,10 @@ def test_a_user_token_is_used_as_it_is():
     failed = {r["failed"][1].split(": ")[1]: r["failed"] for r in results}
     assert failed["rank 1"][0] == "BootstrapError" and "JACCL_JOB_TOKEN" in failed["rank 1"][1], failed
     assert failed["rank 0"][0] == "BootstrapError" and "waiting for rank(s) 1" in failed["rank 0"][1], failed
+    for got in results:
+        cause, text = got["one_sided"]
+        assert cause == "BootstrapError" and "rank 1 was given a JACCL_JOB_TOKEN" in text, got
+        assert "and rank 0 was not" in text, got
 
 
 def test_two_jobs_with_one_identity_in_one_store_fail_instead_of_crossing(tmp_path):
@@ -176,8 +180,9 @@ def test_groups_made_again_in_one_process():
 
 
 def test_polls_p2p_rings_timeouts_aborts_and_tensors_changed_in_flight():
-    """What a Work reports when polled, PREMUL_SUM's reduce, 80 MiB rings, another thread's
-    polls, new_group's timeout, abort()/shutdown() from a watchdog, set_() in flight."""
+    """What a Work reports when polled, PREMUL_SUM's reduce, 80 MiB rings, messages differing
+    by a whole piece, another thread's polls, Work.wait's timeout, new_group's timeout,
+    abort()/shutdown() from a watchdog, set_() in flight."""
     results = torchrun(RANKS, ["hardening"], 3)
     assert [r["wrong"] for r in results] == [[]] * 3
 

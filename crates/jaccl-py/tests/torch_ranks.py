@@ -447,7 +447,8 @@ def init_methods():
 
 def user_token():
     """A JACCL_JOB_TOKEN the user set is used as it is (2 ranks): the same on both ranks, the
-    job forms and nothing is sealed in the store; different, start-up fails authenticating."""
+    job forms and nothing is sealed in the store; different, start-up fails authenticating;
+    on rank 1 only, start-up fails on both ranks saying so."""
     r = int(os.environ["RANK"])
     given = settings_given_to_jaccl()
     os.environ["JACCL_JOB_TOKEN"] = "the user's token, the same on every rank"
@@ -462,7 +463,23 @@ def user_token():
         failed = None
     except dist.DistBackendError as e:
         failed = [type(e.__cause__).__name__, str(e)]
-    report({"sum": t.tolist(), "passed_on": "JACCL_JOB_TOKEN" in given, "sealed": len(sealed), "failed": failed})
+    # A token on rank 1 only: both fail at once (well within the 60 s timeout), saying so.
+    if r == 0:
+        del os.environ["JACCL_JOB_TOKEN"]
+    try:
+        dist.init_process_group("jaccl", timeout=timedelta(seconds=60))
+        one_sided = None
+    except dist.DistBackendError as e:
+        one_sided = [type(e.__cause__).__name__, str(e)]
+    report(
+        {
+            "sum": t.tolist(),
+            "passed_on": "JACCL_JOB_TOKEN" in given,
+            "sealed": len(sealed),
+            "failed": failed,
+            "one_sided": one_sided,
+        }
+    )
 
 
 def shared_store():
@@ -494,7 +511,7 @@ def poll(work):
 
 def hardening():
     """3 ranks: what a Work reports when polled, PREMUL_SUM's reduce, rings of 80 MiB,
-    polls from another thread, new_group's timeout, abort and shutdown from a watchdog thread,
+    messages differing by a whole piece, polls from another thread, Work.wait's timeout, new_group's timeout, abort and shutdown from a watchdog thread,
     and a tensor changed while in flight."""
     import threading
 
@@ -556,6 +573,25 @@ def hardening():
         check(f"80 MiB ring, receives first {receive_first}", got[:: 1 << 16], torch.full((320,), float(left)))
     del got, ops
 
+    # Messages that differ by a whole 16 MiB piece (32 MiB sent, 16 MiB received): the
+    # receiver fails at the first piece, which agrees, rather than taking half the message.
+    apart = dist.new_group([0, 1], timeout=timedelta(seconds=30))
+    if r == 0:
+        w = dist.isend(torch.ones(8 << 20), dst=1, group=apart)
+        try:
+            w.wait()
+        except dist.DistBackendError:
+            pass  # rank 1 left the group after its failed receive: either way is right
+    elif r == 1:
+        try:
+            dist.recv(torch.zeros(4 << 20), src=0, group=apart)
+            wrong.append("messages differing by a piece: no error")
+        except dist.DistBackendError as e:
+            if type(e.__cause__).__name__ != "Mismatch" or "a piece of a message of 8388608" not in str(e):
+                wrong.append(f"messages differing by a piece: {e}")
+    if r < 2:
+        dist.destroy_process_group(apart)
+
     # Another thread polling a receive before this one posts the send: the receive must still
     # go to jaccl after the send (else every rank waits in its receive: Deadlock).
     got = torch.zeros(2)
@@ -578,6 +614,25 @@ def hardening():
         wrong.append(f"receive polled from another thread: {e}")
     stop.set()
     thread.join()
+
+    # Work.wait with a timeout: rank 1 sends only once rank 0's wait has timed out (told
+    # through a store), so that wait raises as Gloo's does, and a later wait gets the message.
+    store = dist.TCPStore("127.0.0.1", int(os.environ["TEST_SPARE_PORT"]), n, r == 0)
+    if r == 0:
+        got = torch.zeros(3)
+        w = dist.irecv(got, src=1)
+        try:
+            w.wait(timeout=timedelta(milliseconds=300))
+            wrong.append("Work.wait(timeout): no error")
+        except RuntimeError as e:
+            if type(e) is not RuntimeError or "timed out" not in str(e):
+                wrong.append(f"Work.wait(timeout): {type(e).__name__}: {e}")
+        store.set("wait timed out", "")
+        w.wait()
+        check("a receive waited for again after a timeout", got, torch.full((3,), 1.0))
+    elif r == 1:
+        store.wait(["wait timed out"], timedelta(seconds=60))
+        dist.send(torch.full((3,), 1.0), dst=0)
 
     # new_group's timeout: rank 1 never joins rank 0's all-reduce.
     short = dist.new_group([0, 1], timeout=timedelta(seconds=2))
@@ -608,7 +663,6 @@ def hardening():
     # new_group's timeout is also its start-up's: rank 0 forms the group alone and fails
     # within 2 s; rank 1 comes only then (or after 15 s: with the parent's 60 s start-up
     # timeout, the group would then form) and fails too, rank 0 being gone.
-    store = dist.TCPStore("127.0.0.1", int(os.environ["TEST_SPARE_PORT"]), n, r == 0)
     if r == 1:
         try:
             store.wait(["rank 0 failed"], timedelta(seconds=15))

@@ -61,6 +61,7 @@ fn expected_header() -> crate::wire::Header {
         count: 1024,
         root: 0,
         counts: None,
+        message: 0,
     }
 }
 
@@ -264,6 +265,12 @@ pub fn engine(bytes: &[u8]) {
         count,
         root,
         counts: None,
+        // A send's message is its one piece, as the seeds' headers say.
+        message: if matches!(op, Op::Send | Op::Recv) {
+            count
+        } else {
+            0
+        },
         timeout: Duration::from_secs(1),
         wait: WaitPolicy::SLEEP,
         interruptible: true,

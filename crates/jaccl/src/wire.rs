@@ -10,7 +10,7 @@ use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Op;
 
 /// Protocol version of data connections and the side channel. Bumped on any format change.
-pub(crate) const PROTOCOL_VERSION: u16 = 4;
+pub(crate) const PROTOCOL_VERSION: u16 = 5;
 
 const HEADER_MAGIC: [u8; 4] = *b"JCOP";
 
@@ -156,6 +156,10 @@ pub(crate) struct Header {
     pub(crate) root: u32,
     /// The digest of the counts where the kind has them ([`Kind::has_counts`]), else `None`.
     pub(crate) counts: Option<Digest>,
+    /// A send's or receive's whole message in elements, of which this call is a piece
+    /// (`count` when the message travels in one call), so that two ranks whose messages
+    /// differ fail at the first piece, even when the pieces agree; 0 for the other kinds.
+    pub(crate) message: u64,
 }
 
 /// Counts of shared-memory call descriptions fit in 48 bits; the root takes the other 16.
@@ -175,6 +179,9 @@ impl Header {
         if let Some(digest) = &self.counts {
             b[32..64].copy_from_slice(digest);
         }
+        if self.kind == Kind::SendRecv {
+            b[32..40].copy_from_slice(&self.message.to_le_bytes());
+        }
         b
     }
 
@@ -190,28 +197,40 @@ impl Header {
         let dtype = Dtype::from_id(b[9]).ok_or_else(|| format!("unknown dtype id {}", b[9]))?;
         let reduce =
             ReduceOp::from_id(b[10]).ok_or_else(|| format!("unknown reduction id {}", b[10]))?;
+        let count = u64_at(b, 16);
+        let message = match kind {
+            Kind::SendRecv => u64_at(b, 32),
+            _ => 0,
+        };
+        if kind == Kind::SendRecv && message < count {
+            return Err(format!(
+                "a send of {count} elements as a piece of a message of {message}"
+            ));
+        }
         Ok(Header {
             seq: u32_at(b, 4),
             kind,
             dtype,
             reduce,
             sender: u32_at(b, 12),
-            count: u64_at(b, 16),
+            count,
             root: u32_at(b, 24),
             counts: kind.has_counts().then(|| {
                 let mut digest = [0u8; 32];
                 digest.copy_from_slice(&b[32..64]);
                 digest
             }),
+            message,
         })
     }
 
     /// The header as two words, as a shared-memory mailbox publishes it (the sender is the
     /// mailbox's owner, the digest of the counts has a line of its own), or `None` when its
     /// count or root does not fit: the count takes 48 bits, the root 16 (shared memory joins
-    /// ranks of one host, far fewer than 2^16, moving far fewer than 2^48 elements).
+    /// ranks of one host, far fewer than 2^16, moving far fewer than 2^48 elements). Only
+    /// collectives publish there: a send's message (`message`) has no room in the words.
     pub(crate) fn to_words(self) -> Option<[u64; 2]> {
-        if self.count >> WORD_COUNT_BITS != 0 || self.root >> 16 != 0 {
+        if self.count >> WORD_COUNT_BITS != 0 || self.root >> 16 != 0 || self.message != 0 {
             return None;
         }
         let word = u64::from(self.seq)
@@ -242,6 +261,7 @@ impl Header {
             count: words[1] & ((1 << WORD_COUNT_BITS) - 1),
             root: (words[1] >> WORD_COUNT_BITS) as u32,
             counts: kind.has_counts().then(counts),
+            message: 0,
         })
     }
 
@@ -253,6 +273,7 @@ impl Header {
             && self.count == other.count
             && self.root == other.root
             && self.counts == other.counts
+            && self.message == other.message
     }
 
     /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
@@ -307,6 +328,13 @@ impl fmt::Display for Header {
         }
         if self.kind == Kind::SendRecv {
             write!(f, " with tag {}", self.root)?;
+            if self.message != self.count {
+                write!(
+                    f,
+                    ", a piece of a message of {} × {}",
+                    self.message, self.dtype
+                )?;
+            }
         }
         Ok(())
     }
@@ -392,6 +420,7 @@ mod tests {
             count: 1 << 40,
             root: 0,
             counts: None,
+            message: 0,
         }
     }
 
@@ -420,11 +449,31 @@ mod tests {
     }
 
     #[test]
+    fn pieces_of_messages_that_differ_differ() {
+        let piece = |count: u64, message: u64| Header {
+            kind: Kind::SendRecv,
+            count,
+            message,
+            ..header()
+        };
+        let (sent, expected) = (piece(16, 32), piece(16, 16));
+        assert_eq!(Header::decode(&sent.encode()), Ok(sent));
+        let msg = expected.mismatch(&sent).unwrap();
+        assert!(msg.contains("a piece of a message of 32 × f32"), "{msg}");
+        assert!(msg.ends_with("send/recv of 16 × f32 with tag 0"), "{msg}");
+        // A piece larger than its message is not a header an honest peer writes.
+        assert!(Header::decode(&piece(17, 16).encode()).is_err());
+        // Sends never go to a shared-memory mailbox, whose words have no room for the message.
+        assert_eq!(sent.to_words(), None);
+    }
+
+    #[test]
     fn tags_and_counts_are_compared_whole() {
         let send = |tag: u32| Header {
             kind: Kind::SendRecv,
             count: 1,
             root: tag,
+            message: 1,
             ..header()
         };
         // Tags that a 16-bit fold made equal.
@@ -473,7 +522,7 @@ mod tests {
             if let Ok(h) = Header::decode(&b) {
                 let _ = h.mismatch(&header());
                 let _ = h.to_string();
-                let small = Header { count: h.count >> 16, root: h.root & 0xffff, ..h };
+                let small = Header { count: h.count >> 16, root: h.root & 0xffff, message: 0, ..h };
                 let words = small.to_words().unwrap();
                 let digest = h.counts.unwrap_or_default();
                 prop_assert_eq!(Header::from_words(words, h.sender, || digest), Ok(small));

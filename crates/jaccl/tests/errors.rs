@@ -437,6 +437,57 @@ fn a_send_of_another_length_or_tag_is_a_mismatch_at_the_receiver() {
     }
 }
 
+/// A message sent in pieces (as the torch backend sends them) arrives whole when both ends
+/// name it; when they name different messages, the receiver fails at the first piece, even
+/// where the pieces agree (a 32-byte message received as 16 bytes in pieces of 16).
+#[test]
+fn pieces_of_different_messages_are_a_mismatch_at_the_first_piece() {
+    let data: Vec<u8> = (0..32).collect();
+    for net in nets() {
+        let received = std::sync::Mutex::new(Vec::new());
+        let r = p2p_on(
+            net,
+            |g, to| {
+                for piece in data.chunks(16) {
+                    g.send_piece_raw(piece, to, Dtype::UInt8, 5, 32)?;
+                }
+                Ok(())
+            },
+            |g| {
+                let mut out = [0u8; 32];
+                for piece in out.chunks_mut(16) {
+                    g.recv_piece_raw(piece, 0, Dtype::UInt8, 5, 32)?;
+                }
+                received.lock().unwrap().extend_from_slice(&out);
+                Ok(())
+            },
+        );
+        assert!(r.iter().all(Result::is_ok), "{net:?}: {r:?}");
+        assert_eq!(*received.lock().unwrap(), data, "{net:?}");
+        let r = p2p_on(
+            net,
+            |g, to| g.send_piece_raw(&data[..16], to, Dtype::UInt8, 5, 32),
+            |g| g.recv_piece_raw(&mut [0u8; 16], 0, Dtype::UInt8, 5, 16),
+        );
+        expect_recv_mismatch(net, &r, "a piece of a message of 32 × u8");
+    }
+    // A piece cannot be larger than its message, nor a message a part of an element.
+    let r = with_group(Net::Tcp, 2, 1, |g| {
+        let peer = 1 - g.rank();
+        let piece = g.send_piece_raw(&[0u8; 8], peer, Dtype::UInt8, 0, 4);
+        let part = g.recv_piece_raw(&mut [0u8; 4], peer, Dtype::Float32, 0, 6);
+        [piece, part].map(|r| match r {
+            Err(Error::InvalidArgument(why)) => why,
+            other => panic!("{other:?}"),
+        })
+    });
+    assert!(
+        r[0][0].contains("a piece of 8 bytes of a message of 4 bytes"),
+        "{r:?}"
+    );
+    assert!(r[0][1].contains("message has 6 bytes"), "{r:?}");
+}
+
 /// Rank 0 sends to another rank, which receives: between neighbours, and with the mesh
 /// between ranks that are not (0 and 2 of 4).
 fn p2p_on(

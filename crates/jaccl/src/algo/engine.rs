@@ -248,6 +248,9 @@ pub(crate) struct Call {
     pub(crate) root: usize,
     /// The digest of the counts of a variable-size collective whose ranks must agree on them.
     pub(crate) counts: Option<Digest>,
+    /// A send's or receive's whole message in elements (see [`Header::message`]); 0 for the
+    /// collectives.
+    pub(crate) message: usize,
     pub(crate) timeout: Duration,
     pub(crate) wait: WaitPolicy,
     /// Whether waits ask the caller's interrupt check (not on the progress thread).
@@ -266,6 +269,7 @@ impl Call {
             count: self.count as u64,
             root: crate::wire::to_u32(self.root),
             counts: self.counts,
+            message: self.message as u64,
         }
     }
 

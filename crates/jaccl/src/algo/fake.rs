@@ -351,6 +351,11 @@ fn call(rank: usize, op: Op, count: usize) -> Call {
         count,
         root: 0,
         counts: None,
+        message: if matches!(op, Op::Send | Op::Recv) {
+            count
+        } else {
+            0
+        },
         timeout: Duration::from_secs(60),
         wait: WaitPolicy::SLEEP,
         interruptible: true,

@@ -420,6 +420,7 @@ impl Group {
             count,
             root: 0,
             counts: None,
+            message: 0,
             timeout: match self.timeout.load(Ordering::Relaxed) {
                 u64::MAX => Duration::MAX,
                 n => Duration::from_nanos(n),
@@ -429,11 +430,12 @@ impl Group {
         }
     }
 
-    /// The description of a send or receive of `bytes`: the header's root field carries the
-    /// tag (point to point has no root).
-    fn p2p_call(&self, op: Op, dtype: Dtype, bytes: usize, tag: u32) -> Call {
+    /// The description of a send or receive of `bytes`, a piece of a message of `message`
+    /// bytes: the header's root field carries the tag (point to point has no root).
+    fn p2p_call(&self, op: Op, dtype: Dtype, bytes: usize, message: usize, tag: u32) -> Call {
         Call {
             root: tag as usize,
+            message: message / dtype.size(),
             ..self.call(op, dtype, ReduceOp::Sum, bytes / dtype.size())
         }
     }

@@ -1,6 +1,7 @@
 //! Sends and receives between two ranks of a [`Group`], with tags, and from any source.
 
 use super::Group;
+use crate::algo::engine::Call;
 use crate::dtype::{Dtype, Element};
 use crate::error::{Op, Result};
 // The docs name the errors.
@@ -34,7 +35,8 @@ impl Group {
     /// # Errors
     /// As [`Group::send`].
     pub fn send_tagged<T: Element>(&mut self, data: &[T], dst: usize, tag: u32) -> Result<()> {
-        self.send_bytes(&T::as_bytes(data), dst, T::DTYPE, tag)
+        let bytes = T::as_bytes(data);
+        self.send_piece_raw(&bytes, dst, T::DTYPE, tag, bytes.len())
     }
 
     /// [`Group::send_tagged`] of raw bytes holding elements of `dtype`, for bindings to other
@@ -44,16 +46,50 @@ impl Group {
     /// [`Error::InvalidArgument`] unless `data` is a whole number of elements; otherwise as
     /// [`Group::send`].
     pub fn send_raw(&mut self, data: &[u8], dst: usize, dtype: Dtype, tag: u32) -> Result<()> {
-        self.check_usable()?;
-        self.elements(Op::Send, "data", data.len(), dtype)?;
-        self.send_bytes(data, dst, dtype, tag)
+        self.send_piece_raw(data, dst, dtype, tag, data.len())
     }
 
-    fn send_bytes(&mut self, data: &[u8], dst: usize, dtype: Dtype, tag: u32) -> Result<()> {
+    /// [`Group::send_raw`] of one piece of a message of `message` bytes that travels in
+    /// several calls, for bindings that interleave the pieces of several messages (the torch
+    /// backend does, so that a ring of sends cannot wait for itself). The receiver takes it
+    /// with [`Group::recv_piece_raw`] (or [`Group::recv_any_piece_raw`]) naming the same
+    /// `message`: every piece carries it, so a receiver whose message differs fails with
+    /// [`Error::Mismatch`] at the first piece, even when the pieces agree.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `data` and `message` are whole numbers of elements
+    /// and `message` is at least `data`; otherwise as [`Group::send`].
+    pub fn send_piece_raw(
+        &mut self,
+        data: &[u8],
+        dst: usize,
+        dtype: Dtype,
+        tag: u32,
+        message: usize,
+    ) -> Result<()> {
         self.check_usable()?;
+        self.check_piece(Op::Send, ("data", data.len()), message, dtype)?;
         self.check_peer(Op::Send, dst)?;
-        let call = self.p2p_call(Op::Send, dtype, data.len(), tag);
+        let call = self.p2p_call(Op::Send, dtype, data.len(), message, tag);
         self.run(call, |c, call| c.send(data, dst, call))
+    }
+
+    /// Checks that the piece `what` of `bytes` can be part of a message of `message` bytes of
+    /// `dtype`.
+    fn check_piece(
+        &self,
+        op: Op,
+        (what, bytes): (&str, usize),
+        message: usize,
+        dtype: Dtype,
+    ) -> Result<()> {
+        self.elements(op, what, bytes, dtype)?;
+        self.elements(op, "message", message, dtype)?;
+        if bytes > message {
+            let why = format!("a piece of {bytes} bytes of a message of {message} bytes");
+            return Err(self.invalid(op, why));
+        }
+        Ok(())
     }
 
     /// Receives into `out` what rank `src` sends with [`Group::send`] (same length and type).
@@ -71,7 +107,10 @@ impl Group {
     /// # Errors
     /// As [`Group::recv`].
     pub fn recv_tagged<T: Element>(&mut self, out: &mut [T], src: usize, tag: u32) -> Result<()> {
-        T::with_bytes_mut(out, |bytes| self.recv_bytes(bytes, src, T::DTYPE, tag))
+        T::with_bytes_mut(out, |bytes| {
+            let call = self.p2p_call(Op::Recv, T::DTYPE, bytes.len(), bytes.len(), tag);
+            self.recv_bytes(bytes, src, call)
+        })
     }
 
     /// [`Group::recv_tagged`] into raw bytes holding elements of `dtype`, for bindings to
@@ -81,15 +120,34 @@ impl Group {
     /// [`Error::InvalidArgument`] unless `out` is a whole number of elements; otherwise as
     /// [`Group::recv`].
     pub fn recv_raw(&mut self, out: &mut [u8], src: usize, dtype: Dtype, tag: u32) -> Result<()> {
+        let message = out.len();
+        self.recv_piece_raw(out, src, dtype, tag, message)
+    }
+
+    /// Receives into `out` a piece of a message of `message` bytes that rank `src` sends with
+    /// [`Group::send_piece_raw`] (see there).
+    ///
+    /// # Errors
+    /// As [`Group::send_piece_raw`], with `out` for `data`, and as [`Group::recv`].
+    pub fn recv_piece_raw(
+        &mut self,
+        out: &mut [u8],
+        src: usize,
+        dtype: Dtype,
+        tag: u32,
+        message: usize,
+    ) -> Result<()> {
+        self.check_piece(Op::Recv, ("out", out.len()), message, dtype)?;
         self.raw(Op::Recv, dtype, &[], ("out", out), |g, out| {
-            g.recv_bytes(out, src, dtype, tag)
+            let call = g.p2p_call(Op::Recv, dtype, out.len(), message, tag);
+            g.recv_bytes(out, src, call)
         })
     }
 
-    fn recv_bytes(&mut self, out: &mut [u8], src: usize, dtype: Dtype, tag: u32) -> Result<()> {
+    /// Runs `call`, a receive into `out` from `src`.
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize, call: Call) -> Result<()> {
         self.check_usable()?;
         self.check_peer(Op::Recv, src)?;
-        let call = self.p2p_call(Op::Recv, dtype, out.len(), tag);
         self.run(call, |c, call| c.recv(out, src, call))
     }
 
@@ -116,7 +174,10 @@ impl Group {
     /// # Errors
     /// As [`Group::recv_any`].
     pub fn recv_any_tagged<T: Element>(&mut self, out: &mut [T], tag: u32) -> Result<usize> {
-        T::with_bytes_mut(out, |bytes| self.recv_any_bytes(bytes, T::DTYPE, tag))
+        T::with_bytes_mut(out, |bytes| {
+            let call = self.p2p_call(Op::Recv, T::DTYPE, bytes.len(), bytes.len(), tag);
+            self.recv_any_bytes(bytes, call)
+        })
     }
 
     /// [`Group::recv_any_tagged`] into raw bytes holding elements of `dtype`.
@@ -125,21 +186,39 @@ impl Group {
     /// [`Error::InvalidArgument`] unless `out` is a whole number of elements; otherwise as
     /// [`Group::recv_any`].
     pub fn recv_any_raw(&mut self, out: &mut [u8], dtype: Dtype, tag: u32) -> Result<usize> {
+        let message = out.len();
+        self.recv_any_piece_raw(out, dtype, tag, message)
+    }
+
+    /// [`Group::recv_any_raw`] of the first piece of a message of `message` bytes (see
+    /// [`Group::send_piece_raw`]); the later pieces come from the sender it returns.
+    ///
+    /// # Errors
+    /// As [`Group::recv_piece_raw`] and [`Group::recv_any`].
+    pub fn recv_any_piece_raw(
+        &mut self,
+        out: &mut [u8],
+        dtype: Dtype,
+        tag: u32,
+        message: usize,
+    ) -> Result<usize> {
+        self.check_piece(Op::Recv, ("out", out.len()), message, dtype)?;
         let mut src = 0;
         self.raw(Op::Recv, dtype, &[], ("out", out), |g, out| {
-            src = g.recv_any_bytes(out, dtype, tag)?;
+            let call = g.p2p_call(Op::Recv, dtype, out.len(), message, tag);
+            src = g.recv_any_bytes(out, call)?;
             Ok(())
         })?;
         Ok(src)
     }
 
-    fn recv_any_bytes(&mut self, out: &mut [u8], dtype: Dtype, tag: u32) -> Result<usize> {
+    /// Runs `call`, a receive into `out` from any rank; returns the sender.
+    fn recv_any_bytes(&mut self, out: &mut [u8], call: Call) -> Result<usize> {
         self.check_usable()?;
         if self.alone() {
             let why = "a group of one has no other rank to receive from".to_string();
             return Err(self.invalid(Op::Recv, why));
         }
-        let call = self.p2p_call(Op::Recv, dtype, out.len(), tag);
         let mut src = 0;
         self.run(call, |c, call| {
             src = c.recv_any(out, call)?;

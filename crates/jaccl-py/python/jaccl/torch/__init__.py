@@ -133,6 +133,7 @@ def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, gr
     identity = [os.environ.get(v, "") for v in _IDENTITY] + [size, group, made]
     job = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
     keys = f"jaccl/{job}/"
+    deadline = time.monotonic() + timeout.total_seconds()
     _claim(store, keys, rank, size, add=1)
     if rank == 0:
         store.set(keys + "coordinator", f"{_reachable_address(store)}:{_free_port()}")
@@ -143,10 +144,12 @@ def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, gr
         "JACCL_TIMEOUT": seconds,
         "JACCL_STARTUP_TIMEOUT": seconds,
     }
-    if not any(os.environ.get(v, "").strip() for v in ("JACCL_JOB_TOKEN", "JACCL_JOB_TOKEN_FILE")):
-        settings["JACCL_JOB_TOKEN"] = _sealed_secret(store, keys, rank, size, timeout)
-    store.wait([keys + "coordinator"], timeout)
-    settings["JACCL_COORDINATOR"] = store.get(keys + "coordinator").decode()
+    given = any(os.environ.get(v, "").strip() for v in ("JACCL_JOB_TOKEN", "JACCL_JOB_TOKEN_FILE"))
+    _agree_on_token(store, keys, rank, size, given, deadline)
+    if not given:
+        settings["JACCL_JOB_TOKEN"] = _sealed_secret(store, keys, rank, size, deadline)
+    coordinator = _await(store, keys + "coordinator", rank, deadline, "rank 0's address")
+    settings["JACCL_COORDINATOR"] = coordinator.decode()
     g = _raising(lambda: _native.init(settings))
     # A job that claimed the id while this one started (the ranks of two jobs arriving
     # interleaved) is found here, by every rank that formed the group.
@@ -173,25 +176,48 @@ def _claim(store: Any, keys: str, rank: int, size: int, add: int) -> None:
         )
 
 
-def _sealed_secret(store: Any, keys: str, rank: int, size: int, timeout: datetime.timedelta) -> str:
+def _agree_on_token(store: Any, keys: str, rank: int, size: int, given: bool, deadline: float) -> None:
+    """Checks that this rank and rank 0 (rank 0: every rank) agree on whether the user gave
+    the job's token, before any of them waits for a secret the other way would bring."""
+    mine = "given" if given else "sealed"
+    store.set(f"{keys}token/{rank}", mine)
+    for q in range(1, size) if rank == 0 else [0]:
+        theirs = _await(store, f"{keys}token/{q}", rank, deadline, f"rank {q}'s start").decode()
+        if theirs != mine:
+            has, lacks = (q, rank) if theirs == "given" else (rank, q)
+            raise _start_up_error(
+                rank,
+                f"rank {has} was given a JACCL_JOB_TOKEN or JACCL_JOB_TOKEN_FILE and rank {lacks} "
+                "was not: give every rank the same token, or none",
+            )
+
+
+def _await(store: Any, key: str, rank: int, deadline: float, what: str) -> bytes:
+    """The value of `key` once a rank sets it, waiting until `deadline` (`time.monotonic()`)."""
+    left = min(max(deadline - time.monotonic(), 0.001), 1e9)
+    try:
+        store.wait([key], datetime.timedelta(seconds=left))
+    except RuntimeError as e:  # DistStoreError; a file store's plain RuntimeError
+        raise _start_up_error(rank, f"timed out waiting for {what} ({type(e).__name__}: {e})") from None
+    return store.get(key)
+
+
+def _sealed_secret(store: Any, keys: str, rank: int, size: int, deadline: float) -> str:
     """The job secret, which rank 0 draws and passes to each rank in a box sealed to the
     public key that rank published (a reader of the store cannot open it)."""
-    deadline = time.monotonic() + timeout.total_seconds()
     if rank == 0:
         secret = secrets.token_hex(32)
         for q in range(1, size):
-            left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-            store.wait([f"{keys}key/{q}"], left)
+            public = _await(store, f"{keys}key/{q}", rank, deadline, f"rank {q}'s public key")
             try:
-                sealed = _native.seal(store.get(f"{keys}key/{q}"), secret.encode())
+                sealed = _native.seal(public, secret.encode())
             except errors.Error:
                 raise _tampered(rank, f"rank {q}'s public key is not one") from None
             store.set(f"{keys}sealed/{q}", sealed)
         return secret
     key = _native.SealKey()
     store.set(f"{keys}key/{rank}", key.public)
-    store.wait([f"{keys}sealed/{rank}"], timeout)
-    secret = key.open(store.get(f"{keys}sealed/{rank}"))
+    secret = key.open(_await(store, f"{keys}sealed/{rank}", rank, deadline, "the secret from rank 0"))
     if secret is None:
         raise _tampered(rank, "the job secret sealed for this rank does not open with its key")
     return secret.decode()
@@ -424,10 +450,11 @@ class _Work(_WorkBase):
         self._done = not pending and not p2p
         self._lock = threading.Lock()
 
-    def _settle(self, block: bool) -> bool:
+    def _settle(self, block: bool, deadline: Optional[float] = None) -> bool:
         """Whether the operation is done, finishing it if its jaccl operations have ended
-        (waiting for them if `block`, the GIL released). Held pieces are handed to jaccl by a
-        wait, or by a poll on the thread that submitted them (`_P2P.flush`)."""
+        (waiting for them if `block`, the GIL released, until `deadline` on
+        `time.monotonic()`'s clock if given). Held pieces are handed to jaccl by a wait, or
+        by a poll on the thread that submitted them (`_P2P.flush`)."""
         if self._done:
             return True
         p2p = self._p2p
@@ -435,12 +462,14 @@ class _Work(_WorkBase):
             if not (block or p2p.submitted_here()):
                 return False
             p2p.flush()
-        if not self._lock.acquire(blocking=block):
+        if not self._lock.acquire(blocking=block, timeout=_left(deadline) if block else -1):
             return False  # another thread is finishing it
         try:
             if self._done:
                 return True
             if not block and not all(w.is_completed() for w in self._pending):
+                return False
+            if deadline is not None and not all(_ended(w, deadline) for w in self._pending):
                 return False
             try:
                 for w in self._pending:
@@ -467,7 +496,16 @@ class _Work(_WorkBase):
         self._pending, self._finish, self._guard, self._p2p = [], None, (), None
 
     def wait(self, timeout: Any = None) -> bool:
-        self._settle(True)
+        """Waits for the operation to end, and raises its error if it failed. With a
+        `timeout` (torch's default, zero, means none), an operation not done by then raises
+        RuntimeError, as Gloo's does, and goes on (a later wait can still finish it)."""
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout or 0
+        deadline = time.monotonic() + seconds if seconds > 0 else None
+        if not self._settle(True, deadline):
+            raise RuntimeError(
+                f"jaccl: Operation timed out! It did not end within the {seconds} s that "
+                "Work.wait was given; it goes on, and a later wait can still finish it"
+            )
         if self._error is not None:
             raise self._error
         return True
@@ -508,6 +546,19 @@ class _Work(_WorkBase):
         else:
             self._completer.put(future, self)
         return future
+
+
+def _left(deadline: Optional[float]) -> float:
+    """Seconds until `deadline` (at least 0), or -1 (no limit, as `Lock.acquire` takes it)."""
+    return -1 if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _ended(work: Any, deadline: float) -> bool:
+    """Whether jaccl's `work` ended (well or not) by `deadline`, waiting until then."""
+    try:
+        return work.wait(_left(deadline))
+    except Exception:
+        return True  # it failed: the caller's wait raises its error
 
 
 def _complete_future(future: "torch.futures.Future", work: _Work) -> None:
@@ -1142,23 +1193,27 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         bufs = [_Tensor(t) for t in tensors]
         keep, guard = _guarded([b.buffer for b in bufs])
         tag = _wire_tag(tag)
-        messages = [(m, b.dtype) for b in bufs for m in _pieces(b.buffer)]
+        # Each piece names its whole message, so that two ends whose messages differ fail at
+        # the first piece even when the pieces agree.
+        messages = [(m, b.dtype, _mem(b.buffer)[1]) for b in bufs for m in _pieces(b.buffer)]
         sender: Optional[list] = None
         if peer is None:
             # The first piece's jaccl operation knows the sender once it has received; the
             # later pieces receive from that sender (they run after it: jaccl runs a group's
             # operations in order).
             sender = []
-            (m0, d0), rest = messages[0], messages[1:]
+            (m0, d0, w0), rest = messages[0], messages[1:]
 
             def first() -> Any:
-                sender.append(self._g.recv_any(m0, d0, keep, tag))
+                sender.append(self._g.recv_any(m0, d0, keep, tag, message=w0))
                 return sender[0]
 
-            pieces = [first] + [(lambda m=m, d=d: self._g.recv(m, sender[0], d, keep, tag)) for m, d in rest]
+            pieces = [first] + [
+                (lambda m=m, d=d, w=w: self._g.recv(m, sender[0], d, keep, tag, message=w)) for m, d, w in rest
+            ]
         else:
             call = self._g.send if kind == "send" else self._g.recv
-            pieces = [(lambda m=m, d=d: call(m, peer, d, keep, tag)) for m, d in messages]
+            pieces = [(lambda m=m, d=d, w=w: call(m, peer, d, keep, tag, message=w)) for m, d, w in messages]
         finish = _finisher(bufs) if kind == "recv" else None
         work = _Work(None, tensors, finish, guard, self._completer, p2p=True, sender=sender)
         self._p2p.submit(work, kind, peer, pieces)

@@ -84,11 +84,11 @@ mod group;
 mod liveness;
 mod os;
 mod reduce;
+mod token;
 mod transport;
 mod wait;
 mod wire;
 
-pub use auth::JobToken;
 pub use config::{Config, Topology, Transport};
 pub use devices::DeviceMatrix;
 pub use dtype::{Dtype, Element, ReduceOp};
@@ -98,6 +98,7 @@ pub use group::{AbortHandle, Group, Request};
 pub use half;
 /// The crate providing [`num_complex::Complex32`].
 pub use num_complex;
+pub use token::JobToken;
 pub use wait::WaitPolicy;
 
 /// Entry points of the fuzz targets in `fuzz/` (the `fuzzing` feature; not a stable API).

@@ -5,9 +5,9 @@ use std::str::FromStr;
 
 use super::parse::{join_host_port, parse_duration};
 use super::{Config, Topology};
-use crate::auth::JobToken;
 use crate::devices::DeviceMatrix;
 use crate::error::{Error, Result};
+use crate::token::JobToken;
 
 impl Config {
     /// Reads the configuration from the environment; see the [module docs](crate::config) for the

@@ -41,9 +41,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::auth::JobToken;
 use crate::devices::DeviceMatrix;
 use crate::error::{Error, Result};
+use crate::token::JobToken;
 use crate::wait::WaitPolicy;
 
 /// Which transport carries data between two ranks.

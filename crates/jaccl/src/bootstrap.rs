@@ -19,7 +19,7 @@ use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Heartbeat, Liveness};
 use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after, time_left};
-use crate::transport::tcp::{DialError, LateTcp};
+use crate::transport::listener::{DialError, JobListener};
 use crate::wire::{Reader, to_u32};
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
@@ -88,7 +88,7 @@ impl SideChannel {
     /// coordinates, and each other member connects to it, authenticated like every
     /// connection, before `deadline`; the waits for members ask `go_on`.
     pub(crate) fn through(
-        job: &LateTcp,
+        job: &JobListener,
         group: u64,
         job_rank: &[usize],
         rank: usize,

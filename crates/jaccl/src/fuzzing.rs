@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use rustix::event::PollFd;
 
+use crate::algo::call::Call;
+use crate::algo::channel::Channel;
 use crate::algo::collectives::Collectives;
-use crate::algo::engine::{Call, Channel};
 use crate::algo::geometry::Geometry;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Op;

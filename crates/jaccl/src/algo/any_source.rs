@@ -20,8 +20,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::engine::{BlockedReport, Call, Network, PEER_AHEAD_GRACE, flows, lost, sleep_also};
+use super::call::Call;
+use super::channel::lost;
+use super::engine::{Network, PEER_AHEAD_GRACE};
 use super::geometry::Geometry;
+use super::waiting::{BlockedReport, flows, sleep_also};
 use crate::error::{Error, Result};
 use crate::liveness::Flow;
 use crate::transport::{Interest, LinkError};

@@ -4,8 +4,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::call::{Buffers, Call};
+use super::channel::Channel;
 use super::direct::{Direct, equal_blocks};
-use super::engine::{Buffers, Call, Channel, LateLinks, Network, Rounds, Scratch};
+use super::engine::{LateLinks, Network, Rounds, Scratch};
 use super::geometry::Geometry;
 use super::plan::{Plan, Span};
 use super::select::{

@@ -8,7 +8,8 @@
 
 use std::ops::Range;
 
-use super::engine::{Call, Network, Rounds, Scratch};
+use super::call::Call;
+use super::engine::{Network, Rounds, Scratch};
 use super::geometry::{Geometry, lane_slice, whole_frame};
 use super::plan::{Merge, Plan, Span, Step, Transfer};
 use crate::error::Result;

@@ -15,9 +15,12 @@ use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use rustix::event::PollFd;
 
-use super::engine::{self, Buffers, Call, Channel, Execution};
+use super::call::{Buffers, Call};
+use super::channel::Channel;
+use super::engine::Execution;
 use super::geometry::Geometry;
 use super::plan::{Plan, Span};
+use super::waiting;
 use super::{doubling, mesh, p2p, ring};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Op;
@@ -311,7 +314,7 @@ fn run_sequences(
                 unreachable!("a rank without a call is done")
             };
             if let Phase::Sleeping { armed } = phases[r] {
-                engine::disarm(chans, exec.wants(), armed);
+                waiting::disarm(chans, exec.wants(), armed);
                 phases[r] = Phase::Runnable;
             }
             let progress = exec
@@ -324,9 +327,9 @@ fn run_sequences(
                 }
             } else if !progress {
                 let wants = exec.wants().to_vec();
-                match engine::arm(chans, &wants, call) {
+                match waiting::arm(chans, &wants, call) {
                     (armed, Ok(Readiness::Armed)) => phases[r] = Phase::Sleeping { armed },
-                    (armed, Ok(Readiness::Ready)) => engine::disarm(chans, &wants, armed),
+                    (armed, Ok(Readiness::Ready)) => waiting::disarm(chans, &wants, armed),
                     (_, Err(e)) => panic!("rank {r}: {e} (seed {seed})"),
                 }
             }

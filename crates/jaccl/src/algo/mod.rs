@@ -3,7 +3,9 @@
 //! An algorithm turns a call into a [`plan::Plan`]: for each (direction, wire) lane, the
 //! sequence of steps it sends and receives. The [`engine`] runs any plan over any links.
 //!
-//! - [`plan`]: the plan type; [`engine`]: runs plans over a group's channels;
+//! - [`plan`]: the plan type; [`engine`]: runs plans over a group's channels; [`call`]: a
+//!   call and its buffers as the algorithms see them; [`channel`]: one link to one peer and
+//!   what it read ahead; [`waiting`]: how every algorithm waits (arm, poll, report blocked);
 //! - [`geometry`]: which channel is which wire to which peer, and lanes;
 //! - one file per family: [`ring`], [`mesh`] (one-step exchange), [`doubling`] (recursive
 //!   doubling and halving), [`p2p`] (send and receive), [`direct`] (shared memory, when every
@@ -13,6 +15,8 @@
 //! - [`collectives`]: a group's collectives, run as [`select`] decides.
 
 mod any_source;
+pub(crate) mod call;
+pub(crate) mod channel;
 pub(crate) mod collectives;
 pub(crate) mod direct;
 pub(crate) mod doubling;
@@ -27,3 +31,4 @@ pub(crate) mod ring;
 pub(crate) mod select;
 #[cfg(test)]
 mod simulate;
+pub(crate) mod waiting;

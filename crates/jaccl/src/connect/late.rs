@@ -5,7 +5,7 @@
 //! other hosts without the mesh: they get a TCP connection here, authenticated like every
 //! other (`crate::auth`), to the listener each rank published at start-up, and kept for the
 //! life of the group. The lower rank connects; the higher one takes the connection from its
-//! acceptor thread ([`LateTcp`]), so neither waits for the other to reach its call to
+//! acceptor thread ([`JobListener`]), so neither waits for the other to reach its call to
 //! connect. Every wait ends by the call's timeout, or by liveness when a peer is lost.
 
 use std::os::fd::BorrowedFd;
@@ -14,20 +14,21 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use crate::algo::engine::{Call, LateLinks};
+use crate::algo::call::Call;
+use crate::algo::engine::LateLinks;
 use crate::config::Transport;
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::os::{deadline_after, poll};
 use crate::transport::Link;
-use crate::transport::tcp::{DialError, LateTcp};
+use crate::transport::listener::{DialError, JobListener};
 
 /// The peers a group made late links to, and their transports (for `Group::transport`).
 pub(crate) type Opened = Arc<Mutex<Vec<(usize, Transport)>>>;
 
 /// [`LateLinks`] over TCP, through the job's listener.
 pub(crate) struct Late {
-    pub(crate) tcp: Arc<LateTcp>,
+    pub(crate) tcp: Arc<JobListener>,
     /// The group the links serve (0: the group `init` made).
     pub(crate) group: u64,
     /// The job's rank of each rank of the group.

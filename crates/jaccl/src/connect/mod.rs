@@ -16,8 +16,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::algo::channel::Channel;
 use crate::algo::collectives::Collectives;
-use crate::algo::engine::Channel;
 use crate::algo::geometry::Geometry;
 use crate::auth::Identity;
 use crate::bootstrap::SideChannel;
@@ -29,9 +29,10 @@ use crate::transport::Link;
 use crate::transport::connector::{
     Connector, End, Exchange, Opened, Published, Request, Want, exchange_json,
 };
+use crate::transport::listener::JobListener;
 use crate::transport::rdma::{DeviceNames, RdmaConnector};
 use crate::transport::shm::{self, Board, Shm, ShmConnector};
-use crate::transport::tcp::{LateTcp, TcpConnector};
+use crate::transport::tcp::connector::TcpConnector;
 use crate::wait::GoOn;
 use crate::wait::WaitPolicy;
 
@@ -90,7 +91,7 @@ impl Exchange for SideExchange<'_> {
 
 /// Joins the group of `config` (size > 1) and opens its links. Also returns the listener this
 /// rank keeps for the job: links made on first use and sub-groups connect through it.
-pub(crate) fn connect(config: &Config) -> Result<(Connected, Arc<LateTcp>)> {
+pub(crate) fn connect(config: &Config) -> Result<(Connected, Arc<JobListener>)> {
     let deadline = deadline_after(config.startup_timeout);
     let side = SideChannel::join(config, deadline)?;
     let tcp = TcpConnector::new(side.local_ip())
@@ -105,7 +106,7 @@ pub(crate) fn connect(config: &Config) -> Result<(Connected, Arc<LateTcp>)> {
 /// `go_on`; everything else as [`connect`].
 pub(crate) fn connect_subgroup(
     config: &Config,
-    job: Arc<LateTcp>,
+    job: Arc<JobListener>,
     job_rank: Arc<[usize]>,
     group: u64,
     go_on: GoOn,
@@ -125,7 +126,7 @@ fn set_up(
     job_rank: &Arc<[usize]>,
     group: u64,
     deadline: std::time::Instant,
-) -> Result<(Connected, Arc<LateTcp>)> {
+) -> Result<(Connected, Arc<JobListener>)> {
     let (rank, size) = (config.rank, config.size);
     let fail = |what: String| Error::Bootstrap(format!("rank {rank}: {what}"));
     let mut geometry = Geometry {

@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use crate::algo::call::Call;
 use crate::algo::collectives::Collectives;
-use crate::algo::engine::Call;
 use crate::config::{Config, Topology, Transport};
 use crate::connect::{self, Connected, late};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::{Heartbeat, Liveness};
 use crate::reduce::Reducer;
-use crate::transport::tcp::{LateTcp, Registration};
+use crate::transport::listener::{JobListener, Registration};
 use crate::wait::WaitPolicy;
 use crate::wire::Digest;
 
@@ -128,7 +128,7 @@ pub(super) struct Family {
     /// The settings sub-groups inherit (this group's rank and size).
     pub(super) config: Arc<Config>,
     /// The listener every rank of the job keeps; `None` in a job of one rank.
-    pub(super) job: Option<Arc<LateTcp>>,
+    pub(super) job: Option<Arc<JobListener>>,
     /// The job's rank of each rank of this group.
     pub(super) job_rank: Arc<[usize]>,
     /// This group's id, in every connection made for it (0: the group `init` made).
@@ -146,7 +146,7 @@ pub(super) struct Family {
 
 impl Family {
     /// The family of the group `init` made from `config`.
-    pub(super) fn of_job(config: &Config, job: Option<Arc<LateTcp>>) -> Family {
+    pub(super) fn of_job(config: &Config, job: Option<Arc<JobListener>>) -> Family {
         let config = Config {
             job_token: Some(config.token()),
             ..config.clone()

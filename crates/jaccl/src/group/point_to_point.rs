@@ -1,7 +1,7 @@
 //! Sends and receives between two ranks of a [`Group`], with tags, and from any source.
 
 use super::Group;
-use crate::algo::engine::Call;
+use crate::algo::call::Call;
 use crate::dtype::{Dtype, Element};
 use crate::error::{Op, Result};
 // The docs name the errors.

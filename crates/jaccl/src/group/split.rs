@@ -100,7 +100,7 @@ fn list_digest(ranks: &[usize]) -> Digest {
 
 /// A sub-group's id: the first 64 bits of the SHA-256 of what tells it apart (`kind`, its
 /// parent's id, then `parts`), never 0 (the group `init` made). Members compute it alike;
-/// the registry of live groups (`LateTcp::register`) refuses a second group with one id.
+/// the registry of live groups (`JobListener::register`) refuses a second group with one id.
 fn group_id(kind: &str, parent: u64, parts: &[&[u8]]) -> u64 {
     let mut h = Sha256::new();
     h.update(b"jaccl group id\0");

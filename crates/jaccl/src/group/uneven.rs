@@ -4,7 +4,7 @@
 
 use super::Group;
 use super::collectives::typed;
-use crate::algo::engine::Call;
+use crate::algo::call::Call;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::wire::counts_digest;

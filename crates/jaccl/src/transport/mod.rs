@@ -31,6 +31,7 @@ use std::os::fd::BorrowedFd;
 use rustix::event::PollFd;
 
 pub(crate) mod connector;
+pub(crate) mod listener;
 pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;

@@ -1,360 +1,29 @@
-//! TCP links, and opening them with a hello/ack handshake.
-//!
-//! Sockets stay in blocking mode (handy for set-up); the data path passes `MSG_DONTWAIT` on
-//! every call, and `MSG_NOSIGNAL` so a closed peer is an error, not a `SIGPIPE` that kills a
-//! host program which did not ignore it.
+//! The job's listener ([`JobListener`]): the TCP listener that `init`'s group set up with,
+//! kept for the whole job. A thread admits whoever connects to it and parks the connection
+//! until the call that needs it takes it: links made on first use, and the side channels and
+//! links of sub-groups. Also dialling a rank's listener (`dial`), which start-up uses too.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{self, IoSlice};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
-use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
-use serde_json::Value;
-
-use super::connector::{Connector, End, Opened, Request};
-use super::{Interest, Link, LinkError, Readiness};
 use crate::auth::{self, Admission, AuthError, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
 use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after};
-use crate::wait::GoOn;
-
-/// Receive staging per rank, split over its receiving links. Receiving into a small buffer
-/// that stays in cache and copying out of it measured 1.5-2× cheaper on loopback than
-/// receiving into the caller's (large, cold) buffer; with four ranks sharing a core, 128 KiB
-/// per link measured slower than 32-64 KiB, because the staging then no longer fits in L2.
-const STAGING_PER_RANK: usize = 128 * 1024;
-const MIN_STAGING: usize = 16 * 1024;
-/// Staged bytes are kept at this alignment so kernels can view them as any element type.
-const STAGING_ALIGN: usize = 16;
-
-/// A TCP connection to one peer.
-pub(crate) struct TcpLink {
-    socket: TcpStream,
-    /// Received bytes not yet consumed are `staging[head..tail]`.
-    staging: Box<[u128]>,
-    head: usize,
-    tail: usize,
-}
-
-impl TcpLink {
-    /// A link over `socket` receiving through `staging` bytes of buffer.
-    pub(crate) fn new(socket: TcpStream, staging: usize) -> io::Result<TcpLink> {
-        socket.set_nodelay(true)?;
-        if within_host(socket.local_addr()?.ip(), socket.peer_addr()?.ip()) {
-            // Not fatal: an administrator may have removed Reno from the allowed algorithms.
-            if let Err(e) = rustix::net::sockopt::set_tcp_congestion(&socket, "reno") {
-                tracing::debug!(error = %e, "keeping the default congestion control");
-            }
-        }
-        socket.set_nonblocking(false)?;
-        socket.set_read_timeout(None)?;
-        socket.set_write_timeout(None)?;
-        Ok(TcpLink {
-            socket,
-            staging: vec![0u128; staging.div_ceil(size_of::<u128>())].into_boxed_slice(),
-            head: 0,
-            tail: 0,
-        })
-    }
-}
-
-impl Link for TcpLink {
-    fn try_send(&mut self, parts: &[&[u8]]) -> Result<usize, LinkError> {
-        let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
-        let mut slices = [IoSlice::new(&[]); 4];
-        let mut n = 0;
-        for part in parts.iter().filter(|p| !p.is_empty()) {
-            if n == slices.len() {
-                break;
-            }
-            slices[n] = IoSlice::new(part);
-            n += 1;
-        }
-        loop {
-            let sent = match n {
-                0 => return Ok(0),
-                1 => rustix::net::send(&self.socket, &slices[0], flags),
-                _ => rustix::net::sendmsg(
-                    &self.socket,
-                    &slices[..n],
-                    &mut SendAncillaryBuffer::default(),
-                    flags,
-                ),
-            };
-            match sent {
-                Ok(sent) => return Ok(sent),
-                Err(Errno::AGAIN) => return Ok(0),
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(classify(e)),
-            }
-        }
-    }
-
-    fn try_recv(
-        &mut self,
-        max: usize,
-        consume: &mut dyn FnMut(&[u8]) -> usize,
-    ) -> Result<usize, LinkError> {
-        if max == 0 {
-            return Ok(0);
-        }
-        let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut self.staging);
-        loop {
-            if self.head < self.tail {
-                if !self.head.is_multiple_of(STAGING_ALIGN) {
-                    buf.copy_within(self.head..self.tail, 0);
-                    self.tail -= self.head;
-                    self.head = 0;
-                }
-                let offered = (self.tail - self.head).min(max);
-                let used = consume(&buf[self.head..self.head + offered]).min(offered);
-                self.head += used;
-                if self.head == self.tail {
-                    self.head = 0;
-                    self.tail = 0;
-                }
-                if used > 0 || offered == max {
-                    return Ok(used);
-                }
-            }
-            // The consumer needs more bytes than are staged: read what the kernel has.
-            if self.tail == buf.len() {
-                buf.copy_within(self.head..self.tail, 0);
-                self.tail -= self.head;
-                self.head = 0;
-            }
-            match rustix::net::recv(&self.socket, &mut buf[self.tail..], RecvFlags::DONTWAIT) {
-                Ok((0, _)) => {
-                    return Err(LinkError::Closed(
-                        "the connection was closed (end of stream)".into(),
-                    ));
-                }
-                Ok((n, _)) => self.tail += n,
-                Err(Errno::AGAIN) => return Ok(0),
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(classify(e)),
-            }
-        }
-    }
-
-    fn in_memory(&self) -> bool {
-        false
-    }
-
-    /// Staged bytes are only left over when the consumer could not use them (part of an
-    /// element), so the link can progress only when the kernel has more: always sleep.
-    fn arm(&mut self, _interest: Interest) -> Result<Readiness, LinkError> {
-        Ok(Readiness::Armed)
-    }
-
-    fn wait_fds<'a>(&'a self, interest: Interest, fds: &mut Vec<PollFd<'a>>) {
-        fds.push(interest.poll_fd(self.socket.as_fd()));
-    }
-
-    fn disarm(&mut self) {}
-}
-
-/// Whether a connection from `local` to `peer` stays within this host (over the loopback
-/// device): the peer is a loopback address or our own. There is no congestion to control there,
-/// and the system default may cost throughput: BBR (this machine's default) paces every
-/// connection with timers, and 4 ranks all-reducing 32 MiB over loopback took 42-50 ms with it
-/// against 36-41 ms with Reno (docs/algorithms.md, "Congestion control within a host"). Links
-/// to other hosts keep the administrator's choice.
-fn within_host(local: IpAddr, peer: IpAddr) -> bool {
-    peer.is_loopback() || peer == local
-}
-
-fn classify(e: Errno) -> LinkError {
-    match e {
-        Errno::PIPE | Errno::CONNRESET | Errno::CONNABORTED | Errno::NOTCONN | Errno::TIMEDOUT => {
-            LinkError::Closed(format!("the connection was reset ({e})"))
-        }
-        _ => LinkError::Io(e.into()),
-    }
-}
-
-/// TCP's part in a group's set-up: an address published to the peers; a connection is
-/// opened by the rank whose right neighbour (or, off the ring, the higher rank) the other is.
-/// The group `init` makes listens on an ephemeral port of the address the side channel
-/// reaches this rank at, and keeps that listener for the job ([`TcpConnector::into_late`]);
-/// its sub-groups make their connections through that same listener ([`TcpConnector::through`]),
-/// so they need no port of their own.
-pub(crate) struct TcpConnector {
-    how: How,
-}
-
-enum How {
-    /// A listener of this connector's own.
-    Listening(TcpListener),
-    /// The job's listener, for the connections of group `group`, whose rank `r` is the job's
-    /// rank `job_rank[r]`.
-    Through {
-        job: Arc<LateTcp>,
-        group: u64,
-        job_rank: Arc<[usize]>,
-        go_on: GoOn,
-    },
-}
-
-impl TcpConnector {
-    /// Listens on an ephemeral port of `ip`.
-    ///
-    /// # Errors
-    /// The listener cannot be made.
-    pub(crate) fn new(ip: IpAddr) -> io::Result<TcpConnector> {
-        Ok(TcpConnector {
-            how: How::Listening(crate::os::listen_tcp(SocketAddr::new(ip, 0))?),
-        })
-    }
-
-    /// Makes the connections of sub-group `group` through the job's listener: rank `r` of the
-    /// sub-group is the job's rank `job_rank[r]`; its waits ask `go_on`.
-    pub(crate) fn through(
-        job: Arc<LateTcp>,
-        group: u64,
-        job_rank: Arc<[usize]>,
-        go_on: GoOn,
-    ) -> TcpConnector {
-        TcpConnector {
-            how: How::Through {
-                job,
-                group,
-                job_rank,
-                go_on,
-            },
-        }
-    }
-}
-
-/// The address a rank published, if it is one.
-fn address(blob: &Value) -> std::result::Result<SocketAddr, String> {
-    blob.as_str()
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| format!("it published no TCP address ({blob})"))
-}
-
-impl Connector for TcpConnector {
-    fn publish(&self) -> Value {
-        let address = match &self.how {
-            How::Listening(listener) => listener.local_addr().ok(),
-            How::Through { job, .. } => job.addresses.get(job.me.rank).copied().flatten(),
-        };
-        address.map_or(Value::Null, |a| Value::String(a.to_string()))
-    }
-
-    fn unusable(&self, blob: &Value) -> Option<String> {
-        address(blob).err()
-    }
-
-    fn open(&mut self, request: Request<'_>) -> Result<Opened> {
-        let me = request.me;
-        let opens = |end: End, peer: usize| match end {
-            End::Right => true,
-            End::Left => false,
-            End::Other => peer > me.rank,
-        };
-        let mut connect_to = Vec::new();
-        let mut accept_from = Vec::new();
-        for want in request.wants {
-            if opens(want.end, want.peer) {
-                let published = request.published.get(want.peer).unwrap_or(&Value::Null);
-                let addr = address(published).map_err(|why| {
-                    Error::Bootstrap(format!("rank {}: rank {}: {why}", me.rank, want.peer))
-                })?;
-                connect_to.push((want.peer, addr, want.wires));
-            } else {
-                accept_from.push((want.peer, want.wires));
-            }
-        }
-        let (outgoing, incoming) = match &self.how {
-            How::Listening(listener) => {
-                establish(listener, me, &connect_to, &accept_from, request.deadline)?
-            }
-            How::Through {
-                job,
-                group,
-                job_rank,
-                go_on,
-            } => job.establish(
-                *group,
-                job_rank,
-                &connect_to,
-                &accept_from,
-                request.deadline,
-                go_on.as_ref(),
-            )?,
-        };
-        let (mut outgoing, mut incoming) = (outgoing.into_iter(), incoming.into_iter());
-        let boxed = |links: Vec<TcpLink>| {
-            links
-                .into_iter()
-                .map(|l| Box::new(l) as Box<dyn Link>)
-                .collect()
-        };
-        Ok(request
-            .wants
-            .iter()
-            .map(|want| match opens(want.end, want.peer) {
-                true => outgoing.next().map(boxed),
-                false => incoming.next().map(boxed),
-            })
-            .collect())
-    }
-}
-
-impl TcpConnector {
-    /// The job's listener, for connections made after start-up ([`LateTcp`]): this one's
-    /// own, kept (`published` is what every rank's TCP connector published), or the one it
-    /// made its connections through.
-    ///
-    /// # Errors
-    /// The thread that accepts them cannot start.
-    pub(crate) fn into_late(
-        self,
-        me: Identity,
-        published: &[Value],
-        startup_timeout: Duration,
-    ) -> io::Result<Arc<LateTcp>> {
-        let listener = match self.how {
-            How::Listening(listener) => listener,
-            How::Through { job, .. } => return Ok(job),
-        };
-        let addresses = published.iter().map(|b| address(b).ok()).collect();
-        let parked = Arc::new(Parked {
-            streams: Mutex::new(HashMap::new()),
-            live: Mutex::new(HashSet::new()),
-            kept_for: startup_timeout,
-            failure: Mutex::new(None),
-            arrived: crate::os::event_counter()?,
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let rank = me.rank;
-        let (me_, parked_, stop_) = (me.clone(), Arc::clone(&parked), Arc::clone(&stop));
-        std::thread::Builder::new()
-            .name(format!("jaccl-accept-{rank}"))
-            .spawn(move || park_arrivals(&listener, &me_, &parked_, &stop_))?;
-        Ok(Arc::new(LateTcp {
-            me,
-            addresses,
-            parked,
-            stop,
-        }))
-    }
-}
+use crate::transport::tcp::link::{MIN_STAGING, STAGING_PER_RANK, TcpLink};
 
 /// TCP connections made after start-up: when a call first needs them (to a rank off the
 /// ring), and those of sub-groups. The start-up listener stays open, and a thread
 /// authenticates whoever connects to it and parks the connection until the call that needs it
 /// takes it. So a rank that connects never waits for the other to reach its call; only the
 /// data does. Ranks here are the job's (the group `init` made).
-pub(crate) struct LateTcp {
+pub(crate) struct JobListener {
     /// This rank in the job.
     me: Identity,
     /// Every rank's listener, as it published it.
@@ -367,7 +36,7 @@ pub(crate) struct LateTcp {
 /// Lock order: `streams`, then `live`.
 struct Parked {
     streams: Mutex<HashMap<Slot, (TcpStream, Instant)>>,
-    /// The ids of the sub-groups alive in this process ([`LateTcp::register`]).
+    /// The ids of the sub-groups alive in this process ([`JobListener::register`]).
     live: Mutex<HashSet<u64>>,
     /// How long a connection nobody takes is kept: the start-up timeout, within which the
     /// group it serves is formed (or has failed to form) here.
@@ -380,7 +49,7 @@ struct Parked {
 
 /// The links [`establish`] opens: `outgoing[i][w]` is wire `w` to the i-th peer it connects
 /// to, `incoming[i][w]` wire `w` from the i-th it accepts.
-type Established = (Vec<Vec<TcpLink>>, Vec<Vec<TcpLink>>);
+pub(crate) type Established = (Vec<Vec<TcpLink>>, Vec<Vec<TcpLink>>);
 
 /// What a connection serves: its purpose, its group, the job's rank that opened it, its wire.
 pub(crate) type Slot = (Purpose, u64, usize, usize);
@@ -414,9 +83,9 @@ impl Parked {
     }
 }
 
-/// A sub-group's id, alive in this process until this is dropped ([`LateTcp::register`]).
+/// A sub-group's id, alive in this process until this is dropped ([`JobListener::register`]).
 pub(crate) struct Registration {
-    job: Arc<LateTcp>,
+    job: Arc<JobListener>,
     group: u64,
 }
 
@@ -433,14 +102,49 @@ impl Drop for Registration {
     }
 }
 
-impl Drop for LateTcp {
+impl JobListener {
+    /// Keeps `listener` for the job: a thread admits the connections made after start-up and
+    /// parks them (see [`JobListener`]); one nobody takes is closed after `kept_for`.
+    /// `addresses`: every rank's listener, as it published it.
+    ///
+    /// # Errors
+    /// The thread that accepts them cannot start.
+    pub(crate) fn start(
+        listener: TcpListener,
+        me: Identity,
+        addresses: Vec<Option<SocketAddr>>,
+        kept_for: Duration,
+    ) -> io::Result<Arc<JobListener>> {
+        let parked = Arc::new(Parked {
+            streams: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashSet::new()),
+            kept_for,
+            failure: Mutex::new(None),
+            arrived: crate::os::event_counter()?,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let rank = me.rank;
+        let (me_, parked_, stop_) = (me.clone(), Arc::clone(&parked), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name(format!("jaccl-accept-{rank}"))
+            .spawn(move || park_arrivals(&listener, &me_, &parked_, &stop_))?;
+        Ok(Arc::new(JobListener {
+            me,
+            addresses,
+            parked,
+            stop,
+        }))
+    }
+}
+
+impl Drop for JobListener {
     fn drop(&mut self) {
         // The thread notices within 100 ms and closes the listener.
         self.stop.store(true, Ordering::Relaxed);
     }
 }
 
-impl LateTcp {
+impl JobListener {
     /// Marks sub-group `group` alive in this process until the registration is dropped, so
     /// that connections for it are kept until taken.
     ///
@@ -448,7 +152,7 @@ impl LateTcp {
     /// A group with this id is alive in this process already: the connections of two groups
     /// with one id could cross.
     pub(crate) fn register(
-        self: &Arc<LateTcp>,
+        self: &Arc<JobListener>,
         group: u64,
     ) -> std::result::Result<Registration, String> {
         let mut live = self
@@ -468,7 +172,7 @@ impl LateTcp {
     }
 
     /// Opens wire `wire` of group `group` to the job's rank `peer` (which takes it with
-    /// [`LateTcp::take`]), until `deadline`; `go_on` is asked at least every second whether to
+    /// [`JobListener::take`]), until `deadline`; `go_on` is asked at least every second whether to
     /// keep trying.
     ///
     /// # Errors
@@ -487,10 +191,10 @@ impl LateTcp {
     }
 
     /// Opens and authenticates a connection for `purpose`, wire `wire` of group `group`, to
-    /// the job's rank `peer`, until `deadline` (see [`LateTcp::open`]).
+    /// the job's rank `peer`, until `deadline` (see [`JobListener::open`]).
     ///
     /// # Errors
-    /// As [`LateTcp::open`].
+    /// As [`JobListener::open`].
     pub(crate) fn dial(
         &self,
         purpose: Purpose,
@@ -601,7 +305,7 @@ impl LateTcp {
     /// The links of a sub-group `group` (see [`establish`]), through this listener: `wires`
     /// connections to each `(peer, address, wires)` of `connect_to` and from each `(peer,
     /// wires)` of `accept_from`, peers being the sub-group's ranks (the job's `job_rank[peer]`).
-    fn establish(
+    pub(crate) fn establish(
         &self,
         group: u64,
         job_rank: &[usize],
@@ -644,7 +348,12 @@ impl LateTcp {
         links(outgoing, incoming, connect_to, accept_from, &self.me)
     }
 
-    /// Readable when a connection may have arrived (see [`LateTcp::take`]).
+    /// This rank's address, as it published it.
+    pub(crate) fn own_address(&self) -> Option<SocketAddr> {
+        self.addresses.get(self.me.rank).copied().flatten()
+    }
+
+    /// Readable when a connection may have arrived (see [`JobListener::take`]).
     pub(crate) fn arrivals(&self) -> std::os::fd::BorrowedFd<'_> {
         self.parked.arrived.as_fd()
     }
@@ -654,7 +363,7 @@ fn late_link(stream: TcpStream) -> io::Result<TcpLink> {
     TcpLink::new(stream, STAGING_PER_RANK / 2)
 }
 
-/// The accepting thread of [`LateTcp`]: admits authenticated connections of this job that
+/// The accepting thread of [`JobListener`]: admits authenticated connections of this job that
 /// claim a late link from another rank, and parks them, until `stop`; every tenth of a second
 /// it closes those nobody will take ([`Parked::purge`]).
 fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &AtomicBool) {
@@ -703,39 +412,9 @@ fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &
     }
 }
 
-/// Opens `wires` authenticated connections to each `(peer, address, wires)` of `connect_to`
-/// while accepting `wires` from each `(peer, wires)` of `accept_from` on `listener` (on
-/// another thread: every rank's handshakes as the connecting side need its neighbour to be
-/// accepting). Returns the links: `outgoing[i][w]` is wire `w` to `connect_to[i]`, and
-/// `incoming[i][w]` wire `w` from `accept_from[i]`.
-fn establish(
-    listener: &TcpListener,
-    me: &Identity,
-    connect_to: &[(usize, SocketAddr, usize)],
-    accept_from: &[(usize, usize)],
-    deadline: Instant,
-) -> Result<Established> {
-    let stop = AtomicBool::new(false);
-    let (incoming, outgoing) = std::thread::scope(|s| {
-        let acceptor = s.spawn(|| accept_all(listener, me, accept_from, deadline, &stop));
-        let outgoing = connect_all(me, connect_to, deadline);
-        if outgoing.is_err() {
-            stop.store(true, Ordering::Relaxed);
-        }
-        let incoming = acceptor.join().unwrap_or_else(|_| {
-            Err(Error::Bootstrap(format!(
-                "rank {}: the data acceptor failed",
-                me.rank
-            )))
-        });
-        (incoming, outgoing)
-    });
-    links(outgoing?, incoming?, connect_to, accept_from, me)
-}
-
 /// The links over the streams of [`establish`], each receiving through its share of this
 /// rank's staging: each wire of each neighbour receives for one lane in each direction.
-fn links(
+pub(crate) fn links(
     outgoing: Vec<Vec<TcpStream>>,
     incoming: Vec<Vec<TcpStream>>,
     connect_to: &[(usize, SocketAddr, usize)],
@@ -759,37 +438,10 @@ fn links(
     Ok((to_links(outgoing)?, to_links(incoming)?))
 }
 
-/// Opens and authenticates `wires` connections to each `(peer, address, wires)` of
-/// `connect_to`.
-fn connect_all(
-    me: &Identity,
-    connect_to: &[(usize, SocketAddr, usize)],
-    deadline: Instant,
-) -> Result<Vec<Vec<TcpStream>>> {
-    connect_to
-        .iter()
-        .map(|&(peer, addr, wires)| {
-            (0..wires)
-                .map(|wire| {
-                    let claim = Claim {
-                        purpose: Purpose::Data,
-                        rank: me.rank,
-                        size: me.size,
-                        wire,
-                        group: 0,
-                    };
-                    dial(me, peer, addr, claim, deadline, &mut || Ok(()))
-                        .map_err(|e| Error::Bootstrap(format!("rank {}: {e}", me.rank)))
-                })
-                .collect()
-        })
-        .collect()
-}
-
 /// Opens and authenticates one connection for `claim` to `peer` at `addr`, retrying while
 /// the peer is not listening yet or a handshake fails on the way, until `deadline`; between
 /// attempts `go_on` may end the wait with its own error.
-fn dial(
+pub(crate) fn dial(
     me: &Identity,
     peer: usize,
     addr: SocketAddr,
@@ -901,126 +553,26 @@ impl std::fmt::Display for DialError {
     }
 }
 
-/// Accepts until every wire of every `(peer, wires)` of `accept_from` has connected and
-/// authenticated. Strangers are dropped; a connection that claims a taken slot, or is not
-/// expected, is refused and the slot keeps its connection.
-fn accept_all(
-    listener: &TcpListener,
-    me: &Identity,
-    accept_from: &[(usize, usize)],
-    deadline: Instant,
-    stop: &AtomicBool,
-) -> Result<Vec<Vec<TcpStream>>> {
-    let mut slots: Vec<Vec<Option<TcpStream>>> = accept_from
-        .iter()
-        .map(|&(_, wires)| (0..wires).map(|_| None).collect())
-        .collect();
-    let mut missing: usize = accept_from.iter().map(|a| a.1).sum();
-    if missing > 0 {
-        let done = auth::serve(
-            listener.as_fd(),
-            || accept_tcp(listener),
-            &me.token,
-            me.rank,
-            deadline,
-            Some(&|| stop.load(Ordering::Relaxed)),
-            |claim, mut stream| {
-                let reply_by = deadline.min(deadline_after(auth::HANDSHAKE_TIMEOUT));
-                let slot = accept_from
-                    .iter()
-                    .position(|&(p, _)| p == claim.rank)
-                    .filter(|_| claim.purpose == Purpose::Data && claim.size == me.size)
-                    .and_then(|i| slots[i].get_mut(claim.wire));
-                match slot {
-                    Some(slot @ None) => {
-                        if auth::verdict(&mut stream, Ok(()), reply_by).is_ok() {
-                            *slot = Some(stream);
-                            missing -= 1;
-                        }
-                    }
-                    taken => {
-                        let why = if taken.is_some() {
-                            format!(
-                                "rank {} wire {} is connected already",
-                                claim.rank, claim.wire
-                            )
-                        } else {
-                            format!(
-                                "not expecting {:?} from rank {} here",
-                                claim.purpose, claim.rank
-                            )
-                        };
-                        tracing::warn!(rank = me.rank, %why, "refused a data connection");
-                        let _ = auth::verdict(&mut stream, Err(&why), reply_by);
-                    }
-                }
-                Ok(if missing == 0 {
-                    Admission::Done
-                } else {
-                    Admission::More
-                })
-            },
-        )?;
-        if !done && !stop.load(Ordering::Relaxed) {
-            let absent: Vec<String> = accept_from
-                .iter()
-                .zip(&slots)
-                .flat_map(|((peer, _), wires)| {
-                    wires
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, s)| s.is_none())
-                        .map(move |(w, _)| format!("rank {peer} wire {w}"))
-                })
-                .collect();
-            return Err(Error::Bootstrap(format!(
-                "rank {}: timed out waiting for data connections from {} (is that rank \
-                 running and reachable?)",
-                me.rank,
-                absent.join(", ")
-            )));
-        }
-    }
-    Ok(slots
-        .into_iter()
-        .map(|wires| wires.into_iter().flatten().collect())
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_connections_within_the_host_count_as_such() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert!(within_host(ip("127.0.0.1"), ip("127.0.0.1")));
-        assert!(within_host(ip("127.0.0.1"), ip("127.0.0.2")));
-        assert!(within_host(ip("::1"), ip("::1")));
-        assert!(within_host(ip("10.0.0.1"), ip("10.0.0.1")));
-        assert!(!within_host(ip("10.0.0.1"), ip("10.0.0.2")));
-        assert!(!within_host(ip("fd00::1"), ip("fd00::2")));
-    }
-
     /// Two ranks' job listeners on loopback, whose connections nobody takes are kept for
     /// `kept_for`.
-    fn two_listeners(kept_for: Duration) -> [Arc<LateTcp>; 2] {
+    fn two_listeners(kept_for: Duration) -> [Arc<JobListener>; 2] {
         let token = crate::JobToken::new("a token of sixteen bytes").unwrap();
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        let connectors = [
-            TcpConnector::new(ip).unwrap(),
-            TcpConnector::new(ip).unwrap(),
-        ];
-        let published: Vec<Value> = connectors.iter().map(Connector::publish).collect();
+        let listeners =
+            [0, 1].map(|_| crate::os::listen_tcp("127.0.0.1:0".parse().unwrap()).unwrap());
+        let addresses: Vec<_> = listeners.iter().map(|l| l.local_addr().ok()).collect();
         let mut rank = 0;
-        connectors.map(|c| {
+        listeners.map(|listener| {
             let me = Identity {
                 rank,
                 size: 2,
                 token: token.clone(),
             };
             rank += 1;
-            c.into_late(me, &published, kept_for).unwrap()
+            JobListener::start(listener, me, addresses.clone(), kept_for).unwrap()
         })
     }
 
@@ -1066,17 +618,5 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(zero.take(7, 1, 0).unwrap().is_some());
-    }
-
-    #[test]
-    fn loopback_links_use_reno_on_both_ends() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let connected = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let accepted = listener.accept().unwrap().0;
-        for socket in [connected, accepted] {
-            let link = TcpLink::new(socket, MIN_STAGING).unwrap();
-            let algorithm = rustix::net::sockopt::tcp_congestion(&link.socket).unwrap();
-            assert_eq!(algorithm, "reno");
-        }
     }
 }

@@ -2,26 +2,27 @@
 //!
 //! It is deliberately thin: a `Group` whose collectives take raw bytes (`(address, length)`
 //! of arrays, see `memory`) and an element type by name, and errors that become the
-//! exceptions of `jaccl.errors`. The package (python/jaccl/__init__.py) does everything
-//! about arrays: element types, shapes, `out=`, PyTorch tensors. Data moves with the GIL
-//! released. `guarded` keeps a panic in a call from poisoning the group's lock. Also the
-//! sealed boxes that the torch backend's start-up passes the job secret in
-//! (`SealKey`, `seal`).
+//! exceptions of `jaccl.errors` (`errors`). The package (python/jaccl/__init__.py) does
+//! everything about arrays: element types, shapes, `out=`, PyTorch tensors. Data moves with
+//! the GIL released. `guarded` keeps a panic in a call from poisoning the group's lock. Also
+//! the sealed boxes that the torch backend's start-up passes the job secret in (`sealed`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use jaccl::{Dtype, ReduceOp};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 
+mod errors;
 mod guarded;
 mod memory;
+mod sealed;
 
+use errors::{exception, internal_error, overlap, parse_dtype, parse_op, to_python};
 use guarded::{Guarded, Internal, Unusable};
 use memory::Memory;
+use sealed::SealKey;
 
 /// A jaccl group (`jaccl::Group`), for the package's `jaccl.Group`.
 ///
@@ -39,8 +40,9 @@ struct Group {
     abort: Mutex<Option<jaccl::AbortHandle>>,
     rank: usize,
     size: usize,
-    /// Refreshed after every call (links made on first use add peers); never held long.
-    transport: Mutex<Vec<(usize, String)>>,
+    /// Checked after every call (links made on first use add peers), named only when asked
+    /// for; never held long.
+    transport: Mutex<Vec<(usize, jaccl::Transport)>>,
     topology: Option<String>,
     closed: AtomicBool,
     /// Whether `abort` was called, or `close` aborted a call in flight: later calls raise
@@ -88,7 +90,7 @@ impl Group {
         Group {
             rank: group.rank(),
             size: group.size(),
-            transport: Mutex::new(transports(&group)),
+            transport: Mutex::new(group.transport()),
             topology: group.topology().map(|t| t.to_string()),
             closed: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
@@ -189,7 +191,7 @@ impl Group {
     fn transport(&self) -> Vec<(usize, String)> {
         match self.closed.load(Ordering::Acquire) {
             true => Vec::new(),
-            false => self.transport.lock().map(|t| t.clone()).unwrap_or_default(),
+            false => self.transport.lock().map(|t| named(&t)).unwrap_or_default(),
         }
     }
 
@@ -681,7 +683,7 @@ impl Group {
                 let result = f(g);
                 // A call may have made links (to a rank it first talked to).
                 if let Ok(mut transport) = self.transport.lock() {
-                    *transport = transports(g);
+                    *transport = g.transport();
                 }
                 result
             })
@@ -718,141 +720,9 @@ impl Group {
     }
 }
 
-/// `[(peer, transport name)]` of `g`.
-fn transports(g: &jaccl::Group) -> Vec<(usize, String)> {
-    let peers = g.transport().into_iter();
-    peers.map(|(p, t)| (p, t.to_string())).collect()
-}
-
-fn parse_dtype(py: Python<'_>, name: &str) -> PyResult<Dtype> {
-    name.parse()
-        .map_err(|why: String| exception(py, "InvalidArgument", why, None, None, None))
-}
-
-fn parse_op(py: Python<'_>, name: &str) -> PyResult<ReduceOp> {
-    name.parse()
-        .map_err(|why: String| exception(py, "InvalidArgument", why, None, None, None))
-}
-
-/// The `jaccl.Error` of a panic in a call.
-fn internal_error(py: Python<'_>, internal: &Internal) -> PyErr {
-    let Internal { rank, op, message } = internal;
-    exception(py, "Error", message.clone(), *rank, None, Some(op))
-}
-
-fn overlap(py: Python<'_>) -> PyErr {
-    let why = "the input and output overlap without being the same array";
-    exception(py, "InvalidArgument", why.into(), None, None, None)
-}
-
-/// The `jaccl.errors` exception for `e`, with the rank, peer and operation it names (`call`,
-/// the binding's call, when `e` names none).
-fn to_python(py: Python<'_>, e: &jaccl::Error, call: &str) -> PyErr {
-    use jaccl::Error as E;
-    let mut msg = e.to_string();
-    let op = |op: &jaccl::Op| Some(op.name());
-    let (class, rank, peer, op) = match e {
-        E::PeerLost {
-            rank, peer, op: o, ..
-        } => ("PeerLost", Some(*rank), Some(*peer), op(o)),
-        E::Timeout { rank, op: o, .. } => ("Timeout", Some(*rank), None, op(o)),
-        E::Mismatch {
-            rank, peer, op: o, ..
-        } => ("Mismatch", Some(*rank), Some(*peer), op(o)),
-        E::Deadlock { rank, op: o, .. } => ("Deadlock", Some(*rank), None, op(o)),
-        E::Interrupted { rank, op: o } => ("Interrupted", Some(*rank), None, op(o)),
-        E::Protocol {
-            rank, peer, op: o, ..
-        } => ("ProtocolError", Some(*rank), Some(*peer), op(o)),
-        E::Bootstrap(_) => ("BootstrapError", None, None, Some("init")),
-        E::Config(_) => ("ConfigError", None, None, Some("init")),
-        E::InvalidArgument(_) => ("InvalidArgument", None, None, None),
-        E::Unsupported(_) => ("Unsupported", None, None, None),
-        E::Io { rank, .. } => ("IoError", Some(*rank), None, None),
-        E::Closed { rank } => {
-            msg =
-                format!("rank {rank}: {call}: the group was closed before the operation finished");
-            ("Error", Some(*rank), None, None)
-        }
-        E::Aborted { rank } => {
-            msg = format!(
-                "rank {rank}: {call}: the group was aborted (abort(), or close() while a call \
-                 ran); it can no longer be used"
-            );
-            ("Aborted", Some(*rank), None, None)
-        }
-        _ => ("Error", None, None, None),
-    };
-    let made = exception(py, class, msg, rank, peer, op.or(Some(call)));
-    if let Some(code) = e.raw_os_error() {
-        let _ = made.value(py).setattr("errno", code);
-    }
-    made
-}
-
-/// An instance of `jaccl.errors.<class>` with its `rank`, `peer` and `op` attributes.
-fn exception(
-    py: Python<'_>,
-    class: &str,
-    msg: String,
-    rank: Option<usize>,
-    peer: Option<usize>,
-    op: Option<&str>,
-) -> PyErr {
-    let made = (|| -> PyResult<PyErr> {
-        let class = py.import("jaccl.errors")?.getattr(class)?;
-        let value = class.call1((msg,))?;
-        value.setattr("rank", rank)?;
-        value.setattr("peer", peer)?;
-        value.setattr("op", op)?;
-        Ok(PyErr::from_value(value))
-    })();
-    made.unwrap_or_else(|e| e)
-}
-
-/// An ephemeral X25519 key pair that a sealed box ([`seal`]) is opened with: the torch
-/// backend's ranks receive the job secret from rank 0 in one, through a store that others
-/// may read (python/jaccl/torch). The secret key never leaves this object.
-#[pyclass(module = "jaccl._native", frozen)]
-struct SealKey {
-    secret: crypto_box::SecretKey,
-}
-
-#[pymethods]
-impl SealKey {
-    #[new]
-    fn new() -> SealKey {
-        SealKey {
-            secret: crypto_box::SecretKey::generate(&mut crypto_box::aead::OsRng),
-        }
-    }
-
-    /// The public key (32 bytes), to publish.
-    #[getter]
-    fn public<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, self.secret.public_key().as_bytes())
-    }
-
-    /// The message sealed for this key; `None` if `sealed` was not made by [`seal`] for it
-    /// (or was changed since).
-    fn open<'py>(&self, py: Python<'py>, sealed: &[u8]) -> Option<Bound<'py, PyBytes>> {
-        let message = self.secret.unseal(sealed).ok()?;
-        Some(PyBytes::new(py, &message))
-    }
-}
-
-/// `message` in an anonymous sealed box for the holder of `public` (libsodium's
-/// `crypto_box_seal`: an ephemeral X25519 key agreement, then XSalsa20-Poly1305), which
-/// only its [`SealKey`] opens.
-#[pyfunction]
-fn seal<'py>(py: Python<'py>, public: &[u8], message: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-    let invalid = |why: &str| exception(py, "InvalidArgument", why.to_owned(), None, None, None);
-    let public = crypto_box::PublicKey::from_slice(public)
-        .map_err(|_| invalid("a public key has 32 bytes"))?;
-    let sealed = public
-        .seal(&mut crypto_box::aead::OsRng, message)
-        .map_err(|_| invalid("the message cannot be sealed"))?;
-    Ok(PyBytes::new(py, &sealed))
+/// `[(peer, transport name)]` of `peers`.
+fn named(peers: &[(usize, jaccl::Transport)]) -> Vec<(usize, String)> {
+    peers.iter().map(|(p, t)| (*p, t.to_string())).collect()
 }
 
 /// The module `jaccl._native`.
@@ -862,6 +732,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Work>()?;
     m.add_class::<SealKey>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
-    m.add_function(wrap_pyfunction!(seal, m)?)?;
+    m.add_function(wrap_pyfunction!(sealed::seal, m)?)?;
     Ok(())
 }

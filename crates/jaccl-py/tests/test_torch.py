@@ -179,6 +179,15 @@ def test_groups_made_again_in_one_process():
     assert [r["sums"] for r in results] == [expect] * 2
 
 
+def test_an_exit_while_a_future_completes_does_not_abort():
+    """A script that ends without destroy_process_group while a future's callback still runs
+    on the thread that completes futures: the process exits cleanly (it aborted, SIGABRT, when
+    the interpreter ended that thread inside torch's C++ callbacks; seen in CI in torch's DDP
+    test)."""
+    results = torchrun(RANKS, ["exit_while_completing"], 2)
+    assert [r["sum"] for r in results] == [[2.0] * 4] * 2
+
+
 def test_polls_p2p_rings_timeouts_aborts_and_tensors_changed_in_flight():
     """What a Work reports when polled, PREMUL_SUM's reduce, 80 MiB rings, messages differing
     by a whole piece, another thread's polls, Work.wait's timeout, new_group's timeout,

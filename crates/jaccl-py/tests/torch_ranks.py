@@ -945,6 +945,17 @@ def lose_a_rank():
     os._exit(0)
 
 
+def exit_while_completing():
+    """Each rank exits without destroying its group while the thread that completes futures
+    may still run a callback of one: the interpreter waits for it instead of aborting
+    (SIGABRT)."""
+    fut = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+    fut.then(lambda f: time.sleep(0.5) or f.value())
+    fut.wait()
+    report({"sum": fut.value()[0].tolist()})
+    sys.exit(0)  # as a script that ends without destroy_process_group
+
+
 if __name__ == "__main__":
     case = sys.argv[1]
     if case not in ("init_methods", "again", "user_token", "shared_store", "cycles"):
@@ -952,6 +963,6 @@ if __name__ == "__main__":
     {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
      "lose_a_rank": lose_a_rank, "user_token": user_token, "shared_store": shared_store,
      "hardening": hardening, "cycles": cycles, "any_source": any_source,
-     "coalesced_and_sparse": coalesced_and_sparse}[case]()
+     "coalesced_and_sparse": coalesced_and_sparse, "exit_while_completing": exit_while_completing}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,9 +1,11 @@
 """torch's `Work` over jaccl's operations, and the thread that completes their futures."""
 
+import atexit
 import datetime
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -173,28 +175,51 @@ def _complete_future(future: "torch.futures.Future", work: _Work) -> None:
 class _Completer:
     """A thread that completes the futures of a group's operations (`_Work.get_future`) in
     order, as the operations end, so that jaccl's progress thread never waits for the GIL.
-    Started with the first future; ended when the group stops (or is collected)."""
+    Started with the first future; ended when the group stops (or is collected), and at the
+    latest when the interpreter exits (`_stop_completers`)."""
+
+    # How long a stop waits for the futures before it to complete.
+    JOIN_SECONDS = 10.0
 
     def __init__(self) -> None:
         self._queue: Optional["queue.Queue"] = None
+        self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        _completers.add(self)
 
     def put(self, future: "torch.futures.Future", work: _Work) -> None:
         with self._lock:
             if self._queue is None:
                 self._queue = queue.Queue()
-                thread = threading.Thread(
+                self._thread = threading.Thread(
                     target=_complete_futures, args=(self._queue,), name="jaccl-futures", daemon=True
                 )
-                thread.start()
+                self._thread.start()
             self._queue.put((future, work))
 
     def stop(self) -> None:
-        """Ends the thread once the futures before complete."""
+        """Ends the thread once the futures before complete, and waits for that (at most
+        `JOIN_SECONDS`). Completing a future runs torch's callbacks in C++; if the interpreter
+        began to exit meanwhile, Python ends the thread where it next takes the GIL, which
+        those callbacks cannot unwind through: the process aborts (SIGABRT)."""
         with self._lock:
             stopped, self._queue = self._queue, None
+            thread, self._thread = self._thread, None
         if stopped is not None:
             stopped.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.JOIN_SECONDS)
+
+
+# Every group's completer, stopped before the interpreter exits (atexit handlers run while
+# daemon threads still may take the GIL).
+_completers: "weakref.WeakSet[_Completer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_completers() -> None:
+    for completer in list(_completers):
+        completer.stop()
 
 
 def _complete_futures(futures: "queue.Queue") -> None:
@@ -203,6 +228,8 @@ def _complete_futures(futures: "queue.Queue") -> None:
         if item is None:
             return
         _complete_future(*item)
+        # Not kept alive (nor its tensors) while the thread waits for the next one.
+        del item
 
 
 def _check_guard(guard: Sequence[tuple]) -> None:

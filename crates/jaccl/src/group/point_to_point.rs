@@ -68,22 +68,16 @@ impl Group {
         message: usize,
     ) -> Result<()> {
         self.check_usable()?;
-        self.check_piece(Op::Send, ("data", data.len()), message, dtype)?;
+        self.elements(Op::Send, "data", data.len(), dtype)?;
+        self.check_piece(Op::Send, data.len(), message, dtype)?;
         self.check_peer(Op::Send, dst)?;
         let call = self.p2p_call(Op::Send, dtype, data.len(), message, tag);
         self.run(call, |c, call| c.send(data, dst, call))
     }
 
-    /// Checks that the piece `what` of `bytes` can be part of a message of `message` bytes of
-    /// `dtype`.
-    fn check_piece(
-        &self,
-        op: Op,
-        (what, bytes): (&str, usize),
-        message: usize,
-        dtype: Dtype,
-    ) -> Result<()> {
-        self.elements(op, what, bytes, dtype)?;
+    /// Checks that a piece of `bytes` can be part of a message of `message` bytes of `dtype`
+    /// (the piece's own length is checked with the call's other buffers).
+    fn check_piece(&self, op: Op, bytes: usize, message: usize, dtype: Dtype) -> Result<()> {
         self.elements(op, "message", message, dtype)?;
         if bytes > message {
             let why = format!("a piece of {bytes} bytes of a message of {message} bytes");
@@ -137,7 +131,7 @@ impl Group {
         tag: u32,
         message: usize,
     ) -> Result<()> {
-        self.check_piece(Op::Recv, ("out", out.len()), message, dtype)?;
+        self.check_piece(Op::Recv, out.len(), message, dtype)?;
         self.raw(Op::Recv, dtype, &[], ("out", out), |g, out| {
             let call = g.p2p_call(Op::Recv, dtype, out.len(), message, tag);
             g.recv_bytes(out, src, call)
@@ -202,7 +196,7 @@ impl Group {
         tag: u32,
         message: usize,
     ) -> Result<usize> {
-        self.check_piece(Op::Recv, ("out", out.len()), message, dtype)?;
+        self.check_piece(Op::Recv, out.len(), message, dtype)?;
         let mut src = 0;
         self.raw(Op::Recv, dtype, &[], ("out", out), |g, out| {
             let call = g.p2p_call(Op::Recv, dtype, out.len(), message, tag);

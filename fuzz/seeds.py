@@ -10,7 +10,7 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parent / "corpus"
 PROTOCOL_VERSION = 5
 HEADER_LEN = 64
-# Kind ids (wire.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
+# Kind ids (op_header.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
 KIND = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "send_recv": 4, "barrier": 5,
         "broadcast": 6, "reduce": 7, "gather": 8, "scatter": 9, "all_to_all": 10,
         "all_to_all_v": 11, "all_gather_v": 12, "reduce_scatter_v": 13}
@@ -28,7 +28,7 @@ def hello(purpose, rank, size, wire, group):
 
 
 def header(seq, kind, dtype, reduce, sender, count, root=0):
-    """An operation header (wire.rs)."""
+    """An operation header (op_header.rs)."""
     b = b"JCOP" + struct.pack("<IBBBxIQI", seq, KIND[kind], dtype, reduce, sender, count, root)
     # A send's header carries its whole message (here the one piece) at byte 32.
     message = struct.pack("<Q", count) if kind == "send_recv" else b""

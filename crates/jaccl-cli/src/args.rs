@@ -293,7 +293,7 @@ pub(crate) struct BenchArgs {
 /// Parses `8`, `64K`, `32M`, `1G` (binary units; `KiB`, `KB` and a trailing `B` accepted).
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim().to_ascii_uppercase();
-    let t = t.strip_suffix("IB").map(|x| x.to_string()).unwrap_or(t);
+    let t = t.strip_suffix("IB").map(ToString::to_string).unwrap_or(t);
     let t = t.strip_suffix('B').unwrap_or(&t);
     let (digits, shift) = match t.chars().last() {
         Some('K') => (&t[..t.len() - 1], 10),

@@ -21,7 +21,7 @@ macro_rules! say {
 pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
     say!("jaccl {} doctor", env!("CARGO_PKG_VERSION"));
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     say!("host: {} ({cpus} CPUs)", host.trim());
 
     say!("\ntransports:");

@@ -112,11 +112,15 @@ impl<G> Guarded<G> {
     /// The lock. `with` catches the panics of calls, so a poisoned lock guards a value in
     /// the state the last call left it, which the next call checks as usual.
     fn lock(&self) -> MutexGuard<'_, Option<G>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn busy_thread(&self) -> MutexGuard<'_, Option<ThreadId>> {
-        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+        self.busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn set_busy(&self, thread: Option<ThreadId>) {

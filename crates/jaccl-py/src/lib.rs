@@ -2,8 +2,9 @@
 //!
 //! It is deliberately thin: a `Group` whose collectives take raw bytes (`(address, length)`
 //! of arrays, see `memory`) and an element type by name, and errors that become the
-//! exceptions of `jaccl.errors` (`errors`). The package (python/jaccl/__init__.py) does
-//! everything about arrays: element types, shapes, `out=`, PyTorch tensors. Data moves with
+//! exceptions of `jaccl.errors` (`errors`). The package (python/jaccl/__init__.py, and the
+//! torch backend in python/jaccl/torch/) does everything about arrays: element types, shapes,
+//! `out=`, PyTorch tensors. Data moves with
 //! the GIL released. `guarded` keeps a panic in a call from poisoning the group's lock. Also
 //! the sealed boxes that the torch backend's start-up passes the job secret in (`sealed`).
 
@@ -135,12 +136,9 @@ impl Work {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let deadline = timeout
-            .map(|t| {
-                std::time::Duration::try_from_secs_f64(t.max(0.0))
-                    .unwrap_or(std::time::Duration::MAX)
-            })
+            .map(|t| Duration::try_from_secs_f64(t.max(0.0)).unwrap_or(Duration::MAX))
             .map(|t| std::time::Instant::now().checked_add(t));
-        let step = std::time::Duration::from_millis(100);
+        let step = Duration::from_millis(100);
         loop {
             let left = match deadline {
                 None | Some(None) => step,
@@ -224,7 +222,7 @@ impl Group {
                 if let Some(handle) = &handle {
                     handle.abort();
                 }
-            })
+            });
         });
         if let Ok(mut kept) = self.abort.lock() {
             *kept = None;
@@ -613,9 +611,9 @@ impl Group {
         let inputs = inputs.to_vec();
         let on_arrays = move |g: &mut jaccl::Group| {
             // The package passes the `(address, length)` of C-contiguous arrays, the output
-            // writable (all checked in python/jaccl/__init__.py), that stay referenced until
-            // the operation ends: by the caller during a blocking call, by `keep` (dropped
-            // only after this closure) during a nonblocking one. Another thread writing one of
+            // writable (checked by the numpy API and the torch backend, see `memory`), that
+            // stay referenced until the operation ends: by the caller during a blocking call,
+            // by `keep` (dropped only after this closure) during a nonblocking one. Another thread writing one of
             // them meanwhile is the caller's data race, as the package's documentation says.
             // SAFETY: as above, `Memory::bytes`' contract holds; no input overlaps the output
             // (checked above), and the slices die with this closure.

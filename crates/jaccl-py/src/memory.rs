@@ -1,12 +1,17 @@
 //! The caller's arrays as byte slices: with the one call that takes them (`Group::call` in
 //! lib.rs), the only `unsafe` of the bindings.
 //!
-//! The Python package (python/jaccl/__init__.py) passes each array as `(address, length)`: the
-//! data pointer and byte count of a C-contiguous numpy array that it keeps referenced until the
-//! call returns (for a nonblocking call, the native `Work` holds the references until the
-//! operation ends), and that it has checked to be writable where it is written. That works with
-//! the stable ABI of every CPython from 3.9 (the buffer protocol joined it only in 3.11), and
-//! costs nothing per call. `jaccl._native` is private: its functions trust those addresses.
+//! The package's two callers pass each array as `(address, length)`: the data pointer and byte
+//! count of C-contiguous memory that they keep referenced until the call returns (for a
+//! nonblocking call, the native `Work` holds the references until the operation ends), and
+//! that is writable where it is written. They are the numpy API (python/jaccl/__init__.py:
+//! `Group._input` and `_output` check contiguity, element type and writability, `_memory`
+//! gives the range) and the torch backend (python/jaccl/torch/: `_Tensor` and the staging
+//! buffers are contiguous CPU tensors, always writable, `_Group._run` hands their references
+//! to the call). That works with the stable ABI of every CPython from 3.9 (the buffer protocol
+//! joined it only in 3.11), and costs nothing per call. `jaccl._native` is private: its
+//! functions trust those addresses; an input that overlaps the output is refused here (the
+//! callers copy such an input first: `jaccl._overlap`).
 #![allow(unsafe_code)]
 
 use pyo3::FromPyObject;

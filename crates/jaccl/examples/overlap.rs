@@ -136,7 +136,7 @@ fn rank() {
             "computation beside the all-reduces: {:8.1} ms ({slower:.2}x alone)",
             ms(cb)
         );
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
         let busy = |(used, wall): (f64, f64)| 100.0 * used / (wall * cores);
         println!(
             "CPUs busy (all ranks' CPU time / (wall time x {cores} cores)): communication {:.0}%, \

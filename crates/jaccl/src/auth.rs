@@ -33,9 +33,9 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::net::{RecvFlags, SendFlags};
 
 use crate::error::{Error, Result};
+use crate::op_header::{PROTOCOL_VERSION, to_u32, u32_at};
 use crate::os::{deadline_after, time_left};
 use crate::token::JobToken;
-use crate::wire::{PROTOCOL_VERSION, to_u32, u32_at};
 
 /// `n` random bytes.
 pub(crate) fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {

@@ -18,9 +18,9 @@ use crate::auth::{self, Admission, AuthError, Claim, Purpose};
 use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Heartbeat, Liveness};
+use crate::op_header::{Reader, to_u32};
 use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after, time_left};
 use crate::transport::listener::{DialError, JobListener};
-use crate::wire::{Reader, to_u32};
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
 /// The coordinator's replies hold one such message per rank.

@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn sizes_match_rust_types() {
         fn check<T: Element>() {
-            assert_eq!(T::DTYPE.size(), std::mem::size_of::<T>(), "{}", T::DTYPE);
+            assert_eq!(T::DTYPE.size(), size_of::<T>(), "{}", T::DTYPE);
         }
         check::<bool>();
         check::<i8>();

@@ -52,10 +52,10 @@ impl<'a> Input<'a> {
 
 /// The header this rank would expect in the fuzz targets' calls: what a peer's header is
 /// compared with.
-fn expected_header() -> crate::wire::Header {
-    crate::wire::Header {
+fn expected_header() -> crate::op_header::Header {
+    crate::op_header::Header {
         seq: 3,
-        kind: crate::wire::Kind::of(Op::AllReduce),
+        kind: crate::op_header::Kind::of(Op::AllReduce),
         dtype: Dtype::Float32,
         reduce: ReduceOp::Sum,
         sender: 1,
@@ -73,9 +73,9 @@ pub fn data_connection(bytes: &[u8]) {
         let _ = crate::auth::Claim::parse(b);
     }
     let expect = expected_header();
-    for chunk in bytes.chunks(crate::wire::HEADER_LEN) {
-        if let Some(b) = chunk.first_chunk::<{ crate::wire::HEADER_LEN }>()
-            && let Ok(header) = crate::wire::Header::decode(b)
+    for chunk in bytes.chunks(crate::op_header::HEADER_LEN) {
+        if let Some(b) = chunk.first_chunk::<{ crate::op_header::HEADER_LEN }>()
+            && let Ok(header) = crate::op_header::Header::decode(b)
         {
             let _ = expect.mismatch(&header);
             let _ = header.to_string();
@@ -108,7 +108,7 @@ pub fn shared_memory(bytes: &[u8]) {
     let words = [input.u64(), input.u64()];
     let mut digest = [0u8; 32];
     digest.iter_mut().for_each(|b| *b = input.byte());
-    if let Ok(header) = crate::wire::Header::from_words(words, 1, || digest) {
+    if let Ok(header) = crate::op_header::Header::from_words(words, 1, || digest) {
         let _ = expected_header().mismatch(&header);
         let _ = header.to_string();
     }

@@ -133,12 +133,12 @@ impl Reducer {
 
     /// `dst[i] = dst[i] ⊕ src[i]` over the whole elements both slices hold.
     pub(crate) fn accumulate(&self, dst: &mut [u8], src: &[u8]) {
-        (self.accumulate)(dst, src)
+        (self.accumulate)(dst, src);
     }
 
     /// `dst[i] = own[i] ⊕ src[i]` over the whole elements all three slices hold.
     pub(crate) fn combine(&self, dst: &mut [u8], own: &[u8], src: &[u8]) {
-        (self.combine)(dst, own, src)
+        (self.combine)(dst, own, src);
     }
 }
 

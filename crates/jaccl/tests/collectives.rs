@@ -649,7 +649,7 @@ fn wrappers_raw_api_and_mixed_sequences() {
                     g.send_raw(&odd, (rank + 1) % n, Dtype::UInt16, 0),
                     g.recv_raw(&mut [0; 3], (rank + 1) % n, Dtype::UInt16, 0),
                 ] {
-                    assert!(matches!(e, Err(jaccl::Error::InvalidArgument(_))), "{e:?}");
+                    assert!(matches!(e, Err(Error::InvalidArgument(_))), "{e:?}");
                 }
                 if n > 1 {
                     let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);

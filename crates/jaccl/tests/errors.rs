@@ -132,7 +132,7 @@ fn unreachable_coordinator_is_a_bootstrap_error() {
         .startup_timeout(Duration::from_millis(700));
     match jaccl::init_with(cfg) {
         Err(Error::Bootstrap(msg)) => {
-            assert!(msg.contains(&addr) && msg.contains("rank 1"), "{msg}")
+            assert!(msg.contains(&addr) && msg.contains("rank 1"), "{msg}");
         }
         other => panic!("expected Bootstrap, got {other:?}"),
     }
@@ -179,7 +179,7 @@ fn a_coordinator_with_another_token_is_refused_without_learning_it() {
     );
     match &results[1] {
         Err(Error::Bootstrap(msg)) => {
-            assert!(msg.contains("does not know this job's token"), "{msg}")
+            assert!(msg.contains("does not know this job's token"), "{msg}");
         }
         other => panic!("expected Bootstrap, got {other:?}"),
     }
@@ -349,7 +349,7 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
                 assert!(
                     msg.contains("neighbours 1") && msg.contains("elsewhere"),
                     "{msg}"
-                )
+                );
             }
             other => panic!("rank {rank}: expected Unsupported, got {other:?}"),
         }
@@ -748,7 +748,7 @@ fn an_interrupt_check_stops_a_waiting_operation_and_poisons_the_group() {
 }
 
 /// What one rank of a test group runs.
-type RankProgram<'a> = dyn Fn(&mut jaccl::Group) -> jaccl::Result<()> + Sync + 'a;
+type RankProgram<'a> = dyn Fn(&mut Group) -> jaccl::Result<()> + Sync + 'a;
 
 #[test]
 fn calls_that_wait_for_each_other_are_a_deadlock_not_a_timeout() {

@@ -670,7 +670,7 @@ fn a_request_can_be_polled_and_waited_with_a_timeout() {
         if g.rank() == 1 {
             std::thread::sleep(Duration::from_millis(300));
         }
-        let request = g.start(|g| g.barrier());
+        let request = g.start(Group::barrier);
         let early = request.is_done();
         let timed_out = !request.wait_timeout(Duration::from_millis(50));
         assert!(request.wait_timeout(Duration::from_secs(30)));
@@ -692,7 +692,7 @@ fn errors_come_through_the_handles_and_poison_the_group() {
             // Ranks that disagree on the length: Mismatch, then the later ones fail alike.
             let len = if g.rank() == 2 { 5 } else { 4 };
             let first = g.start(move |g| g.all_sum(&vec![1u8; len], &mut vec![0u8; len]));
-            let second = g.start(|g| g.barrier());
+            let second = g.start(Group::barrier);
             let blocking = g.barrier();
             (first.wait(), second.wait(), blocking)
         });

@@ -50,7 +50,10 @@ fn watchdog() {
             if now != last {
                 (last, since) = (now, Instant::now());
             } else if since.elapsed() >= STALL {
-                let group = GROUP.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let group = GROUP
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
                 eprintln!(
                     "soak: HANG: no collective started for {STALL:?} in {group}; \
                      the step each rank started last (1-based): {now:?}"

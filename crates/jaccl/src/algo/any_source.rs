@@ -27,9 +27,9 @@ use super::geometry::Geometry;
 use super::waiting::{BlockedReport, flows, sleep_also};
 use crate::error::{Error, Result};
 use crate::liveness::Flow;
+use crate::op_header::{Header, Kind};
 use crate::transport::{Interest, LinkError};
 use crate::wait::{Backoff, Idle};
-use crate::wire::{Header, Kind};
 
 impl Network {
     /// The peer whose message a receive from any source takes (see the module docs), the

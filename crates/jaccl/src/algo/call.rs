@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::plan::{Buf, Span};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op};
+use crate::op_header::{Digest, Header, Kind};
 use crate::wait::WaitPolicy;
-use crate::wire::{Digest, Header, Kind};
 
 /// What the caller asked for: names the operation in errors and headers.
 #[derive(Debug, Clone, Copy)]
@@ -39,9 +39,9 @@ impl Call {
             kind: Kind::of(self.op),
             dtype: self.dtype,
             reduce: self.reduce,
-            sender: crate::wire::to_u32(sender),
+            sender: crate::op_header::to_u32(sender),
             count: self.count as u64,
-            root: crate::wire::to_u32(self.root),
+            root: crate::op_header::to_u32(self.root),
             counts: self.counts,
             message: self.message as u64,
         }

@@ -5,8 +5,8 @@ use super::call::Call;
 use crate::error::{Error, Result};
 use rustix::event::PollFd;
 
+use crate::op_header::HEADER_LEN;
 use crate::transport::{Interest, Link, LinkError};
-use crate::wire::HEADER_LEN;
 
 /// One link to one peer, with the count of operations started on it in each direction (the
 /// `seq` of the operation headers), and the bytes read ahead of the calls that will use them.

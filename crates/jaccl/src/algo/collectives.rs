@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use super::call::{Buffers, Call};
 use super::channel::Channel;
-use super::direct::{Direct, equal_blocks};
 use super::engine::{LateLinks, Network, Rounds, Scratch};
 use super::geometry::Geometry;
 use super::plan::{Plan, Span};
@@ -14,6 +13,7 @@ use super::select::{
     AllGather, AllGatherV, AllReduce, AllToAll, Broadcast, ReduceScatter, ReduceScatterV, Rooted,
     Shape, SmallGather,
 };
+use super::shared_memory::{Direct, equal_blocks};
 use super::{doubling, mesh, p2p, ring};
 use crate::dtype::Dtype;
 use crate::error::{Error, Op, Result};

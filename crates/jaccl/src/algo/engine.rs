@@ -23,10 +23,10 @@ use super::plan::{Merge, Plan, Transfer};
 use super::waiting::{BlockedReport, flows, sleep};
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
+use crate::op_header::{HEADER_LEN, Header};
 use crate::reduce::{Reducer, copy};
 use crate::transport::{Interest, Link};
 use crate::wait::{Backoff, Idle};
-use crate::wire::{HEADER_LEN, Header};
 
 /// Progress of one lane.
 #[derive(Debug, Default, Clone, Copy)]

@@ -53,7 +53,7 @@ impl Alarm {
 type Shared = Arc<Mutex<Pipe>>;
 
 fn lock(p: &Shared) -> MutexGuard<'_, Pipe> {
-    p.lock().unwrap_or_else(|e| e.into_inner())
+    p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 struct FakeLink {

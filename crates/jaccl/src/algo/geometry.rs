@@ -44,7 +44,7 @@ pub(crate) fn whole_frame(bytes: usize) -> usize {
 }
 
 /// `(rank + delta) mod size` for any signed delta.
-fn ring_index(rank: usize, delta: isize, size: usize) -> usize {
+pub(crate) fn ring_index(rank: usize, delta: isize, size: usize) -> usize {
     let size_i = size as isize;
     ((rank as isize + delta).rem_euclid(size_i)) as usize
 }

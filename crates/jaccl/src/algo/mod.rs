@@ -8,8 +8,8 @@
 //!   what it read ahead; [`waiting`]: how every algorithm waits (arm, poll, report blocked);
 //! - [`geometry`]: which channel is which wire to which peer, and lanes;
 //! - one file per family: [`ring`], [`mesh`] (one-step exchange), [`doubling`] (recursive
-//!   doubling and halving), [`p2p`] (send and receive), [`direct`] (shared memory, when every
-//!   rank of the group is on this host), `any_source` (whose message a receive from any rank
+//!   doubling and halving), [`p2p`] (send and receive), [`shared_memory`] (the direct
+//!   collectives: every rank of the group on this host reads the others' memory), `any_source` (whose message a receive from any rank
 //!   takes);
 //! - [`select`]: the one place that decides which algorithm runs for a call;
 //! - [`collectives`]: a group's collectives, run as [`select`] decides.
@@ -18,7 +18,6 @@ mod any_source;
 pub(crate) mod call;
 pub(crate) mod channel;
 pub(crate) mod collectives;
-pub(crate) mod direct;
 pub(crate) mod doubling;
 pub(crate) mod engine;
 #[cfg(test)]
@@ -29,6 +28,7 @@ pub(crate) mod p2p;
 pub(crate) mod plan;
 pub(crate) mod ring;
 pub(crate) mod select;
+pub(crate) mod shared_memory;
 #[cfg(test)]
 mod simulate;
 pub(crate) mod waiting;

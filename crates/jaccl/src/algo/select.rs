@@ -176,7 +176,7 @@ pub(crate) enum ReduceScatter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Broadcast {
     /// The root posts the data in a line of its shared memory and goes on; the others read it
-    /// (`super::direct::Direct::broadcast_eager`).
+    /// (`super::shared_memory::Direct::broadcast_eager`).
     Eager,
     /// Per round of an area, the root copies in and every other rank copies out.
     Direct,

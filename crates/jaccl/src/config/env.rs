@@ -3,9 +3,9 @@
 
 use std::str::FromStr;
 
+use super::devices::DeviceMatrix;
 use super::parse::{join_host_port, parse_duration};
 use super::{Config, Topology};
-use crate::devices::DeviceMatrix;
 use crate::error::{Error, Result};
 use crate::token::JobToken;
 

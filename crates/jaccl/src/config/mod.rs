@@ -30,9 +30,11 @@
 //! without a size (or the reverse) is an error, as is any value that does not parse: the error
 //! names the variable and the value.
 
+mod devices;
 mod env;
 mod parse;
 
+pub use devices::DeviceMatrix;
 pub use env::{JOB_ID_VARIABLES, RANK_VARIABLES, SIZE_VARIABLES};
 pub use parse::parse_duration;
 pub(crate) use parse::split_host_port;
@@ -41,7 +43,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::devices::DeviceMatrix;
 use crate::error::{Error, Result};
 use crate::token::JobToken;
 use crate::wait::WaitPolicy;

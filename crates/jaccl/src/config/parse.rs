@@ -8,7 +8,7 @@ use std::time::Duration;
 ///
 /// # Errors
 /// A message saying why the value is not a positive duration.
-pub fn parse_duration(value: &str) -> std::result::Result<Duration, String> {
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
     let value = value.trim();
     if ["off", "none", "never"]
         .iter()
@@ -45,7 +45,7 @@ pub(crate) fn join_host_port(host: &str, port: &str) -> String {
 }
 
 /// Splits `host:port` (or `[v6]:port`) into its parts, checking the port.
-pub(crate) fn split_host_port(addr: &str) -> std::result::Result<(&str, u16), String> {
+pub(crate) fn split_host_port(addr: &str) -> Result<(&str, u16), String> {
     let (host, port) = addr
         .rsplit_once(':')
         .ok_or("expected host:port, e.g. 127.0.0.1:29500")?;

@@ -1,13 +1,14 @@
 //! Start-up of a group: every rank joins the side channel, publishes what its peers need (its
 //! host, the settings all ranks must agree on, and what each transport's connector publishes,
 //! `crate::transport::connector`), and the ranks check that they agree. Then each ring
-//! neighbour gets its own transport, by the same rule on every rank: shared memory when both
-//! ranks are on one host, RDMA when both have a device that reaches the other, TCP otherwise
-//! (unless `Config::transport` forces one); so 2 hosts × 4 ranks use shared memory inside each
-//! host and RDMA or TCP between them. The mesh's other links are TCP. When every rank is on
-//! this host, each also maps every other rank's segment for the direct collectives
-//! (`crate::algo::direct`). The transports open their links in turn: RDMA first (a pair it
-//! cannot connect falls back to TCP under `auto`), then TCP, then shared memory.
+//! neighbour gets its own transport, by the same rule on every rank ([`choice`]): shared
+//! memory when both ranks are on one host, RDMA when both have a device that reaches the
+//! other, TCP otherwise (unless `Config::transport` forces one); so 2 hosts × 4 ranks use
+//! shared memory inside each host and RDMA or TCP between them. The mesh's other links are
+//! TCP. When every rank is on this host, each also maps every other rank's segment for the
+//! direct collectives (`crate::algo::shared_memory`). The transports open their links in
+//! turn: RDMA first (a pair it cannot connect falls back to TCP under `auto`), then TCP, then
+//! shared memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,10 +19,10 @@ use serde_json::Value;
 
 use crate::algo::channel::Channel;
 use crate::algo::collectives::Collectives;
-use crate::algo::geometry::Geometry;
+use crate::algo::geometry::ring_index;
 use crate::auth::Identity;
 use crate::bootstrap::SideChannel;
-use crate::config::{Config, Topology, Transport};
+use crate::config::{Config, Transport};
 use crate::error::{Error, Result};
 use crate::liveness::{Heartbeat, Liveness};
 use crate::os::deadline_after;
@@ -33,9 +34,11 @@ use crate::transport::listener::JobListener;
 use crate::transport::rdma::{DeviceNames, RdmaConnector};
 use crate::transport::shm::{self, Board, Shm, ShmConnector};
 use crate::transport::tcp::connector::TcpConnector;
-use crate::wait::GoOn;
-use crate::wait::WaitPolicy;
+use crate::wait::{GoOn, WaitPolicy};
 
+use choice::Facts;
+
+mod choice;
 pub(crate) mod late;
 
 /// What each rank publishes at start-up.
@@ -125,18 +128,12 @@ fn set_up(
     mut tcp: TcpConnector,
     job_rank: &Arc<[usize]>,
     group: u64,
-    deadline: std::time::Instant,
+    deadline: Instant,
 ) -> Result<(Connected, Arc<JobListener>)> {
     let (rank, size) = (config.rank, config.size);
     let fail = |what: String| Error::Bootstrap(format!("rank {rank}: {what}"));
-    let mut geometry = Geometry {
-        rank,
-        size,
-        wires: config.wire_count(),
-        mesh: false,
-    };
-    let wires = geometry.wires;
-    let (left, right) = (geometry.left(), geometry.right());
+    let wires = config.wire_count();
+    let (left, right) = (ring_index(rank, -1, size), ring_index(rank, 1, size));
 
     // Each transport's connector, and what it publishes.
     let mut shm = matches!(config.transport, Transport::Auto | Transport::Shm)
@@ -176,42 +173,35 @@ fn set_up(
     let infos: Vec<PeerInfo> = exchange_json(&mut exchange, rank, &me)?;
     agree(rank, &me, &infos)?;
 
-    // Which transport each pair of ring neighbours uses: every rank works it out alike.
+    // Which transport each link uses: every rank works it out alike (`choice`).
     let shares_memory = |a: usize, b: usize| {
         let (a, b) = (&infos[a], &infos[b]);
         shm.as_ref()
             .is_some_and(|c| c.pairs(a.published(Transport::Shm), b.published(Transport::Shm)))
     };
-    // Forced transports need every pair of ring neighbours to use them; every rank checks
-    // every pair, so all fail at once instead of waiting for the ones that noticed.
-    if config.transport == Transport::Shm
-        && let Some(r) = (0..size).find(|&r| infos[r].host != infos[(r + 1) % size].host)
-    {
-        let next = (r + 1) % size;
-        return Err(Error::Unsupported(format!(
-            "rank {rank}: the shm transport needs all ranks on one host, but ring neighbours \
-             {r} ({}) and {next} ({}) are not; use auto or tcp",
-            infos[r].host, infos[next].host
-        )));
-    }
-    let rdma_unusable = |r: usize| rdma.unusable(infos[r].published(Transport::Rdma).blob);
-    if config.transport == Transport::Rdma
-        && let Some((r, why)) = (0..size).find_map(|r| rdma_unusable(r).map(|why| (r, why)))
-    {
-        return Err(Error::Unsupported(format!(
-            "rank {rank}: the rdma transport is unavailable on rank {r}: {why}"
-        )));
-    }
-    // Ring pair p is (p, p + 1): this rank's left side is pair `left`, its right side `rank`.
-    let rdma_pairs: Vec<bool> = (0..size)
-        .map(|p| {
-            let q = (p + 1) % size;
-            let (a, b) = (&infos[p], &infos[q]);
-            rdma.pairs(a.published(Transport::Rdma), b.published(Transport::Rdma))
-                && (config.transport == Transport::Rdma || !shares_memory(p, q))
-        })
-        .collect();
-    let any_rdma = rdma_pairs.contains(&true);
+    let facts = Facts {
+        rank,
+        size,
+        wires,
+        transport: config.transport,
+        topology: config.topology,
+        hosts: infos.iter().map(|i| i.host.clone()).collect(),
+        ring_shares_memory: (0..size)
+            .map(|p| shares_memory(p, (p + 1) % size))
+            .collect(),
+        local: (0..size).map(|p| shares_memory(rank, p)).collect(),
+        ring_rdma: (0..size)
+            .map(|p| {
+                let (a, b) = (&infos[p], &infos[(p + 1) % size]);
+                rdma.pairs(a.published(Transport::Rdma), b.published(Transport::Rdma))
+            })
+            .collect(),
+        rdma_unusable: (0..size).find_map(|r| {
+            rdma.unusable(infos[r].published(Transport::Rdma).blob)
+                .map(|why| (r, why))
+        }),
+    };
+    let choice = facts.choose()?;
     let identity = Identity {
         rank,
         size,
@@ -235,77 +225,27 @@ fn set_up(
         })
     };
 
-    let rdma_wants: Vec<Want> = [
-        (rdma_pairs[left], left, End::Left),
-        (rdma_pairs[rank], right, End::Right),
-    ]
-    .into_iter()
-    .filter(|(wanted, _, _)| *wanted)
-    .map(|(_, peer, end)| Want { peer, wires, end })
-    .collect();
-    let mut rdma_links = match any_rdma {
-        true => open(&mut rdma, &rdma_wants, Transport::Rdma, &mut exchange)?,
+    let mut rdma_links = match choice.any_rdma {
+        true => open(&mut rdma, &choice.rdma, Transport::Rdma, &mut exchange)?,
         false => Vec::new(),
     };
     drop(rdma);
-    let mut rdma_left = take(&mut rdma_links, &rdma_wants, End::Left, left);
-    let mut rdma_right = take(&mut rdma_links, &rdma_wants, End::Right, right);
-    let transport_to = |peer: usize, rdma: &Option<Vec<Box<dyn Link>>>| {
-        if shares_memory(rank, peer) {
-            Transport::Shm
-        } else if rdma.is_some() {
-            Transport::Rdma
-        } else {
-            Transport::Tcp
-        }
-    };
-    let to_left = transport_to(left, &rdma_left);
-    let to_right = transport_to(right, &rdma_right);
-    let all_here = (0..size).all(|r| r == rank || shares_memory(rank, r));
-
-    // TCP: the ring's links not taken by another transport, and the mesh's to other hosts.
-    let hosts: std::collections::HashSet<&str> = infos.iter().map(|i| i.host.as_str()).collect();
-    geometry.mesh = uses_mesh(config.topology, size, hosts.len() == size, any_rdma);
-    let others: Vec<usize> = geometry.non_neighbours().collect();
-    let local: Vec<bool> = (0..size).map(|p| shares_memory(rank, p)).collect();
-    let ring_wants = |transport: Transport| {
-        [(to_left, left, End::Left), (to_right, right, End::Right)]
-            .into_iter()
-            .filter(move |(t, _, _)| *t == transport)
-            .map(move |(_, peer, end)| Want { peer, wires, end })
-    };
-    let other_wants = |transport: Transport| {
-        let (mesh, local) = (geometry.mesh, &local);
-        let wanted = move |p: usize| match transport {
-            Transport::Shm => local[p],
-            _ => mesh && !local[p],
-        };
-        others
-            .iter()
-            .filter(move |&&p| wanted(p))
-            .map(|&peer| Want {
-                peer,
-                wires: 1,
-                end: End::Other,
-            })
-    };
-    let tcp_wants: Vec<Want> = ring_wants(Transport::Tcp)
-        .chain(other_wants(Transport::Tcp))
-        .collect();
-    let mut tcp_links = open(&mut tcp, &tcp_wants, Transport::Tcp, &mut exchange)?;
+    let mut rdma_left = take(&mut rdma_links, &choice.rdma, End::Left, left);
+    let mut rdma_right = take(&mut rdma_links, &choice.rdma, End::Right, right);
+    let wanted = choice.links(&facts, rdma_left.is_some(), rdma_right.is_some());
+    let (to_left, to_right) = (wanted.to_left, wanted.to_right);
+    let mut tcp_links = open(&mut tcp, &wanted.tcp, Transport::Tcp, &mut exchange)?;
 
     // Shared memory: with every rank on this host (the neighbours' links on every wire, one
     // link to each other rank); the direct collectives use the segments when all are here.
-    let here = infos.iter().filter(|i| i.host == me.host).count();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let wait = config.wait.unwrap_or_else(|| WaitPolicy::auto(here, cpus));
-    let shm_wants: Vec<Want> = ring_wants(Transport::Shm)
-        .chain(other_wants(Transport::Shm))
-        .collect();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let wait = config
+        .wait
+        .unwrap_or_else(|| WaitPolicy::auto(facts.ranks_here(), cpus));
     let (mut shm_links, shared) = match &mut shm {
-        Some(connector) if !shm_wants.is_empty() => {
+        Some(connector) if !wanted.shm.is_empty() => {
             connector.offer_asymmetric_fences(!wait.spin.is_zero());
-            let opened = open(connector, &shm_wants, Transport::Shm, &mut exchange)?;
+            let opened = open(connector, &wanted.shm, Transport::Shm, &mut exchange)?;
             (opened, connector.take_shared())
         }
         _ => (Vec::new(), None),
@@ -313,9 +253,9 @@ fn set_up(
 
     let mut side_links = |transport: Transport, end: End, peer: usize, rdma: &mut Option<_>| {
         let links = match transport {
-            Transport::Shm => take(&mut shm_links, &shm_wants, end, peer),
+            Transport::Shm => take(&mut shm_links, &wanted.shm, end, peer),
             Transport::Rdma => rdma.take(),
-            _ => take(&mut tcp_links, &tcp_wants, end, peer),
+            _ => take(&mut tcp_links, &wanted.tcp, end, peer),
         };
         channels(links, peer, wires)
     };
@@ -326,10 +266,10 @@ fn set_up(
         peers.push((right, to_right));
     }
     // One channel to each other rank: opened now, or on first use (`late`).
-    for &p in &others {
-        let opened = match local[p] {
-            true => take(&mut shm_links, &shm_wants, End::Other, p).map(|l| (l, Transport::Shm)),
-            false => take(&mut tcp_links, &tcp_wants, End::Other, p).map(|l| (l, Transport::Tcp)),
+    for p in choice.geometry.non_neighbours() {
+        let opened = match facts.local[p] {
+            true => take(&mut shm_links, &wanted.shm, End::Other, p).map(|l| (l, Transport::Shm)),
+            false => take(&mut tcp_links, &wanted.tcp, End::Other, p).map(|l| (l, Transport::Tcp)),
         };
         match opened {
             Some((links, transport)) => {
@@ -356,13 +296,12 @@ fn set_up(
     let job_ranks = (group != 0).then(|| Arc::clone(job_rank));
     let liveness =
         Liveness::of_group(rank, job_ranks).map_err(|e| Error::io(rank, "liveness", e))?;
-    let board = shared.as_ref().filter(|_| all_here);
+    let board = shared.as_ref().filter(|_| facts.all_here());
     let collectives = Collectives::new(
-        geometry,
+        choice.geometry,
         channels_all,
         Arc::clone(&liveness),
-        // Known alike to every rank (unlike this rank's own links), so all choose alike.
-        any_rdma,
+        choice.any_rdma,
         board.and_then(|s| Board::new(size, s)).map(Arc::new),
         Some(Box::new(late)),
     );
@@ -457,24 +396,6 @@ fn channels(links: Option<Vec<Box<dyn Link>>>, peer: usize, wires: usize) -> Res
     }
     Ok(links.into_iter().map(|l| Channel::new(l, peer)).collect())
 }
-
-/// Whether a group builds the mesh's links: when asked to, or with `auto` where it pays. Small
-/// collectives then take one step instead of ⌈(size − 1)/2⌉ around the ring, which pays when
-/// each hop costs a network's latency (with 1 ms per packet, 4 ranks: 1.7 ms instead of 2.8 ms
-/// per small all-reduce; docs/algorithms.md, "Mesh"). So `auto` builds it for 4 to
-/// [`AUTO_MESH_MAX`] ranks that are each on a host of their own and talk TCP (the mesh's extra
-/// links are TCP). Every input is the same on every rank, so all choose alike.
-fn uses_mesh(topology: Topology, size: usize, one_rank_per_host: bool, rdma: bool) -> bool {
-    match topology {
-        Topology::Mesh => true,
-        Topology::Auto => (4..=AUTO_MESH_MAX).contains(&size) && one_rank_per_host && !rdma,
-        _ => false,
-    }
-}
-
-/// The most ranks for which `auto` builds the mesh: each rank opens `size − 3` more TCP
-/// connections, and a one-step exchange sends `size − 1` messages at once.
-const AUTO_MESH_MAX: usize = 16;
 
 /// Checks that every rank uses the same settings.
 fn agree(rank: usize, me: &PeerInfo, infos: &[PeerInfo]) -> Result<()> {

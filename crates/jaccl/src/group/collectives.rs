@@ -5,11 +5,51 @@
 //! receives in `point_to_point.rs`.
 
 use super::Group;
+use crate::algo::collectives::Collectives;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Op, Result};
 // The docs name the errors.
 #[cfg(doc)]
 use crate::error::Error;
+
+/// A collective's typed method and its `_raw` form, both over its byte-level one: the
+/// typed one over slices of `T`, the raw one over bytes holding elements of a `dtype` given
+/// after the buffers (checked to be whole numbers of elements), each followed by the
+/// collective's other arguments. One description per collective, so a new one is an entry
+/// here plus its byte-level method.
+macro_rules! typed_and_raw {
+    (
+        $(#[$typed_doc:meta])*
+        fn $typed:ident($($arg:ident: $ty:ty),*);
+        $(#[$raw_doc:meta])*
+        fn $raw:ident;
+        $op:expr => $bytes:ident
+    ) => {
+        $(#[$typed_doc])*
+        pub fn $typed<T: Element>(
+            &mut self,
+            input: &[T],
+            output: &mut [T],
+            $($arg: $ty),*
+        ) -> Result<()> {
+            typed(input, output, |i, o| self.$bytes(i, o, T::DTYPE, $($arg),*))
+        }
+
+        $(#[$raw_doc])*
+        pub fn $raw(
+            &mut self,
+            input: &[u8],
+            output: &mut [u8],
+            dtype: Dtype,
+            $($arg: $ty),*
+        ) -> Result<()> {
+            let buffers = [("input", input.len())];
+            self.raw($op, dtype, &buffers, ("output", output), |g, out| {
+                g.$bytes(input, out, dtype, $($arg),*)
+            })
+        }
+    };
+}
 
 /// A typed call on bytes: `input` and `output` viewed as the bytes of their elements (`bool`s
 /// are normalised on the way back).
@@ -21,6 +61,7 @@ pub(super) fn typed<T: Element, R>(
     let input = T::as_bytes(input);
     T::with_bytes_mut(output, |out| f(&input, out))
 }
+
 impl Group {
     /// Element-wise sum over all ranks of `input` into `output` (same length).
     ///
@@ -46,24 +87,6 @@ impl Group {
         self.all_reduce(input, output, ReduceOp::Min)
     }
 
-    /// Reduces `input` element-wise over all ranks with `op`; every rank receives the same
-    /// result, bit for bit, in `output`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the lengths differ or `op` does not apply to `T`
-    /// ([`ReduceOp::applies_to`]); otherwise the transport errors of [`Error`] (`PeerLost`,
-    /// `Timeout`, `Mismatch`, ...), after which the group is poisoned.
-    pub fn all_reduce<T: Element>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<()> {
-        typed(input, output, |i, o| {
-            self.all_reduce_bytes(Some(i), o, T::DTYPE, op)
-        })
-    }
-
     /// [`Group::all_reduce`] with the result written over `data`.
     ///
     /// # Errors
@@ -72,29 +95,6 @@ impl Group {
         T::with_bytes_mut(data, |bytes| {
             self.all_reduce_bytes(None, bytes, T::DTYPE, op)
         })
-    }
-
-    /// [`Group::all_reduce`] over raw bytes holding elements of `dtype`, for bindings to other
-    /// languages. `bool` bytes other than 0 and 1 count as true; the output holds 0 or 1.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the lengths differ or are not a whole number of elements;
-    /// otherwise as [`Group::all_reduce`].
-    pub fn all_reduce_raw(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: Dtype,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(
-            Op::AllReduce,
-            dtype,
-            &buffers,
-            ("output", output),
-            |g, out| g.all_reduce_bytes(Some(input), out, dtype, op),
-        )
     }
 
     /// [`Group::all_reduce_raw`] with the result written over `data`.
@@ -112,14 +112,34 @@ impl Group {
         })
     }
 
-    fn all_reduce_bytes(
+    typed_and_raw! {
+        /// Reduces `input` element-wise over all ranks with `op`; every rank receives the same
+        /// result, bit for bit, in `output`.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] if the lengths differ or `op` does not apply to `T`
+        /// ([`ReduceOp::applies_to`]); otherwise the transport errors of [`Error`] (`PeerLost`,
+        /// `Timeout`, `Mismatch`, ...), after which the group is poisoned.
+        fn all_reduce(op: ReduceOp);
+        /// [`Group::all_reduce`] over raw bytes holding elements of `dtype`, for bindings to other
+        /// languages. `bool` bytes other than 0 and 1 count as true; the output holds 0 or 1.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] if the lengths differ or are not a whole number of elements;
+        /// otherwise as [`Group::all_reduce`].
+        fn all_reduce_raw;
+        Op::AllReduce => all_reduce_bytes
+    }
+
+    /// `input`: `None` in place (`Option<&[u8]>` is `From<&[u8]>`, for the typed forms).
+    fn all_reduce_bytes<'i>(
         &mut self,
-        input: Option<&[u8]>,
+        input: impl Into<Option<&'i [u8]>>,
         output: &mut [u8],
         dtype: Dtype,
         op: ReduceOp,
     ) -> Result<()> {
-        let which = Op::AllReduce;
+        let (which, input) = (Op::AllReduce, input.into());
         self.check_usable()?;
         if let Some(input) = input {
             self.check_len(
@@ -142,31 +162,22 @@ impl Group {
         Ok(())
     }
 
-    /// Gathers every rank's `input` into `output`, which holds `size()` blocks of
-    /// `input.len()` elements: block `r` is rank r's input.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless `output.len() == size() * input.len()`; otherwise the
-    /// transport errors of [`Error`], after which the group is poisoned.
-    pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
-        typed(input, output, |i, o| self.all_gather_bytes(i, o, T::DTYPE))
-    }
-
-    /// [`Group::all_gather`] over raw bytes holding elements of `dtype`, for bindings to other
-    /// languages.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless both are whole numbers of elements and
-    /// `output.len() == size() * input.len()`; otherwise as [`Group::all_gather`].
-    pub fn all_gather_raw(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(
-            Op::AllGather,
-            dtype,
-            &buffers,
-            ("output", output),
-            |g, out| g.all_gather_bytes(input, out, dtype),
-        )
+    typed_and_raw! {
+        /// Gathers every rank's `input` into `output`, which holds `size()` blocks of
+        /// `input.len()` elements: block `r` is rank r's input.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] unless `output.len() == size() * input.len()`; otherwise the
+        /// transport errors of [`Error`], after which the group is poisoned.
+        fn all_gather();
+        /// [`Group::all_gather`] over raw bytes holding elements of `dtype`, for bindings to other
+        /// languages.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] unless both are whole numbers of elements and
+        /// `output.len() == size() * input.len()`; otherwise as [`Group::all_gather`].
+        fn all_gather_raw;
+        Op::AllGather => all_gather_bytes
     }
 
     fn all_gather_bytes(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
@@ -179,45 +190,23 @@ impl Group {
         })
     }
 
-    /// Reduces `input` (`size()` blocks of `output.len()` elements) over all ranks with `op`
-    /// and leaves block `rank()` of the result in `output`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless `input.len() == size() * output.len()` and `op`
-    /// applies to `T`; otherwise the transport errors of [`Error`], after which the group is
-    /// poisoned.
-    pub fn reduce_scatter<T: Element>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<()> {
-        typed(input, output, |i, o| {
-            self.reduce_scatter_bytes(i, o, T::DTYPE, op)
-        })
-    }
-
-    /// [`Group::reduce_scatter`] over raw bytes holding elements of `dtype`, for bindings to
-    /// other languages.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless both are whole numbers of elements and
-    /// `input.len() == size() * output.len()`; otherwise as [`Group::reduce_scatter`].
-    pub fn reduce_scatter_raw(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: Dtype,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(
-            Op::ReduceScatter,
-            dtype,
-            &buffers,
-            ("output", output),
-            |g, out| g.reduce_scatter_bytes(input, out, dtype, op),
-        )
+    typed_and_raw! {
+        /// Reduces `input` (`size()` blocks of `output.len()` elements) over all ranks with `op`
+        /// and leaves block `rank()` of the result in `output`.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] unless `input.len() == size() * output.len()` and `op`
+        /// applies to `T`; otherwise the transport errors of [`Error`], after which the group is
+        /// poisoned.
+        fn reduce_scatter(op: ReduceOp);
+        /// [`Group::reduce_scatter`] over raw bytes holding elements of `dtype`, for bindings to
+        /// other languages.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] unless both are whole numbers of elements and
+        /// `input.len() == size() * output.len()`; otherwise as [`Group::reduce_scatter`].
+        fn reduce_scatter_raw;
+        Op::ReduceScatter => reduce_scatter_bytes
     }
 
     fn reduce_scatter_bytes(
@@ -275,42 +264,22 @@ impl Group {
         self.run(call, |c, call| c.broadcast(data, call))
     }
 
-    /// Reduces `input` element-wise over all ranks with `op` into `output` of rank `root`
-    /// (`input.len()` elements there; elsewhere `output` is not written and may be empty).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a `root` out of range, an `output` of the wrong length
-    /// (on the root: `input.len()`; elsewhere: 0 or `input.len()`), or an `op` that does not
-    /// apply to `T`; otherwise the transport errors of [`Error`], after which the group is
-    /// poisoned.
-    pub fn reduce<T: Element>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        typed(input, output, |i, o| {
-            self.reduce_bytes(i, o, T::DTYPE, op, root)
-        })
-    }
-
-    /// [`Group::reduce`] over raw bytes holding elements of `dtype`.
-    ///
-    /// # Errors
-    /// As [`Group::reduce`], and whole numbers of elements.
-    pub fn reduce_raw(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: Dtype,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(Op::Reduce, dtype, &buffers, ("output", output), |g, out| {
-            g.reduce_bytes(input, out, dtype, op, root)
-        })
+    typed_and_raw! {
+        /// Reduces `input` element-wise over all ranks with `op` into `output` of rank `root`
+        /// (`input.len()` elements there; elsewhere `output` is not written and may be empty).
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] for a `root` out of range, an `output` of the wrong length
+        /// (on the root: `input.len()`; elsewhere: 0 or `input.len()`), or an `op` that does not
+        /// apply to `T`; otherwise the transport errors of [`Error`], after which the group is
+        /// poisoned.
+        fn reduce(op: ReduceOp, root: usize);
+        /// [`Group::reduce`] over raw bytes holding elements of `dtype`.
+        ///
+        /// # Errors
+        /// As [`Group::reduce`], and whole numbers of elements.
+        fn reduce_raw;
+        Op::Reduce => reduce_bytes
     }
 
     fn reduce_bytes(
@@ -340,35 +309,22 @@ impl Group {
         Ok(())
     }
 
-    /// Gathers every rank's `input` into `output` of rank `root`, which holds `size()` blocks
-    /// of `input.len()` elements (block `r` is rank r's input); elsewhere `output` is not
-    /// written and may be empty.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a `root` out of range or an `output` of the wrong length
-    /// (on the root `size() * input.len()`; elsewhere 0 or that); otherwise the transport
-    /// errors of [`Error`], after which the group is poisoned.
-    pub fn gather<T: Element>(&mut self, input: &[T], output: &mut [T], root: usize) -> Result<()> {
-        typed(input, output, |i, o| {
-            self.gather_bytes(i, o, T::DTYPE, root)
-        })
-    }
-
-    /// [`Group::gather`] over raw bytes holding elements of `dtype`.
-    ///
-    /// # Errors
-    /// As [`Group::gather`], and whole numbers of elements.
-    pub fn gather_raw(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: Dtype,
-        root: usize,
-    ) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(Op::Gather, dtype, &buffers, ("output", output), |g, out| {
-            g.gather_bytes(input, out, dtype, root)
-        })
+    typed_and_raw! {
+        /// Gathers every rank's `input` into `output` of rank `root`, which holds `size()` blocks
+        /// of `input.len()` elements (block `r` is rank r's input); elsewhere `output` is not
+        /// written and may be empty.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] for a `root` out of range or an `output` of the wrong length
+        /// (on the root `size() * input.len()`; elsewhere 0 or that); otherwise the transport
+        /// errors of [`Error`], after which the group is poisoned.
+        fn gather(root: usize);
+        /// [`Group::gather`] over raw bytes holding elements of `dtype`.
+        ///
+        /// # Errors
+        /// As [`Group::gather`], and whole numbers of elements.
+        fn gather_raw;
+        Op::Gather => gather_bytes
     }
 
     fn gather_bytes(
@@ -386,46 +342,24 @@ impl Group {
         }
         let mut call = self.call(op, dtype, ReduceOp::Sum, input.len() / dtype.size());
         call.root = root;
-        self.copy_or_run(call, input, output, |c, i, o, call| c.gather(i, o, call))
+        self.copy_or_run(call, input, output, Collectives::gather)
     }
 
-    /// Hands block `r` of `input` of rank `root` (`size()` blocks of `output.len()` elements)
-    /// to rank r's `output`; elsewhere `input` is not read and may be empty.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a `root` out of range or an `input` of the wrong length
-    /// (on the root `size() * output.len()`; elsewhere 0 or that); otherwise the transport
-    /// errors of [`Error`], after which the group is poisoned.
-    pub fn scatter<T: Element>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        root: usize,
-    ) -> Result<()> {
-        typed(input, output, |i, o| {
-            self.scatter_bytes(i, o, T::DTYPE, root)
-        })
-    }
-
-    /// [`Group::scatter`] over raw bytes holding elements of `dtype`.
-    ///
-    /// # Errors
-    /// As [`Group::scatter`], and whole numbers of elements.
-    pub fn scatter_raw(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: Dtype,
-        root: usize,
-    ) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(
-            Op::Scatter,
-            dtype,
-            &buffers,
-            ("output", output),
-            |g, out| g.scatter_bytes(input, out, dtype, root),
-        )
+    typed_and_raw! {
+        /// Hands block `r` of `input` of rank `root` (`size()` blocks of `output.len()` elements)
+        /// to rank r's `output`; elsewhere `input` is not read and may be empty.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] for a `root` out of range or an `input` of the wrong length
+        /// (on the root `size() * output.len()`; elsewhere 0 or that); otherwise the transport
+        /// errors of [`Error`], after which the group is poisoned.
+        fn scatter(root: usize);
+        /// [`Group::scatter`] over raw bytes holding elements of `dtype`.
+        ///
+        /// # Errors
+        /// As [`Group::scatter`], and whole numbers of elements.
+        fn scatter_raw;
+        Op::Scatter => scatter_bytes
     }
 
     fn scatter_bytes(
@@ -443,32 +377,23 @@ impl Group {
         }
         let mut call = self.call(op, dtype, ReduceOp::Sum, output.len() / dtype.size());
         call.root = root;
-        self.copy_or_run(call, input, output, |c, i, o, call| c.scatter(i, o, call))
+        self.copy_or_run(call, input, output, Collectives::scatter)
     }
 
-    /// Every rank sends block `d` of `input` (`size()` equal blocks) to rank d, and receives
-    /// rank s's block for it into block `s` of `output` (the same length as `input`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless the lengths are equal and a multiple of `size()`;
-    /// otherwise the transport errors of [`Error`], after which the group is poisoned.
-    pub fn all_to_all<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
-        typed(input, output, |i, o| self.all_to_all_bytes(i, o, T::DTYPE))
-    }
-
-    /// [`Group::all_to_all`] over raw bytes holding elements of `dtype`.
-    ///
-    /// # Errors
-    /// As [`Group::all_to_all`], and whole numbers of elements.
-    pub fn all_to_all_raw(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(
-            Op::AllToAll,
-            dtype,
-            &buffers,
-            ("output", output),
-            |g, out| g.all_to_all_bytes(input, out, dtype),
-        )
+    typed_and_raw! {
+        /// Every rank sends block `d` of `input` (`size()` equal blocks) to rank d, and receives
+        /// rank s's block for it into block `s` of `output` (the same length as `input`).
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] unless the lengths are equal and a multiple of `size()`;
+        /// otherwise the transport errors of [`Error`], after which the group is poisoned.
+        fn all_to_all();
+        /// [`Group::all_to_all`] over raw bytes holding elements of `dtype`.
+        ///
+        /// # Errors
+        /// As [`Group::all_to_all`], and whole numbers of elements.
+        fn all_to_all_raw;
+        Op::AllToAll => all_to_all_bytes
     }
 
     fn all_to_all_bytes(&mut self, input: &[u8], output: &mut [u8], dtype: Dtype) -> Result<()> {
@@ -498,6 +423,6 @@ impl Group {
     pub fn barrier(&mut self) -> Result<()> {
         self.check_usable()?;
         let call = self.call(Op::Barrier, Dtype::UInt8, ReduceOp::Sum, 0);
-        self.run(call, |c, call| c.barrier(call))
+        self.run(call, Collectives::barrier)
     }
 }

@@ -13,10 +13,10 @@ use crate::connect::{self, Connected, late};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::{Heartbeat, Liveness};
+use crate::op_header::Digest;
 use crate::reduce::Reducer;
 use crate::transport::listener::{JobListener, Registration};
 use crate::wait::WaitPolicy;
-use crate::wire::Digest;
 
 mod abort;
 mod collectives;

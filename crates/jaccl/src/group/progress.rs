@@ -45,7 +45,9 @@ pub(super) struct Outstanding {
 impl Outstanding {
     fn count(&self) -> MutexGuard<'_, usize> {
         // The lock guards a counter only: a panic elsewhere cannot leave it inconsistent.
-        self.count.lock().unwrap_or_else(|e| e.into_inner())
+        self.count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn add(&self) {
@@ -62,7 +64,10 @@ impl Outstanding {
     pub(super) fn settle(&self) {
         let mut count = self.count();
         while *count > 0 {
-            count = self.changed.wait(count).unwrap_or_else(|e| e.into_inner());
+            count = self
+                .changed
+                .wait(count)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 }
@@ -130,7 +135,9 @@ struct Slot<R> {
 impl<R> Slot<R> {
     fn result(&self) -> MutexGuard<'_, Option<Result<R>>> {
         // Holds a value only: a panic elsewhere cannot leave it inconsistent.
-        self.result.lock().unwrap_or_else(|e| e.into_inner())
+        self.result
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn complete(&self, result: Result<R>) {
@@ -213,7 +220,7 @@ impl<R> Request<R> {
                 .slot
                 .done
                 .wait(result)
-                .unwrap_or_else(|e| e.into_inner());
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 }

@@ -21,8 +21,8 @@ use crate::config::Config;
 use crate::connect;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
+use crate::op_header::Digest;
 use crate::wait::GoOn;
-use crate::wire::Digest;
 
 /// What a rank asks of a split, as the all-gather carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]

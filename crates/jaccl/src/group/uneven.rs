@@ -7,7 +7,7 @@ use super::collectives::typed;
 use crate::algo::call::Call;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Error, Op, Result};
-use crate::wire::counts_digest;
+use crate::op_header::counts_digest;
 
 /// A `Mismatch` of a variable-size collective, with this rank's counts (the peer's error shows
 /// the peer's): two ranks whose counts differ see where.

@@ -2,7 +2,7 @@
 //! payload, little-endian.
 
 use super::{Blocked, Flow, Verdict};
-use crate::wire::{Reader, to_u32, u32_at};
+use crate::op_header::{Reader, to_u32, u32_at};
 
 /// Message kinds on the side channel after start-up.
 const BEAT: u8 = 1;

@@ -71,10 +71,7 @@ impl Parked {
     /// sub-group's start-up connections older than that (its formation is over). Links made
     /// on first use of a live group stay until its call takes them.
     fn purge(&self, streams: &mut HashMap<Slot, (TcpStream, Instant)>) {
-        let live = match self.live.lock() {
-            Ok(live) => live,
-            Err(_) => return,
-        };
+        let Ok(live) = self.live.lock() else { return };
         streams.retain(|&(purpose, group, _, _), (_, at)| {
             let fresh = at.elapsed() < self.kept_for;
             let alive = group == 0 || live.contains(&group);

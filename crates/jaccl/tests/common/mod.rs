@@ -142,7 +142,7 @@ pub fn on_every_net_at_once(test: impl Fn(Net) + Sync) {
 
 /// Whether this machine has an RDMA port jaccl would use (so `auto` takes RDMA across hosts).
 pub fn rdma_here() -> bool {
-    static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static HERE: OnceLock<bool> = OnceLock::new();
     *HERE.get_or_init(|| {
         jaccl::probe::rdma(None).is_ok_and(|devices| {
             devices
@@ -588,7 +588,9 @@ type SharedCell = Arc<OnceLock<Arc<dyn Any + Send + Sync>>>;
 pub fn shared<V: Any + Send + Sync>(key: SharedKey, make: impl FnOnce() -> V) -> Arc<V> {
     static KEPT: Mutex<VecDeque<(SharedKey, SharedCell)>> = Mutex::new(VecDeque::new());
     let cell = {
-        let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = KEPT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match kept.iter().find(|(k, _)| *k == key) {
             Some((_, cell)) => Arc::clone(cell),
             None => {

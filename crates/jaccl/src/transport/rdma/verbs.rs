@@ -364,7 +364,9 @@ impl Verbs {
     pub(crate) fn load(path: Option<&str>) -> Result<Arc<Verbs>, String> {
         static LOADED: Mutex<Vec<(String, Arc<Verbs>)>> = Mutex::new(Vec::new());
         let path = path.unwrap_or(DEFAULT_LIBRARY);
-        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        let mut loaded = LOADED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((_, verbs)) = loaded.iter().find(|(p, _)| p == path) {
             return Ok(Arc::clone(verbs));
         }

@@ -1,4 +1,4 @@
-//! [`Board`]: what the direct collectives (`crate::algo::direct`) see of shared memory, when
+//! [`Board`]: what the direct collectives (`crate::algo::shared_memory`) see of shared memory, when
 //! every rank of a group is on this host: each rank's two data areas and its mailbox (a
 //! synchronisation stamp, the description of its current call, rank 0's store hints), ranks
 //! named by their number, and how to wake a peer or sleep until one moves. The segments,
@@ -16,7 +16,7 @@ use rustix::event::PollFd;
 
 use super::segment::{EAGER_BYTES, EagerLine, INLINE, Mailbox};
 use super::{Local, Mapping, Peer, Shm};
-use crate::wire::Digest;
+use crate::op_header::Digest;
 
 /// Bytes of data a call description carries inline, in the line peers wait on.
 pub(crate) const INLINE_BYTES: usize = INLINE;
@@ -145,7 +145,7 @@ impl Board {
     pub(crate) fn publish_counts(&self, seq: u64, digest: &Digest) {
         let words = self.local.mailbox().counts(seq);
         for (word, bytes) in words.into_iter().zip(digest.chunks_exact(8)) {
-            word.store(crate::wire::u64_at(bytes, 0), Ordering::Relaxed);
+            word.store(crate::op_header::u64_at(bytes, 0), Ordering::Relaxed);
         }
     }
 

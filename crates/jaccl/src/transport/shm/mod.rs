@@ -1,7 +1,7 @@
 //! Shared memory between the ranks of one host.
 //!
 //! Each rank creates one sealed memfd segment ([`Layout`]): its mailbox, the two areas of the
-//! direct collectives (`crate::algo::direct`) and its outgoing rings ([`link`]); and a doorbell,
+//! direct collectives (`crate::algo::shared_memory`) and its outgoing rings ([`link`]); and a doorbell,
 //! an eventfd its peers ring to wake it when it sleeps. At start-up it listens on an abstract
 //! Unix socket (a name, no file) chosen at random and published through the side channel. For
 //! every peer on this host it needs, the higher rank connects; the two check that they belong to
@@ -84,7 +84,7 @@ pub(crate) fn host_identity(pretend: Option<&str>) -> String {
 
 /// Checks that shared memory works here: a sealed segment, its mapping (also mirrored), a
 /// doorbell and an abstract socket.
-pub(crate) fn probe() -> std::result::Result<(), String> {
+pub(crate) fn probe() -> Result<(), String> {
     let layout = Layout::new(1, 1, sys::page_size(), sys::page_size());
     Local::create(layout).map_err(|e| format!("cannot create or map a memfd segment: {e}"))?;
     Listener::new().map_err(|e| format!("cannot listen on an abstract Unix socket: {e}"))?;

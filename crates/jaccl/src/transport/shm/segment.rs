@@ -132,7 +132,7 @@ const EAGER_AT: usize = 3 * LINE;
 const RINGS_AT: usize = EAGER_AT + EAGER_LINES * LINE;
 
 /// One of a rank's eager lines (line `k` carries the eager broadcasts it roots at
-/// synchronisation points `k`, `k + EAGER_LINES`, …, see `algo::direct`), so a receiver
+/// synchronisation points `k`, `k + EAGER_LINES`, …, see `algo::shared_memory`), so a receiver
 /// fetches one cache line. Written by its owner only, and read only by a rank that waits for
 /// that owner as the root of the broadcast at point `p` (and has published `p` itself):
 /// - **stamp** (word 0): the point of the broadcast the line holds, written last (`Release`).
@@ -208,7 +208,7 @@ pub(crate) enum State {
 ///   its root's eager line posted (an eager broadcast, posted only once every rank published
 ///   `k - EAGER_LINES`). The deadlock search is given this word too (a rank's reports read
 ///   their own mailbox), so it sees what the waiting ranks see;
-/// - **two call slots** (line 0, calls of even and odd number, see `algo::direct`) are written
+/// - **two call slots** (line 0, calls of even and odd number, see `algo::shared_memory`) are written
 ///   by the owner only, before the stamp that publishes them: the call's description (two
 ///   words) and up to [`INLINE`] bytes of its data. The reader parses the description with
 ///   `Header::from_words` (unknown ids rejected) and compares it whole with its own call,
@@ -267,7 +267,7 @@ impl<'a> Mailbox<'a> {
     }
 
     /// The digest of the counts of the call of this parity (line 2, two halves), for the
-    /// calls whose ranks pass counts that must agree (`wire::Kind::has_counts`): written
+    /// calls whose ranks pass counts that must agree (`op_header::Kind::has_counts`): written
     /// with the call's description, before its stamp; read only for such a call.
     pub(crate) fn counts(self, parity: u64) -> [&'a AtomicU64; 4] {
         let at = COUNTS_AT + (parity % 2) as usize * 32;

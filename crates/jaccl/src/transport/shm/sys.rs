@@ -179,7 +179,7 @@ impl Mapping {
     /// go to memory instead of this core's cache, and copies in other cores' caches are
     /// dropped without the per-line round trips that ordinary stores to lines another core
     /// holds cost. Faster when readers sit on other core complexes, slower when they share a
-    /// cache with the writer; `algo::direct` measures which.
+    /// cache with the writer; `algo::shared_memory` measures which.
     pub(crate) fn write_streaming(&self, offset: usize, src: &[u8]) {
         let dst = self.at(offset, src.len());
         #[cfg(target_arch = "x86_64")]

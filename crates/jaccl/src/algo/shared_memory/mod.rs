@@ -260,7 +260,7 @@ impl Direct {
         if keeps {
             // This rank's own vector from its area: `output` may be the input.
             self.board.with_bytes(self.rank, area, n, |own| {
-                self.fold(output, area, own, reducer)
+                self.fold(output, area, own, reducer);
             });
         }
         Ok(())
@@ -618,7 +618,7 @@ impl Direct {
     /// `own`, each peer's the `dst.len()` bytes at `offset` of its segment.
     fn fold(&self, dst: &mut [u8], offset: usize, own: &[u8], reducer: &Reducer) {
         self.contribution(0, offset, own, |a0| {
-            self.contribution(1, offset, own, |a1| reducer.combine(dst, a0, a1))
+            self.contribution(1, offset, own, |a1| reducer.combine(dst, a0, a1));
         });
         for q in 2..self.size {
             self.contribution(q, offset, own, |a| reducer.accumulate(dst, a));

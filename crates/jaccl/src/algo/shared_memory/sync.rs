@@ -14,10 +14,10 @@ use crate::algo::channel::Channel;
 use crate::algo::waiting::{self, BlockedReport};
 use crate::error::{Error, Result};
 use crate::liveness::Flow;
+use crate::op_header::{Digest, HEADER_LEN, Header};
 use crate::os::poll;
 use crate::transport::{Interest, Readiness};
 use crate::wait::{Backoff, Idle};
-use crate::wire::{Digest, HEADER_LEN, Header};
 
 impl Direct {
     /// Publishes that this rank reached the next synchronisation point, and waits until every
@@ -375,7 +375,7 @@ impl Direct {
         call: &Call,
     ) -> Result<()> {
         let expect = call.header(self.described, peer);
-        let detail = match Header::from_words(words, crate::wire::to_u32(peer), counts) {
+        let detail = match Header::from_words(words, crate::op_header::to_u32(peer), counts) {
             Ok(got) if got.same_call(&expect) && got.seq != expect.seq => Some(format!(
                 "rank {peer} is at its call #{} of the direct collectives, this rank at #{} \
                  (one of them skipped or repeated a call before this {})",

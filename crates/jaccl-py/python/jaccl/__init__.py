@@ -45,7 +45,8 @@ _SETTINGS = (
     "ibv_devices",
 )
 
-# numpy dtype names jaccl reduces (bfloat16 comes from ml_dtypes).
+# jaccl's element types by name: numpy's names (bfloat16 comes from ml_dtypes), and torch's
+# (`torch.<name>`, see jaccl.torch._types). The one table of them in the package.
 _DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
     "float16 bfloat16 float32 float64 complex64".split()
@@ -620,7 +621,13 @@ def _same_memory(a: np.ndarray, o: np.ndarray, o_memory: Tuple[int, int]) -> boo
 
 def _unshared(a: np.ndarray, o: np.ndarray) -> np.ndarray:
     """``a``, copied if it overlaps ``o`` (which the call overwrites)."""
-    return a.copy() if np.may_share_memory(a, o) else a
+    return a.copy() if _overlap(_memory(a), _memory(o)) else a
+
+
+def _overlap(a: Tuple[int, int], b: Tuple[int, int]) -> bool:
+    """Whether two ``(address, length)`` ranges share a byte (the native module refuses a call
+    whose input overlaps its output; the package copies such an input first)."""
+    return a[1] > 0 and b[1] > 0 and a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
 
 
 def _row_elements(a: np.ndarray) -> int:

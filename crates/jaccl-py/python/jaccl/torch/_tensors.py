@@ -7,6 +7,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .. import _overlap
 from ._types import _jaccl_dtype
 
 
@@ -44,11 +45,6 @@ class _Tensor:
     def finish(self) -> None:
         if self.buffer is not self.tensor:
             self.tensor.copy_(self.buffer)
-
-
-def _overlap(a: tuple, b: tuple) -> bool:
-    """Whether two `(address, length)` ranges share a byte."""
-    return a[1] > 0 and b[1] > 0 and a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
 
 
 class _Staging:

@@ -5,24 +5,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _DTYPES as _JACCL_DTYPES
 
-# jaccl's element type of each torch dtype.
-_DTYPES = {
-    torch.bool: "bool",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.uint8: "uint8",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-    torch.complex64: "complex64",
-}
-for _name in ("uint16", "uint32", "uint64"):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _name
+
+# jaccl's element type of each torch dtype: torch names them as jaccl does (`torch.float32`
+# is "float32"); the unsigned types of 16 to 64 bits only in newer versions.
+_DTYPES = {getattr(torch, name): name for name in sorted(_JACCL_DTYPES) if hasattr(torch, name)}
 
 
 # How operations that only move data (all but the reductions) carry a type jaccl lacks (torch's

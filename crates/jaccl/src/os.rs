@@ -207,16 +207,17 @@ pub(crate) fn time_left(deadline: Instant) -> io::Result<Duration> {
     }
 }
 
-/// Pauses between attempts to reach a peer that may not be up yet: 10 ms, doubling up to
-/// half a second, never past a deadline.
+/// Pauses between attempts to reach a peer that may not be up yet: 1 ms, doubling up to
+/// half a second, never past a deadline (a peer that starts listening a few milliseconds
+/// late is reached at once; one that takes seconds costs a retry per half second).
 pub(crate) struct RetryDelay(Duration);
 
 impl RetryDelay {
     pub(crate) fn new() -> RetryDelay {
-        RetryDelay(Duration::from_millis(10))
+        RetryDelay(Duration::from_millis(1))
     }
 
-    /// The next pause (10 ms, doubling up to half a second), without sleeping.
+    /// The next pause (1 ms, doubling up to half a second), without sleeping.
     pub(crate) fn next(&mut self) -> Duration {
         let pause = self.0;
         self.0 = (self.0 * 2).min(Duration::from_millis(500));
@@ -253,7 +254,7 @@ mod tests {
 
     #[test]
     fn accept_errors_are_retried_as_the_man_page_says() {
-        let of = |e: rustix::io::Errno| accept_failure(&e.into());
+        let of = |e: Errno| accept_failure(&e.into());
         use rustix::io::Errno;
         for e in [
             Errno::CONNABORTED,

@@ -80,7 +80,13 @@ impl Coordinator {
                 });
             }
             if self.wait(live, stop, now, next) {
-                self.linger = Some(Instant::now() + LINGER);
+                // A group closed in good health has no news to pass on: leave at once (a
+                // close does not wait for the members' own).
+                let linger = match live.verdict() {
+                    Some(_) => LINGER,
+                    None => Duration::ZERO,
+                };
+                self.linger = Some(Instant::now() + linger);
             }
             let (known, round) = (live.verdict().is_some(), self.watch.round);
             self.pass_on_departures(live);
@@ -190,10 +196,11 @@ impl Coordinator {
     }
 }
 
-/// How long a coordinator, once dropped, goes on passing news between the members before it
-/// leaves: until every member has left, at most this long. A member that fails because its
-/// neighbour did (each fails when its neighbour does) then learns the first cause at once;
-/// without it, it could name only a closed connection, after the grace of a failed call.
+/// How long a coordinator whose group failed, once dropped, goes on passing news between the
+/// members before it leaves: until every member has left, at most this long. A member that
+/// fails because its neighbour did (each fails when its neighbour does) then learns the first
+/// cause at once; without it, it could name only a closed connection, after the grace of a
+/// failed call.
 const LINGER: Duration = Duration::from_millis(500);
 
 /// Starts the heartbeat of a member over its side-channel `stream` to rank 0.

@@ -7,15 +7,16 @@ Rank 0 enforces the timeout (the others wait up to the group's), so that it is t
 fails, naming the missing ranks, as Gloo's does; the messages are Gloo's, which torch's tests
 and users' scripts match. Keys are deleted once read, so a group made again over the same
 store (torch gives it the same prefix) finds none of them. Any store torch offers works: their
-``wait`` ends in different errors on a timeout (a file store's is a plain ``RuntimeError``),
-so whether a key came is asked with ``check``, and a zero timeout (which ``wait`` takes for
-none) checks once."""
+waits are `_store.arrived`'s, and a zero timeout (which ``wait`` takes for none) checks
+once."""
 
 import datetime
 import time
 from typing import Any, List
 
 import torch.distributed as dist
+
+from ._store import arrived
 
 
 def monitored_barrier(
@@ -33,7 +34,7 @@ def monitored_barrier(
     key = f"jaccl/monitored/{number}"
     if rank != 0:
         store.set(f"{key}/{rank}", b"")
-        if not _arrived(store, f"{key}/verdict", group_timeout):
+        if not arrived(store, f"{key}/verdict", time.monotonic() + group_timeout.total_seconds()):
             _fail_at(rank, f"rank 0 did not end it within {group_timeout}")
         verdict = store.get(f"{key}/verdict").decode()
         if store.add(f"{key}/read", 1) == size - 1:
@@ -47,13 +48,12 @@ def monitored_barrier(
     missing: List[int] = []
     passed: List[int] = []
     for q in range(1, size):
-        left = datetime.timedelta(seconds=deadline - time.monotonic())
-        if not wait_all_ranks and left <= datetime.timedelta(0):
+        if not wait_all_ranks and deadline <= time.monotonic():
             processed = f"Successfully processed ranks: {_listed(passed)}" if passed else (
                 "No ranks successfully processed in monitoredBarrier."
             )
             _give(store, key, f"Rank 0 timed out in monitoredBarrier after {ms} ms. {processed}")
-        if _arrived(store, f"{key}/{q}", left):
+        if arrived(store, f"{key}/{q}", deadline):
             store.delete_key(f"{key}/{q}")
             passed.append(q)
             continue
@@ -69,17 +69,6 @@ def monitored_barrier(
             "in through the group's store)",
         )
     store.set(f"{key}/verdict", b"")
-
-
-def _arrived(store: Any, key: str, timeout: datetime.timedelta) -> bool:
-    """Whether `key` is set within `timeout` (at once, if it is not positive)."""
-    if timeout >= datetime.timedelta(milliseconds=1):
-        try:
-            store.wait([key], timeout)
-            return True
-        except RuntimeError:
-            pass  # the timeout, in whatever error this store gives; a broken store fails below
-    return store.check([key])
 
 
 def _give(store: Any, key: str, verdict: str) -> None:

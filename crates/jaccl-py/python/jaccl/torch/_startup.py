@@ -10,10 +10,11 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from .. import _native, errors
 from ._errors import _raising, _start_up_error
+from ._store import arrived
 
 
 # The jaccl jobs this process started, per torch group name: a part of each job's id.
@@ -39,7 +40,7 @@ def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, gr
     this store (or left its keys in it), which fails at once rather than pair ranks of two jobs.
 
     The secret: a user's ``JACCL_JOB_TOKEN``/``_FILE`` as it is; else rank 0 draws 256 bits and
-    seals them to each rank's ephemeral public key (`_native.SealKey`), so a reader of the store
+    seals them to each rank's ephemeral public key (`_job_secret`), so a reader of the store
     learns nothing. The secret goes to jaccl in `init`'s settings, never into the environment."""
     with _jobs_lock:
         _jobs_started[group] += 1
@@ -59,9 +60,9 @@ def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, gr
         "JACCL_STARTUP_TIMEOUT": seconds,
     }
     given = any(os.environ.get(v, "").strip() for v in ("JACCL_JOB_TOKEN", "JACCL_JOB_TOKEN_FILE"))
-    _agree_on_token(store, keys, rank, size, given, deadline)
-    if not given:
-        settings["JACCL_JOB_TOKEN"] = _sealed_secret(store, keys, rank, size, deadline)
+    secret = _job_secret(store, keys, rank, size, given, deadline)
+    if secret is not None:
+        settings["JACCL_JOB_TOKEN"] = secret
     coordinator = _await(store, keys + "coordinator", rank, deadline, "rank 0's address")
     settings["JACCL_COORDINATOR"] = coordinator.decode()
     g = _raising(lambda: _native.init(settings))
@@ -90,51 +91,59 @@ def _claim(store: Any, keys: str, rank: int, size: int, add: int) -> None:
         )
 
 
-def _agree_on_token(store: Any, keys: str, rank: int, size: int, given: bool, deadline: float) -> None:
-    """Checks that this rank and rank 0 (rank 0: every rank) agree on whether the user gave
-    the job's token, before any of them waits for a secret the other way would bring."""
-    mine = "given" if given else "sealed"
-    store.set(f"{keys}token/{rank}", mine)
-    for q in range(1, size) if rank == 0 else [0]:
-        theirs = _await(store, f"{keys}token/{q}", rank, deadline, f"rank {q}'s start").decode()
-        if theirs != mine:
-            has, lacks = (q, rank) if theirs == "given" else (rank, q)
-            raise _start_up_error(
-                rank,
-                f"rank {has} was given a JACCL_JOB_TOKEN or JACCL_JOB_TOKEN_FILE and rank {lacks} "
-                "was not: give every rank the same token, or none",
-            )
-
-
-def _await(store: Any, key: str, rank: int, deadline: float, what: str) -> bytes:
-    """The value of `key` once a rank sets it, waiting until `deadline` (`time.monotonic()`)."""
-    left = min(max(deadline - time.monotonic(), 0.001), 1e9)
-    try:
-        store.wait([key], datetime.timedelta(seconds=left))
-    except RuntimeError as e:  # DistStoreError; a file store's plain RuntimeError
-        raise _start_up_error(rank, f"timed out waiting for {what} ({type(e).__name__}: {e})") from None
-    return store.get(key)
-
-
-def _sealed_secret(store: Any, keys: str, rank: int, size: int, deadline: float) -> str:
-    """The job secret, which rank 0 draws and passes to each rank in a box sealed to the
-    public key that rank published (a reader of the store cannot open it)."""
+def _job_secret(store: Any, keys: str, rank: int, size: int, given: bool, deadline: float) -> Optional[str]:
+    """The job's secret when the user gave no token (``None`` when they did), after checking
+    that this rank and rank 0 (rank 0: every rank) agree on whether they did, before any of
+    them waits for a secret the other way would bring. One exchange through the store does
+    both: each rank publishes ``given``, or the public key of an ephemeral key pair
+    (`_native.SealKey`, 32 bytes); rank 0 draws 256 bits and seals them to each rank's key,
+    so a reader of the store learns nothing."""
     if rank == 0:
-        secret = secrets.token_hex(32)
+        store.set(f"{keys}token/0", _GIVEN if given else b"sealed")
+        secret = None if given else secrets.token_hex(32)
         for q in range(1, size):
-            public = _await(store, f"{keys}key/{q}", rank, deadline, f"rank {q}'s public key")
+            theirs = _await(store, f"{keys}token/{q}", rank, deadline, f"rank {q}'s start")
+            _check_same_token(rank, q, given, theirs == _GIVEN)
+            if secret is None:
+                continue
             try:
-                sealed = _native.seal(public, secret.encode())
+                sealed = _native.seal(theirs, secret.encode())
             except errors.Error:
                 raise _tampered(rank, f"rank {q}'s public key is not one") from None
             store.set(f"{keys}sealed/{q}", sealed)
         return secret
-    key = _native.SealKey()
-    store.set(f"{keys}key/{rank}", key.public)
+    key = None if given else _native.SealKey()
+    store.set(f"{keys}token/{rank}", _GIVEN if key is None else key.public)
+    theirs = _await(store, f"{keys}token/0", rank, deadline, "rank 0's start")
+    _check_same_token(rank, 0, given, theirs == _GIVEN)
+    if key is None:
+        return None
     secret = key.open(_await(store, f"{keys}sealed/{rank}", rank, deadline, "the secret from rank 0"))
     if secret is None:
         raise _tampered(rank, "the job secret sealed for this rank does not open with its key")
     return secret.decode()
+
+
+# What a rank publishes, instead of a public key, when the user gave the job's token.
+_GIVEN = b"given"
+
+
+def _check_same_token(rank: int, q: int, mine: bool, theirs: bool) -> None:
+    """Fails unless rank `q` was given a token exactly when this rank was."""
+    if mine != theirs:
+        has, lacks = (q, rank) if theirs else (rank, q)
+        raise _start_up_error(
+            rank,
+            f"rank {has} was given a JACCL_JOB_TOKEN or JACCL_JOB_TOKEN_FILE and rank {lacks} "
+            "was not: give every rank the same token, or none",
+        )
+
+
+def _await(store: Any, key: str, rank: int, deadline: float, what: str) -> bytes:
+    """The value of `key` once a rank sets it, waiting until `deadline` (`time.monotonic()`)."""
+    if not arrived(store, key, deadline):
+        raise _start_up_error(rank, f"timed out waiting for {what}")
+    return store.get(key)
 
 
 def _tampered(rank: int, what: str) -> BaseException:

@@ -225,8 +225,8 @@ class Group:
         if _same_memory(a, o, mo):
             work = self._g.all_reduce(None, mo, dtype, op, _keep(async_op, o))
         else:
-            a = _unshared(a, o)
-            work = self._g.all_reduce(_memory(a), mo, dtype, op, _keep(async_op, a, o))
+            a, ma, mo = _apart(a, o, mo)
+            work = self._g.all_reduce(ma, mo, dtype, op, _keep(async_op, a, o))
         return _outcome(work, result)
 
     def all_gather(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
@@ -234,8 +234,8 @@ class Group:
         is rank r's ``x``."""
         a, dtype = self._input(x, "all_gather")
         o, result = self._output(out, (self.size,) + a.shape, a.dtype, "all_gather")
-        a = _unshared(a, o)
-        work = self._g.all_gather(_memory(a), _memory(o), dtype, _keep(async_op, a, o))
+        a, ma, mo = _apart(a, o)
+        work = self._g.all_gather(ma, mo, dtype, _keep(async_op, a, o))
         return _outcome(work, result)
 
     def reduce_scatter(
@@ -247,8 +247,8 @@ class Group:
         a, dtype = self._input(x, "reduce_scatter")
         shape = self._blocks(a, "reduce_scatter")
         o, result = self._output(out, shape, a.dtype, "reduce_scatter")
-        a = _unshared(a, o)
-        work = self._g.reduce_scatter(_memory(a), _memory(o), dtype, op, _keep(async_op, a, o))
+        a, ma, mo = _apart(a, o)
+        work = self._g.reduce_scatter(ma, mo, dtype, op, _keep(async_op, a, o))
         return _outcome(work, result)
 
     def broadcast(self, x: Any, root: int = 0, out: Any = None, async_op: bool = False) -> Any:
@@ -275,8 +275,8 @@ class Group:
             work = self._g.reduce(_memory(a), (0, 0), dtype, op, _rank(root), _keep(async_op, a))
             return _outcome(work, None)
         o, result = self._output(out, a.shape, a.dtype, "reduce")
-        a = _unshared(a, o)
-        work = self._g.reduce(_memory(a), _memory(o), dtype, op, _rank(root), _keep(async_op, a, o))
+        a, ma, mo = _apart(a, o)
+        work = self._g.reduce(ma, mo, dtype, op, _rank(root), _keep(async_op, a, o))
         return _outcome(work, result)
 
     def gather(self, x: Any, root: int = 0, out: Any = None, async_op: bool = False) -> Any:
@@ -287,8 +287,8 @@ class Group:
             work = self._g.gather(_memory(a), (0, 0), dtype, _rank(root), _keep(async_op, a))
             return _outcome(work, None)
         o, result = self._output(out, (self.size,) + a.shape, a.dtype, "gather")
-        a = _unshared(a, o)
-        work = self._g.gather(_memory(a), _memory(o), dtype, _rank(root), _keep(async_op, a, o))
+        a, ma, mo = _apart(a, o)
+        work = self._g.gather(ma, mo, dtype, _rank(root), _keep(async_op, a, o))
         return _outcome(work, result)
 
     def scatter(
@@ -311,8 +311,8 @@ class Group:
         if not is_root:
             work = self._g.scatter((0, 0), _memory(o), dtype, _rank(root), _keep(async_op, o))
             return _outcome(work, result)
-        a = _unshared(a, o)
-        work = self._g.scatter(_memory(a), _memory(o), dtype, _rank(root), _keep(async_op, a, o))
+        a, ma, mo = _apart(a, o)
+        work = self._g.scatter(ma, mo, dtype, _rank(root), _keep(async_op, a, o))
         return _outcome(work, result)
 
     def all_to_all(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
@@ -321,8 +321,8 @@ class Group:
         a, dtype = self._input(x, "all_to_all")
         self._blocks(a, "all_to_all")
         o, result = self._output(out, a.shape, a.dtype, "all_to_all")
-        a = _unshared(a, o)
-        work = self._g.all_to_all(_memory(a), _memory(o), dtype, _keep(async_op, a, o))
+        a, ma, mo = _apart(a, o)
+        work = self._g.all_to_all(ma, mo, dtype, _keep(async_op, a, o))
         return _outcome(work, result)
 
     def all_to_all_v(
@@ -343,11 +343,11 @@ class Group:
             )
         o, result = self._output(out, (sum(recvs),) + a.shape[1:], a.dtype, "all_to_all_v")
         per_row = _row_elements(a)
-        a = _unshared(a, o)
+        a, ma, mo = _apart(a, o)
         work = self._g.all_to_all_v(
-            _memory(a),
+            ma,
             [c * per_row for c in sends],
-            _memory(o),
+            mo,
             [c * per_row for c in recvs],
             dtype,
             _keep(async_op, a, o),
@@ -364,9 +364,9 @@ class Group:
         counts = self._counts(counts, "counts", "all_gather_v")
         o, result = self._output(out, (sum(counts),) + a.shape[1:], a.dtype, "all_gather_v")
         per_row = _row_elements(a)
-        a = _unshared(a, o)
+        a, ma, mo = _apart(a, o)
         counts = [c * per_row for c in counts]
-        work = self._g.all_gather_v(_memory(a), _memory(o), counts, dtype, _keep(async_op, a, o))
+        work = self._g.all_gather_v(ma, mo, counts, dtype, _keep(async_op, a, o))
         return _outcome(work, result)
 
     def reduce_scatter_v(
@@ -380,10 +380,10 @@ class Group:
         shape = (counts[self.rank],) + a.shape[1:]
         o, result = self._output(out, shape, a.dtype, "reduce_scatter_v")
         per_row = _row_elements(a)
-        a = _unshared(a, o)
+        a, ma, mo = _apart(a, o)
         work = self._g.reduce_scatter_v(
-            _memory(a),
-            _memory(o),
+            ma,
+            mo,
             [c * per_row for c in counts],
             dtype,
             op,
@@ -619,9 +619,17 @@ def _same_memory(a: np.ndarray, o: np.ndarray, o_memory: Tuple[int, int]) -> boo
     return a is o or _memory(a) == o_memory
 
 
-def _unshared(a: np.ndarray, o: np.ndarray) -> np.ndarray:
-    """``a``, copied if it overlaps ``o`` (which the call overwrites)."""
-    return a.copy() if _overlap(_memory(a), _memory(o)) else a
+def _apart(
+    a: np.ndarray, o: np.ndarray, mo: Optional[Tuple[int, int]] = None
+) -> Tuple[np.ndarray, Tuple[int, int], Tuple[int, int]]:
+    """``a``, copied if it overlaps ``o`` (which the call overwrites), and the ``_memory`` of
+    both (``mo``: that of ``o``, if known)."""
+    mo = _memory(o) if mo is None else mo
+    ma = _memory(a)
+    if _overlap(ma, mo):
+        a = a.copy()
+        ma = _memory(a)
+    return a, ma, mo
 
 
 def _overlap(a: Tuple[int, int], b: Tuple[int, int]) -> bool:

@@ -29,6 +29,24 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// `jaccl bench` with the words of `args` and `--check`: it must succeed with every value
+/// right. Returns what it printed.
+fn checked_bench(args: &str) -> String {
+    let args: Vec<&str> = args.split_whitespace().chain(["--check"]).collect();
+    let out = bench(&args);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{args:?}: {stdout}{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains("# Wrong values: 0 OK"),
+        "{args:?}: {stdout}"
+    );
+    stdout
+}
+
 /// Whether an optional prerequisite is there; with JACCL_REQUIRE_ALL=1 (CI) it must be.
 fn available(what: &str, present: bool) -> bool {
     if !present {
@@ -238,30 +256,11 @@ fn bench_runs_every_op_with_checks() {
         "barrier",
     ] {
         // The default smallest size: 8 bytes, or one element per rank.
-        let out = bench(&["-n", "3", "--op", op, "--check", "-e", "256K", "-f", "8"]);
-        let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
-        assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
+        let stdout = checked_bench(&format!("-n 3 --op {op} -e 256K -f 8"));
         assert!(stdout.contains(&format!("jaccl bench: {op}")), "{stdout}");
         // The mesh over TCP: small sizes in one step, larger ones around the ring.
-        let out = bench(&[
-            "-n",
-            "4",
-            "--op",
-            op,
-            "--check",
-            "-e",
-            "256K",
-            "-f",
-            "8",
-            "--transport",
-            "tcp",
-            "--topology",
-            "mesh",
-        ]);
-        let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
-        assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
+        let mesh = "--transport tcp --topology mesh";
+        let stdout = checked_bench(&format!("-n 4 --op {op} -e 256K -f 8 {mesh}"));
         assert!(stdout.contains("mesh over tcp"), "{op}: {stdout}");
     }
     for (dtype, reduce) in [
@@ -271,16 +270,9 @@ fn bench_runs_every_op_with_checks() {
         ("u8", "sum"),
         ("f64", "min"),
     ] {
-        let out = bench(&[
-            "-n", "2", "--dtype", dtype, "--reduce", reduce, "--check", "-b", "8", "-e", "64K",
-            "-f", "16",
-        ]);
-        assert!(
-            out.status.success(),
-            "{dtype} {reduce}: {}{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
+        checked_bench(&format!(
+            "-n 2 --dtype {dtype} --reduce {reduce} -b 8 -e 64K -f 16"
+        ));
     }
 }
 
@@ -312,46 +304,14 @@ fn bench_and_doctor_over_rdma() {
         );
         return;
     };
-    for ranks in ["2", "4"] {
-        let out = bench(&[
-            "-n",
-            ranks,
-            "--transport",
-            "rdma",
-            "--check",
-            "-e",
-            "1M",
-            "-f",
-            "16",
-        ]);
-        let stdout = text(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{ranks}: {stdout}{}",
-            text(&out.stderr)
-        );
+    for ranks in [2, 4] {
+        let stdout = checked_bench(&format!("-n {ranks} --transport rdma -e 1M -f 16"));
         assert!(stdout.contains("ring over rdma"), "{stdout}");
-        assert!(stdout.contains("# Wrong values: 0 OK"), "{stdout}");
     }
     for op in ["all-gather", "reduce-scatter", "send-recv", "barrier"] {
-        let out = bench(&[
-            "-n",
-            "3",
-            "--transport",
-            "rdma",
-            "--wires",
-            "2",
-            "--op",
-            op,
-            "--check",
-            "-e",
-            "256K",
-            "-f",
-            "64",
-        ]);
-        let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{op}: {stdout}{}", text(&out.stderr));
-        assert!(stdout.contains("# Wrong values: 0 OK"), "{op}: {stdout}");
+        checked_bench(&format!(
+            "-n 3 --transport rdma --wires 2 --op {op} -e 256K -f 64"
+        ));
     }
     // Under a small locked-memory limit, without CAP_IPC_LOCK (which lifts it): `rdma` is
     // unsupported, saying so, before any memory is registered.
@@ -670,26 +630,24 @@ fn launch_over_ssh_to_localhost() {
     assert!(text(&out.stderr).contains("rank 2 (127.0.0.1) exited with code 5"));
 }
 
+/// `jaccl launch` of 2 ranks on this machine over ssh, where ssh to it works.
+fn launch_over_ssh() -> Option<Vec<String>> {
+    let args = ["launch", "--hosts", "127.0.0.1", "-n", "2"];
+    ssh_ready().then(|| args.map(String::from).to_vec())
+}
+
 #[test]
 fn ctrl_c_stops_every_remote_rank() {
-    if !ssh_ready() {
-        return;
+    if let Some(args) = launch_over_ssh() {
+        interrupt_leaves_nothing(args, 2, 2);
     }
-    let args = ["launch", "--hosts", "127.0.0.1", "-n", "2"]
-        .map(String::from)
-        .to_vec();
-    interrupt_leaves_nothing(args, 2, 2);
 }
 
 #[test]
 fn remote_ranks_die_with_a_killed_launcher() {
-    if !ssh_ready() {
-        return;
+    if let Some(args) = launch_over_ssh() {
+        signal_leaves_nothing(args, 2, 4, rustix::process::Signal::KILL);
     }
-    let args = ["launch", "--hosts", "127.0.0.1", "-n", "2"]
-        .map(String::from)
-        .to_vec();
-    signal_leaves_nothing(args, 2, 4, rustix::process::Signal::KILL);
 }
 
 #[test]

@@ -31,8 +31,12 @@
 //!   the network, the next that uses the connection where the unread message waits), or, if no
 //!   later call comes, not at all.
 //! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
-//!   inputs give the same output on every run: each element is reduced once, in a fixed order,
-//!   and the result is copied to the other ranks.
+//!   inputs give the same output on every run: each element's values are combined in an order
+//!   the algorithm fixes (which every rank picks alike from the size and the group's shape),
+//!   and every rank either builds that same expression or receives its result. The ring:
+//!   around the ring from the rank after the one that completes the chunk, reduced once and
+//!   copied; the small gathers: `((a0 ⊕ a1) ⊕ a2) ⊕ …`; recursive doubling: pairs, then pairs
+//!   of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕ …` (docs/algorithms.md, per algorithm).
 //! - **Integers** wrap on overflow. **`bool`** travels as one byte: sum and max are OR, min is
 //!   AND; received bytes are normalised, never turned into an invalid `bool`.
 //! - **Floats**: max and min propagate NaN (like `numpy.maximum`), and order `-0 < +0`, so the

@@ -72,6 +72,24 @@ fn all_reduce_every_dtype_op_size_and_wires() {
     }
 }
 
+/// Every group size from 1 to 17 over TCP, primes included: recursive doubling among any
+/// number of ranks (8, and 12 or more; the ranks beyond a power of two hand over their vectors
+/// before and take the result after), the both-ways gather, and the ring past the doubling's
+/// limit; against the reference and across ranks.
+#[test]
+fn all_reduce_at_every_size_up_to_17() {
+    for size in 1..=17 {
+        let digests = with_group(Net::Tcp, size, 1, |g| {
+            let mut d = all_reduce_case::<f32>(g, &[1, 13, 4099, 100_003]);
+            d.extend(all_reduce_case::<i64>(g, &[2, 5003]));
+            d
+        });
+        for (rank, d) in digests.iter().enumerate() {
+            assert_eq!(d, &digests[0], "rank {rank} of {size} differs from rank 0");
+        }
+    }
+}
+
 #[test]
 fn shared_memory_sizes_around_every_algorithm_limit() {
     for size in [2, 3, 4] {
@@ -680,7 +698,8 @@ fn float_sums_are_bit_identical_across_ranks_and_runs() {
 fn float_sums_are_bit_identical_on(net: Net) {
     // Values whose sums round, so the order of additions matters, and NaNs with a payload per
     // rank: a sum of two NaNs keeps one payload, so operand order shows even where addition
-    // commutes. 4 ranks take recursive doubling (50 003 f32 per rank), 5 the ring.
+    // commutes. 4 ranks take recursive doubling (50 003 f32 per rank), 5 the ring, 13 (over
+    // TCP) doubling with hand-overs.
     let run = |size| {
         with_group(net, size, 2, |g| {
             let rank = g.rank();
@@ -701,7 +720,7 @@ fn float_sums_are_bit_identical_on(net: Net) {
             bits
         })
     };
-    for size in [4, 5] {
+    for size in [4, 5, 13] {
         let first = run(size);
         for (rank, r) in first.iter().enumerate() {
             assert_eq!(r, &first[0], "{net:?}: rank {rank} of {size} differs");

@@ -18,13 +18,12 @@
 //! fails (`PeerLost`, or `Mismatch` naming a peer in a collective).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::call::Call;
 use super::channel::lost;
-use super::engine::{Network, PEER_AHEAD_GRACE};
+use super::engine::Network;
 use super::geometry::Geometry;
-use super::waiting::{BlockedReport, flows, sleep_also};
+use super::waiting::{BlockedReport, PeerAhead, flows, sleep_also};
 use crate::error::{Error, Result};
 use crate::liveness::Flow;
 use crate::op_header::{Header, Kind};
@@ -51,7 +50,7 @@ impl Network {
         let mut backoff = Backoff::new(call.wait, call.timeout);
         let liveness = Arc::clone(&self.liveness);
         let mut blocked = BlockedReport::new(&liveness);
-        let mut peer_ahead_since: Option<Instant> = None;
+        let mut peer_ahead = PeerAhead::default();
         let mut reported: Option<Vec<Flow>> = None;
         loop {
             self.take_arrived(g, &order, call)?;
@@ -125,12 +124,11 @@ impl Network {
             // Once bytes they sent before they moved on have had time to arrive (TCP), none
             // is coming: when every peer waited on is in one, nobody can send.
             if in_direct.len() == waiting.len() {
-                let since = *peer_ahead_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= PEER_AHEAD_GRACE {
+                if peer_ahead.grace_over() {
                     return Err(in_a_collective(waiting[0], "a direct collective", call));
                 }
             } else {
-                peer_ahead_since = None;
+                peer_ahead.clear();
             }
             let awaited: Vec<Interest> = (0..wants.len())
                 .map(|c| Interest {
@@ -147,10 +145,7 @@ impl Network {
                 Idle::Retry => {}
                 Idle::TimedOut => return Err(call.timed_out()),
                 Idle::Sleep(limit) => {
-                    let limit = match peer_ahead_since {
-                        Some(_) => limit.min(PEER_AHEAD_GRACE),
-                        None => limit,
-                    };
+                    let limit = peer_ahead.sleep_limit(limit);
                     // A peer passed over since the report, or bytes read ahead from one: the
                     // deadlock search must judge what this waits for now, not what it first
                     // reported (stale, it counts a peer in a collective as one that may send).

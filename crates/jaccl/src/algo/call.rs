@@ -63,13 +63,14 @@ pub(crate) struct Buffers<'a> {
     pub(crate) output: &'a mut [u8],
 }
 
-impl Buffers<'_> {
+impl<'a> Buffers<'a> {
+    pub(crate) fn new(input: Option<&'a [u8]>, output: &'a mut [u8]) -> Buffers<'a> {
+        Buffers { input, output }
+    }
+
     /// No buffers: for a plan that only sends headers.
     pub(crate) fn none() -> Buffers<'static> {
-        Buffers {
-            input: None,
-            output: &mut [],
-        }
+        Buffers::new(None, &mut [])
     }
 
     pub(super) fn read(&self, span: Span) -> &[u8] {

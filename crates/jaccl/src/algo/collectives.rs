@@ -10,12 +10,12 @@ use super::engine::{LateLinks, Network, Rounds, Scratch};
 use super::geometry::Geometry;
 use super::plan::{Plan, Span};
 use super::select::{
-    AllGather, AllGatherV, AllReduce, AllToAll, Broadcast, ReduceScatter, ReduceScatterV, Rooted,
-    Shape, SmallGather,
+    AllGather, AllGatherV, AllReduce, AllToAll, Barrier, Broadcast, ReduceScatter, ReduceScatterV,
+    Rooted, Shape, SmallGather,
 };
 use super::shared_memory::{Direct, equal_blocks};
 use super::{doubling, mesh, p2p, ring};
-use crate::dtype::Dtype;
+use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::reduce::{Reducer, copy};
@@ -97,25 +97,12 @@ impl Collectives {
                 let direct = direct(&mut self.direct, call)?;
                 direct.all_reduce(input, output, reducer, call, &mut self.net.channels, &shape)
             }
-            AllReduce::Doubling => {
-                let partners = partners(&g, call)?;
-                let scratch = &mut self.scratch;
-                doubling::all_reduce(
-                    &mut self.net,
-                    &g,
-                    scratch,
-                    input,
-                    output,
-                    reducer,
-                    call,
-                    &partners,
-                )
-            }
+            AllReduce::Doubling => self.doubling_all_reduce(input, output, reducer, call),
             AllReduce::Ring => {
                 let elem = reducer.elem_size();
                 let plan = ring::all_reduce(&g, bytes / elem, elem, input.is_none());
                 self.net
-                    .run(&plan, Buffers { input, output }, Some(reducer), call)
+                    .run(&plan, Buffers::new(input, output), Some(reducer), call)
             }
             AllReduce::Gather(how) => {
                 // Every rank's vector, reduced here in rank order.
@@ -124,10 +111,7 @@ impl Collectives {
                     &mut all[g.rank * bytes..(g.rank + 1) * bytes],
                     input.unwrap_or(output),
                 );
-                let bufs = Buffers {
-                    input: None,
-                    output: all,
-                };
+                let bufs = Buffers::new(None, all);
                 self.net
                     .run(&small_gather(&g, how, bytes), bufs, None, call)?;
                 fold_in_rank_order(output, all, reducer);
@@ -158,17 +142,45 @@ impl Collectives {
 
     /// Returns once every rank has entered: an all-gather of one-byte tokens.
     pub(crate) fn barrier(&mut self, call: &Call) -> Result<()> {
-        match self.shape.all_gather(1) {
-            AllGather::Direct => {
+        match self.shape.barrier() {
+            Barrier::Gather(AllGather::Direct) => {
                 direct(&mut self.direct, call)?.barrier(call, &mut self.net.channels)
             }
-            choice => {
+            Barrier::Gather(choice) => {
                 let mut tokens = std::mem::take(&mut self.scratch);
                 let result = self.gather_with(choice, tokens.bytes(self.geometry.size), 1, call);
                 self.scratch = tokens;
                 result
             }
+            Barrier::Doubling => {
+                let reducer = Reducer::new(Dtype::UInt8, ReduceOp::BitOr)
+                    .ok_or_else(|| internal(call, "bytes have no bitwise or"))?;
+                self.doubling_all_reduce(None, &mut [1u8], &reducer, call)
+            }
         }
+    }
+
+    /// All-reduce by recursive doubling among any number of ranks ([`doubling::all_reduce`]).
+    fn doubling_all_reduce(
+        &mut self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        reducer: &Reducer,
+        call: &Call,
+    ) -> Result<()> {
+        let g = self.geometry;
+        let role = g.doubling_role();
+        let scratch = &mut self.scratch;
+        doubling::all_reduce(
+            &mut self.net,
+            &g,
+            scratch,
+            input,
+            output,
+            reducer,
+            call,
+            &role,
+        )
     }
 
     /// Gathers every rank's block of `block` bytes into `output`, whose own block is filled.
@@ -188,10 +200,7 @@ impl Collectives {
             AllGather::Small(how) => small_gather(&g, how, block),
             AllGather::Ring | AllGather::Direct => ring::all_gather(&g, block),
         };
-        let bufs = Buffers {
-            input: None,
-            output,
-        };
+        let bufs = Buffers::new(None, output);
         self.net.run(&plan, bufs, None, call)
     }
 
@@ -216,10 +225,7 @@ impl Collectives {
                 let own = g.rank * bytes..(g.rank + 1) * bytes;
                 copy(&mut all[own.clone()], &input[own]);
                 let plan = mesh::exchange_with_all(&g, bytes, |p| Span::input(p * bytes, bytes));
-                let bufs = Buffers {
-                    input: Some(input),
-                    output: all,
-                };
+                let bufs = Buffers::new(Some(input), all);
                 self.net.run(&plan, bufs, None, call)?;
                 fold_in_rank_order(output, all, reducer);
                 Ok(())
@@ -240,10 +246,7 @@ impl Collectives {
             ReduceScatter::Ring => {
                 let elem = reducer.elem_size();
                 let plan = ring::reduce_scatter(&g, bytes / elem, elem);
-                let bufs = Buffers {
-                    input: Some(input),
-                    output,
-                };
+                let bufs = Buffers::new(Some(input), output);
                 self.net.run(&plan, bufs, Some(reducer), call)
             }
         }
@@ -253,10 +256,7 @@ impl Collectives {
     pub(crate) fn send(&mut self, data: &[u8], dst: usize, call: &Call) -> Result<()> {
         self.net.reach([self.geometry.channel_to(dst, 0)], call)?;
         let plan = p2p::send(&self.geometry, data.len(), dst);
-        let bufs = Buffers {
-            input: Some(data),
-            output: &mut [],
-        };
+        let bufs = Buffers::new(Some(data), &mut []);
         self.net.run(&plan, bufs, None, call)
     }
 
@@ -264,10 +264,7 @@ impl Collectives {
     pub(crate) fn recv(&mut self, out: &mut [u8], src: usize, call: &Call) -> Result<()> {
         self.net.reach([self.geometry.channel_to(src, 0)], call)?;
         let plan = p2p::recv(&self.geometry, out.len(), src);
-        let bufs = Buffers {
-            input: None,
-            output: out,
-        };
+        let bufs = Buffers::new(None, out);
         self.net.run(&plan, bufs, None, call)
     }
 
@@ -285,10 +282,7 @@ impl Collectives {
     /// Broadcast of `data` from `call.root`.
     pub(crate) fn broadcast(&mut self, data: &mut [u8], call: &Call) -> Result<()> {
         let (g, root) = (self.geometry, call.root);
-        let bufs = |output| Buffers {
-            input: None,
-            output,
-        };
+        let bufs = |output| Buffers::new(None, output);
         let eager = self.direct.as_ref().is_some_and(Direct::eager_allowed);
         match self.shape.broadcast(data.len()) {
             Broadcast::Eager if eager => {
@@ -307,9 +301,6 @@ impl Collectives {
             }
             Broadcast::Tree => {
                 let plans = mesh::broadcast_tree(&g, root, data.len());
-                let partners = plans.iter().flat_map(|p| &p.transfers);
-                self.net
-                    .reach(partners.flat_map(|t| t.tx.into_iter().chain(t.rx)), call)?;
                 let mut rounds = Rounds {
                     net: &mut self.net,
                     plans: &plans,
@@ -376,17 +367,11 @@ impl Collectives {
                 let plan = ring::gather(&g, root, block);
                 if is_root {
                     copy(&mut output[root * block..(root + 1) * block], input);
-                    let bufs = Buffers {
-                        input: None,
-                        output,
-                    };
+                    let bufs = Buffers::new(None, output);
                     return self.net.run(&plan, bufs, None, call);
                 }
                 let held = ring::chain_scratch_blocks(&g, root, true) * block;
-                let bufs = Buffers {
-                    input: Some(input),
-                    output: self.scratch.bytes(held),
-                };
+                let bufs = Buffers::new(Some(input), self.scratch.bytes(held));
                 self.net.run(&plan, bufs, None, call)
             }
         }
@@ -404,18 +389,12 @@ impl Collectives {
                 let plan = ring::scatter(&g, root, block);
                 if g.rank == root {
                     copy(output, &input[root * block..(root + 1) * block]);
-                    let bufs = Buffers {
-                        input: Some(input),
-                        output: &mut [],
-                    };
+                    let bufs = Buffers::new(Some(input), &mut []);
                     return self.net.run(&plan, bufs, None, call);
                 }
                 let held = ring::chain_scratch_blocks(&g, root, false) * block;
                 let scratch = self.scratch.bytes(held);
-                let bufs = Buffers {
-                    input: None,
-                    output: &mut *scratch,
-                };
+                let bufs = Buffers::new(None, &mut *scratch);
                 self.net.run(&plan, bufs, None, call)?;
                 copy(output, &scratch[held - block..]);
                 Ok(())
@@ -535,10 +514,7 @@ impl Collectives {
                 };
                 let plan =
                     mesh::exchange(&g, |p| span(&sends[p], true), |p| span(&recvs[p], false));
-                let bufs = Buffers {
-                    input: Some(input),
-                    output,
-                };
+                let bufs = Buffers::new(Some(input), output);
                 self.net.run(&plan, bufs, None, call)
             }
         }
@@ -582,10 +558,7 @@ impl Collectives {
             AllGatherV::Ring => {
                 copy(&mut output[blocks[g.rank].clone()], input);
                 let plan = ring::all_gather_v(&g, &blocks);
-                let bufs = Buffers {
-                    input: None,
-                    output,
-                };
+                let bufs = Buffers::new(None, output);
                 self.net.run(&plan, bufs, None, call)
             }
         }

@@ -10,18 +10,15 @@ use std::ops::Range;
 
 use super::call::Call;
 use super::engine::{Network, Rounds, Scratch};
-use super::geometry::{Geometry, lane_slice, whole_frame};
-use super::plan::{Merge, Plan, Span, Step, Transfer};
+use super::geometry::{DoublingRole, Geometry, lane_slice, whole_frame};
+use super::plan::{Plan, Span, Step, Transfer};
 use crate::error::Result;
 use crate::reduce::{Reducer, copy};
 
 /// Step `k` of recursive doubling with `partners` (in step order): this rank sends `send` to
-/// `partners[k]` and receives as many bytes from it into `recv`, split over the ring's wires to
-/// a neighbour. The first step also exchanges headers with each ring neighbour that is no
-/// step's partner, so every neighbour of a rank that called something else notices; a partner
-/// gets the header with its step's data (or alone, [`Plan::announcement`], when this rank
-/// fails before), which saves a message per rank and call (with 4 ranks on the ring, a third
-/// of them).
+/// `partners[k]` and receives as many bytes from it into `recv` ([`with_peer`]). The first
+/// step also exchanges headers with the ring neighbours that are no step's partner
+/// ([`neighbours_apart`]).
 pub(crate) fn swap_with(
     g: &Geometry,
     partners: &[usize],
@@ -29,46 +26,91 @@ pub(crate) fn swap_with(
     send: Span,
     recv: Span,
 ) -> Plan {
-    let peer = partners[k];
-    let wires = g.wires_to(send.len, peer);
+    let mut plan = with_peer(g, partners[k], send, recv);
+    if k == 0 {
+        plan.headers_both_ways = neighbours_apart(g, partners);
+    }
+    plan
+}
+
+/// This rank sends `send` to `peer` and receives `recv` from it, split over the ring's wires
+/// to a neighbour. An empty span sends (or receives) nothing but the header, unless both are
+/// empty: then the two exchange headers.
+fn with_peer(g: &Geometry, peer: usize, send: Span, recv: Span) -> Plan {
+    let len = send.len.max(recv.len);
+    let wires = g.wires_to(len, peer);
     let transfers = (0..wires)
         .map(|w| {
             let channel = g.channel_to(peer, w);
-            let slice = lane_slice(send.len, wires, w);
-            let part = |span: Span| Span {
-                off: span.off + slice.start,
-                len: slice.len(),
-                ..span
+            let slice = lane_slice(len, wires, w);
+            let part = |span: Span| match span.len {
+                0 => span,
+                _ => Span {
+                    off: span.off + slice.start,
+                    len: slice.len(),
+                    ..span
+                },
             };
-            Transfer {
-                tx: Some(channel),
-                rx: Some(channel),
-                steps: vec![Step {
-                    send: part(send),
-                    recv: part(recv),
-                    merge: Merge::Copy,
-                }],
-                frame: whole_frame(slice.len()),
-                merge_after_send: false,
-            }
+            Transfer::new(
+                (send.len > 0 || recv.len == 0).then_some(channel),
+                (recv.len > 0 || send.len == 0).then_some(channel),
+                vec![Step::copy(part(send), part(recv))],
+                whole_frame(slice.len()),
+            )
         })
         .collect();
-    let headers_both_ways = match k {
-        0 => [
-            (g.left(), g.left_channel(0)),
-            (g.right(), g.right_channel(0)),
-        ]
-        .into_iter()
-        .filter(|(neighbour, _)| !partners.contains(neighbour))
-        .map(|(_, channel)| channel)
-        .collect(),
-        _ => Vec::new(),
-    };
     Plan {
         transfers,
-        headers_both_ways,
         ..Plan::default()
     }
+}
+
+/// The channels to the ring neighbours that are none of `peers`, with which the first round
+/// of a doubling exchanges headers, so every neighbour of a rank that called something else
+/// notices. A peer gets the header with its round's data (or alone, [`Plan::announcement`],
+/// when this rank fails before), which saves a message per rank and call (with 4 ranks on the
+/// ring, a third of them).
+fn neighbours_apart(g: &Geometry, peers: &[usize]) -> Vec<usize> {
+    [
+        (g.left(), g.left_channel(0)),
+        (g.right(), g.right_channel(0)),
+    ]
+    .into_iter()
+    .filter(|(neighbour, _)| !peers.contains(neighbour))
+    .map(|(_, channel)| channel)
+    .collect()
+}
+
+/// The rounds of a recursive-doubling all-reduce of `bytes` for a rank in `role`, in the
+/// order it runs them: for a rank that hands over its vector, sending it and receiving the
+/// result; for one that doubles, taking in its extra rank's vector (if any), each step's swap,
+/// and handing the extra rank the result.
+pub(crate) fn all_reduce_plans(g: &Geometry, role: &DoublingRole, bytes: usize) -> Vec<Plan> {
+    let (input, output) = (Span::input(0, bytes), Span::output(0, bytes));
+    let (mut plans, peers): (Vec<Plan>, Vec<usize>) = match role {
+        DoublingRole::HandOver { to } => (
+            vec![
+                with_peer(g, *to, input, Span::EMPTY),
+                with_peer(g, *to, Span::EMPTY, output),
+            ],
+            vec![*to],
+        ),
+        DoublingRole::Double { extra, partners } => {
+            let swaps = partners.iter().map(|&p| with_peer(g, p, input, output));
+            let plans = match *extra {
+                Some(e) => std::iter::once(with_peer(g, e, Span::EMPTY, output))
+                    .chain(swaps)
+                    .chain(std::iter::once(with_peer(g, e, output, Span::EMPTY)))
+                    .collect(),
+                None => swaps.collect(),
+            };
+            (plans, partners.iter().copied().chain(*extra).collect())
+        }
+    };
+    if let Some(first) = plans.first_mut() {
+        first.headers_both_ways = neighbours_apart(g, &peers);
+    }
+    plans
 }
 
 /// The aligned group of 2^k blocks (block indices) that holds block `r`: what a rank holds
@@ -78,10 +120,11 @@ fn aligned_blocks(r: usize, k: usize) -> Range<usize> {
     first..first + (1 << k)
 }
 
-/// All-reduce by recursive doubling: in each step this rank swaps its partial result with that
-/// step's partner and combines the two, the lower rank's first. The first step sends the
-/// caller's vector; scratch vectors hold the partner's vector and, with more than one step,
-/// the partial result and, with more than two, the next one.
+/// All-reduce by recursive doubling ([`all_reduce_plans`]): in each step this rank swaps its
+/// partial result with that step's partner and combines the two, the lower rank's first. The
+/// first step sends the caller's vector (or, with an extra rank, the extra rank's combined with
+/// it, the extra rank's first); scratch vectors hold the partner's vector, the combined one and,
+/// with more than one step, the partial result and, with more than two, the next one.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn all_reduce(
     net: &mut Network,
@@ -91,42 +134,64 @@ pub(crate) fn all_reduce(
     output: &mut [u8],
     reducer: &Reducer,
     call: &Call,
-    partners: &[usize],
+    role: &DoublingRole,
 ) -> Result<()> {
     let bytes = output.len();
-    let (whole_input, whole_output) = (Span::input(0, bytes), Span::output(0, bytes));
-    let plans: Vec<Plan> = (0..partners.len())
-        .map(|k| swap_with(g, partners, k, whole_input, whole_output))
-        .collect();
-    let vectors = partners.len().min(3);
-    let all = scratch.bytes(vectors * bytes);
+    let plans = all_reduce_plans(g, role, bytes);
+    let mut rounds = Rounds {
+        net,
+        plans: &plans,
+        call,
+    };
+    let (extra, partners) = match role {
+        DoublingRole::HandOver { .. } => {
+            rounds.run(0, &mut *output, input)?;
+            return rounds.run(1, output, None);
+        }
+        DoublingRole::Double { extra, partners } => (*extra, partners.as_slice()),
+    };
+    let first = usize::from(extra.is_some());
+    let last = partners.len() - 1;
+    let all = scratch.bytes((1 + first + last.min(2)) * bytes);
     let (theirs, rest) = all.split_at_mut(bytes);
-    // Two steps need no `next`, one step no `partial` either: they are then empty.
+    // Without an extra rank `folded` is empty; two steps need no `next`, one step no
+    // `partial` either.
+    let (folded, rest) = rest.split_at_mut(first * bytes);
     let (mut partial, mut next) = rest.split_at_mut(bytes.min(rest.len()));
+    if extra.is_some() {
+        rounds.run(0, &mut *theirs, None)?;
+        reducer.combine(folded, theirs, input.unwrap_or(output));
+    }
     let mut swap = Swap {
-        steps: Rounds {
-            net,
-            plans: &plans,
-            call,
-        },
+        steps: rounds,
+        first,
         rank: g.rank,
         partners,
         theirs,
         reducer,
     };
-    let last = partners.len() - 1;
     if last == 0 {
-        return match input {
-            Some(input) => swap.step(0, input, output),
-            None => swap.step_in_place(0, output),
+        match (extra, input) {
+            (Some(_), _) => swap.step(0, folded, output)?,
+            (None, Some(input)) => swap.step(0, input, output)?,
+            (None, None) => swap.step_in_place(0, output)?,
+        }
+    } else {
+        let start = match extra {
+            Some(_) => &*folded,
+            None => input.unwrap_or(output),
         };
+        swap.step(0, start, partial)?;
+        for k in 1..last {
+            swap.step(k, partial, next)?;
+            std::mem::swap(&mut partial, &mut next);
+        }
+        swap.step(last, partial, output)?;
     }
-    swap.step(0, input.unwrap_or(output), partial)?;
-    for k in 1..last {
-        swap.step(k, partial, next)?;
-        std::mem::swap(&mut partial, &mut next);
+    match extra {
+        Some(_) => swap.steps.run(first + partners.len(), output, None),
+        None => Ok(()),
     }
-    swap.step(last, partial, output)
 }
 
 /// Gathers every rank's block of `block` bytes into `output` (`size` blocks), whose own block
@@ -222,6 +287,8 @@ pub(crate) fn reduce_scatter(
 /// A recursive-doubling all-reduce in progress.
 struct Swap<'a> {
     steps: Rounds<'a>,
+    /// The round of the first step (after taking in an extra rank's vector).
+    first: usize,
     rank: usize,
     /// The partner of each step.
     partners: &'a [usize],
@@ -234,7 +301,7 @@ impl Swap<'_> {
     /// Swaps `mine` with the partner of step `k` and leaves the two combined in `dst`, the
     /// lower rank's first.
     fn step(&mut self, k: usize, mine: &[u8], dst: &mut [u8]) -> Result<()> {
-        self.steps.run(k, self.theirs, Some(mine))?;
+        self.steps.run(self.first + k, self.theirs, Some(mine))?;
         match self.rank < self.partners[k] {
             true => self.reducer.combine(dst, mine, self.theirs),
             false => self.reducer.combine(dst, self.theirs, mine),
@@ -245,7 +312,7 @@ impl Swap<'_> {
     /// [`Swap::step`] with `mine` also as `dst` (the higher rank, whose partner's value comes
     /// first, combines into the partner's vector and copies the result back).
     fn step_in_place(&mut self, k: usize, mine: &mut [u8]) -> Result<()> {
-        self.steps.run(k, self.theirs, Some(mine))?;
+        self.steps.run(self.first + k, self.theirs, Some(mine))?;
         if self.rank < self.partners[k] {
             self.reducer.accumulate(mine, self.theirs);
         } else {
@@ -313,6 +380,84 @@ mod tests {
             swap_with(&g, &partners, 2, Span::input(0, 8), Span::output(0, 8)).announcement();
         assert_eq!(announcement.headers_out, vec![g.channel_to(4, 0)]);
         assert!(announcement.transfers.is_empty() && announcement.headers_both_ways.is_empty());
+    }
+
+    /// Recursive doubling among any number of ranks: hand-overs pair up, partners are mutual,
+    /// every rank ends with one expression that holds every rank once, and the first round
+    /// exchanges headers with exactly the ring neighbours that no round talks to.
+    #[test]
+    fn doubling_among_any_number_of_ranks_builds_one_expression() {
+        for size in 1..=40 {
+            for mesh in [false, true] {
+                let g = |rank| Geometry {
+                    rank,
+                    size,
+                    wires: 2,
+                    mesh,
+                };
+                let roles: Vec<DoublingRole> = (0..size).map(|r| g(r).doubling_role()).collect();
+                let at = format!("{size} ranks, mesh {mesh}");
+                let mut value: Vec<String> = (0..size).map(|r| r.to_string()).collect();
+                let mut doublers = Vec::new();
+                for (r, role) in roles.iter().enumerate() {
+                    let peers = match role {
+                        DoublingRole::HandOver { to } => {
+                            let host = DoublingRole::Double {
+                                extra: Some(r),
+                                partners: match &roles[*to] {
+                                    DoublingRole::Double { partners, .. } => partners.clone(),
+                                    other => panic!("{at}: {r} hands over to {other:?}"),
+                                },
+                            };
+                            assert_eq!(roles[*to], host, "{at}: {r}'s host");
+                            vec![*to]
+                        }
+                        DoublingRole::Double { extra, partners } => {
+                            if let Some(e) = extra {
+                                assert_eq!(roles[*e], DoublingRole::HandOver { to: r }, "{at}");
+                                value[r] = format!("({e} {r})");
+                            }
+                            doublers.push(r);
+                            partners.iter().copied().chain(*extra).collect()
+                        }
+                    };
+                    if size > 1 {
+                        let plans = all_reduce_plans(&g(r), role, 8);
+                        let apart = [g(r).left(), g(r).right()]
+                            .into_iter()
+                            .filter(|n| !peers.contains(n))
+                            .count();
+                        assert_eq!(plans[0].headers_both_ways.len(), apart, "{at}: rank {r}");
+                    }
+                }
+                assert!(doublers.len().is_power_of_two(), "{at}: {doublers:?}");
+                let partners = |r: usize| match &roles[r] {
+                    DoublingRole::Double { partners, .. } => partners.clone(),
+                    DoublingRole::HandOver { .. } => Vec::new(),
+                };
+                for k in 0..doublers.len().trailing_zeros() as usize {
+                    let before = value.clone();
+                    for &r in &doublers {
+                        let peer = partners(r)[k];
+                        assert_eq!(partners(peer)[k], r, "{at}: step {k}");
+                        let (lo, hi) = (&before[r.min(peer)], &before[r.max(peer)]);
+                        value[r] = format!("({lo} {hi})");
+                    }
+                }
+                for (r, role) in roles.iter().enumerate() {
+                    if let DoublingRole::HandOver { to } = role {
+                        value[r] = value[*to].clone();
+                    }
+                }
+                assert!(value.iter().all(|v| *v == value[0]), "{at}: {value:?}");
+                let ranks: Vec<usize> = value[0]
+                    .split(|c: char| !c.is_ascii_digit())
+                    .filter(|t| !t.is_empty())
+                    .map(|t| t.parse().expect("a rank"))
+                    .collect();
+                assert_eq!(ranks, (0..size).collect::<Vec<_>>(), "{at}: in rank order");
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use super::call::{Buffers, Call};
 use super::channel::{Channel, lost};
 use super::plan::{Merge, Plan, Transfer};
-use super::waiting::{BlockedReport, flows, sleep};
+use super::waiting::{BlockedReport, PeerAhead, flows, sleep};
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::op_header::{HEADER_LEN, Header};
@@ -297,7 +297,11 @@ impl Rounds<'_> {
     /// rounds, get it alone ([`Plan::announcement`]), so they see the mismatch too; that waits
     /// at most [`ANNOUNCE_TIMEOUT`] (this rank fails either way).
     pub(crate) fn run(&mut self, k: usize, output: &mut [u8], input: Option<&[u8]>) -> Result<()> {
-        let bufs = Buffers { input, output };
+        // Links made on first use are made for the round that needs them: the rounds before
+        // carry the headers that show a neighbour in another call as a `Mismatch`, where a
+        // wait for a link from it could only time out.
+        self.net.reach(self.plans[k].channels(), self.call)?;
+        let bufs = Buffers::new(input, output);
         let result = self.net.run(&self.plans[k], bufs, None, self.call);
         if let Err(Error::Mismatch { .. }) = result {
             let call = Call {
@@ -337,8 +341,7 @@ fn run(
 fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness) -> Result<()> {
     let call = exec.call;
     let mut backoff = Backoff::new(call.wait, call.timeout);
-    // Since when a peer this call waits on has been in a direct collective this rank is not in.
-    let mut peer_ahead_since: Option<Instant> = None;
+    let mut peer_ahead = PeerAhead::default();
     let mut blocked = BlockedReport::new(liveness);
     loop {
         let progress = exec.pass(channels)?;
@@ -347,27 +350,23 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
         }
         if progress {
             backoff.progressed();
-            peer_ahead_since = None;
+            peer_ahead.clear();
             blocked.withdraw();
             continue;
         }
         liveness.check(call.op)?;
-        if let Some(peer) = peer_in_a_collective(channels, exec)? {
-            // Bytes its side sent before it moved on may still be on their way (TCP): wait a
-            // moment for them before calling it a mismatch.
-            let since = *peer_ahead_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= PEER_AHEAD_GRACE {
-                return Err(Error::Mismatch {
-                    rank: call.rank,
-                    peer,
-                    op: call.op,
-                    detail: format!(
-                        "rank {peer} is in a collective this rank did not call; this rank \
-                         called {}",
-                        call.header(0, call.rank)
-                    ),
-                });
-            }
+        if let Some(peer) = peer_in_a_collective(channels, exec)?
+            && peer_ahead.grace_over()
+        {
+            return Err(Error::Mismatch {
+                rank: call.rank,
+                peer,
+                op: call.op,
+                detail: format!(
+                    "rank {peer} is in a collective this rank did not call; this rank called {}",
+                    call.header(0, call.rank)
+                ),
+            });
         }
         let in_memory = channels
             .iter()
@@ -377,20 +376,13 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
             Idle::Retry => {}
             Idle::TimedOut => return Err(call.timed_out()),
             Idle::Sleep(limit) => {
-                let limit = match peer_ahead_since {
-                    Some(_) => limit.min(PEER_AHEAD_GRACE),
-                    None => limit,
-                };
+                let limit = peer_ahead.sleep_limit(limit);
                 blocked.report(call.op, || flows(channels, exec.wants()), None);
                 sleep(channels, liveness, exec.wants(), limit, call)?;
             }
         }
     }
 }
-
-/// How long a send or receive waits, without progress, on a peer that has entered a direct
-/// collective before it fails with `Mismatch`.
-pub(crate) const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
 
 /// A peer that this call sends to or receives from, that it waits on, and that has entered a
 /// direct collective this rank has not.

@@ -272,10 +272,7 @@ fn run_sequences(
         let mut queues: Vec<_> = ranks.iter_mut().map(|calls| calls.iter_mut()).collect();
         let mut start_next = |r: usize, chans: &mut [Channel]| {
             queues[r].next().map(|rc| {
-                let bufs = Buffers {
-                    input: rc.input.as_deref(),
-                    output: &mut rc.output,
-                };
+                let bufs = Buffers::new(rc.input.as_deref(), &mut rc.output);
                 (
                     Execution::start(chans, &rc.plan, bufs, Some(&reducer), &rc.call),
                     rc.call,

@@ -167,6 +167,41 @@ impl Geometry {
         }
     }
 
+    /// This rank's part in a recursive-doubling all-reduce among any number of ranks. Where
+    /// the ranks pair up ([`Geometry::doubling_partners`]) every rank doubles. Otherwise, with
+    /// `p` the largest power of two up to `size` and `rem = size − p`, the first `2·rem` ranks
+    /// pair up as (2i, 2i + 1) around the doubling, as MPICH does: the even one hands its
+    /// vector to the odd one, which doubles for both and hands back the result; the `p` ranks
+    /// that double (in rank order: the odd ones of the pairs, then the rest) partner in step k
+    /// the one whose index among them differs in bit k, over links made on first use. Both
+    /// orders (a pair's even rank first, a lower doubling index first) follow rank order, so
+    /// every rank builds the same expression.
+    pub(crate) fn doubling_role(&self) -> DoublingRole {
+        if let Some(partners) = self.doubling_partners() {
+            return DoublingRole::Double {
+                extra: None,
+                partners,
+            };
+        }
+        let (r, n) = (self.rank, self.size);
+        let p = 1usize << n.checked_ilog2().unwrap_or(0);
+        let paired = 2 * n.saturating_sub(p);
+        if r < paired && r % 2 == 0 {
+            return DoublingRole::HandOver { to: r + 1 };
+        }
+        let index = if r < paired { r / 2 } else { r - paired / 2 };
+        let rank_of = |i: usize| match i < paired / 2 {
+            true => 2 * i + 1,
+            false => i + paired / 2,
+        };
+        DoublingRole::Double {
+            extra: (r < paired).then(|| r - 1),
+            partners: (0..p.trailing_zeros())
+                .map(|k| rank_of(index ^ (1 << k)))
+                .collect(),
+        }
+    }
+
     /// What the algorithm choice depends on ([`Shape`]); `rdma` and `direct` as every rank of
     /// the group agreed at set-up.
     pub(crate) fn shape(&self, rdma: bool, direct: bool) -> Shape {
@@ -178,6 +213,20 @@ impl Geometry {
             direct,
         }
     }
+}
+
+/// A rank's part in a recursive-doubling all-reduce ([`Geometry::doubling_role`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DoublingRole {
+    /// Swaps partial results with `partners`, in step order; first takes in the vector of
+    /// `extra` (the rank below, whose value comes first) if there is one, and last hands it
+    /// the result.
+    Double {
+        extra: Option<usize>,
+        partners: Vec<usize>,
+    },
+    /// Hands its vector to `to` (the rank above), which hands back the result.
+    HandOver { to: usize },
 }
 
 #[cfg(test)]

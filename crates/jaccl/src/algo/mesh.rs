@@ -4,7 +4,7 @@
 //! taken from the input, reduce-scatter.
 
 use super::geometry::{Geometry, whole_frame};
-use super::plan::{Merge, Plan, Span, Step, Transfer};
+use super::plan::{Plan, Span, Step, Transfer};
 
 /// Every rank sends `send(p)` to every other rank p and receives p's into block p of the
 /// output (`block` bytes each).
@@ -24,17 +24,12 @@ pub(crate) fn exchange(
         .map(|p| {
             let channel = g.channel_to(p, 0);
             let (send, recv) = (send(p), recv(p));
-            Transfer {
-                tx: Some(channel),
-                rx: Some(channel),
-                steps: vec![Step {
-                    send,
-                    recv,
-                    merge: Merge::Copy,
-                }],
-                frame: whole_frame(send.len.max(recv.len)),
-                merge_after_send: false,
-            }
+            Transfer::new(
+                Some(channel),
+                Some(channel),
+                vec![Step::copy(send, recv)],
+                whole_frame(send.len.max(recv.len)),
+            )
         })
         .collect();
     Plan {
@@ -67,17 +62,9 @@ pub(crate) fn broadcast_tree(g: &Geometry, root: usize, bytes: usize) -> Vec<Pla
                 None
             };
             if let Some((tx, rx, send, recv)) = transfer {
-                plan.transfers.push(Transfer {
-                    tx,
-                    rx,
-                    steps: vec![Step {
-                        send,
-                        recv,
-                        merge: Merge::Copy,
-                    }],
-                    frame: whole_frame(bytes),
-                    merge_after_send: false,
-                });
+                let steps = vec![Step::copy(send, recv)];
+                plan.transfers
+                    .push(Transfer::new(tx, rx, steps, whole_frame(bytes)));
             }
             plan
         })
@@ -89,16 +76,8 @@ pub(crate) fn broadcast_tree(g: &Geometry, root: usize, bytes: usize) -> Vec<Pla
 /// over (over shared memory, rings deep enough to run many calls ahead of slow receivers).
 pub(crate) fn broadcast_flat(g: &Geometry, root: usize, bytes: usize) -> Plan {
     let data = Span::output(0, bytes);
-    let one = |tx: Option<usize>, rx: Option<usize>, send: Span, recv: Span| Transfer {
-        tx,
-        rx,
-        steps: vec![Step {
-            send,
-            recv,
-            merge: Merge::Copy,
-        }],
-        frame: whole_frame(bytes),
-        merge_after_send: false,
+    let one = |tx: Option<usize>, rx: Option<usize>, send: Span, recv: Span| {
+        Transfer::new(tx, rx, vec![Step::copy(send, recv)], whole_frame(bytes))
     };
     let transfers = match g.rank == root {
         true => (0..g.size)
@@ -123,7 +102,7 @@ pub(crate) fn gather(g: &Geometry, block: usize) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::simulate::simulate;
+    use crate::algo::simulate::{all_gather_case, simulate};
 
     #[test]
     fn the_mesh_exchange_sends_each_block_to_its_rank() {
@@ -164,17 +143,8 @@ mod tests {
                     continue; // without the mesh only two ranks reach each other directly
                 }
                 let block = 5;
-                let init = |r: usize| {
-                    let mut out = vec![-1i64; size * block];
-                    for i in 0..block {
-                        out[r * block + i] = (r * 100 + i) as i64;
-                    }
-                    (vec![], out)
-                };
-                let expect: Vec<i64> = (0..size)
-                    .flat_map(|r| (0..block).map(move |i| (r * 100 + i) as i64))
-                    .collect();
-                let outs = simulate(size, wires, mesh, |g| gather(g, block), init, false);
+                let (init, expect) = all_gather_case(size, block);
+                let outs = simulate(size, wires, mesh, |g| gather(g, block), &init, false);
                 for out in &outs {
                     assert_eq!(out, &expect, "size {size} mesh {mesh} wires {wires}");
                 }

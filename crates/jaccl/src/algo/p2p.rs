@@ -2,7 +2,7 @@
 //! over the ring's wires to a neighbour, one channel to another rank of the mesh).
 
 use super::geometry::{Geometry, lane_slice, whole_frame};
-use super::plan::{Merge, Plan, Span, Step, Transfer};
+use super::plan::{Plan, Span, Step, Transfer};
 
 /// Send of `bytes` to `dst`.
 pub(crate) fn send(g: &Geometry, bytes: usize, dst: usize) -> Plan {
@@ -25,17 +25,12 @@ fn one_way(g: &Geometry, bytes: usize, peer: usize, sending: bool) -> Plan {
                 true => (Span::input(off, len), Span::EMPTY),
                 false => (Span::EMPTY, Span::output(off, len)),
             };
-            Transfer {
-                tx: sending.then_some(channel),
-                rx: (!sending).then_some(channel),
-                steps: vec![Step {
-                    send,
-                    recv,
-                    merge: Merge::Copy,
-                }],
-                frame: whole_frame(len),
-                merge_after_send: false,
-            }
+            Transfer::new(
+                sending.then_some(channel),
+                (!sending).then_some(channel),
+                vec![Step::copy(send, recv)],
+                whole_frame(len),
+            )
         })
         .collect();
     Plan {

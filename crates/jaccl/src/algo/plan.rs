@@ -61,6 +61,17 @@ pub(crate) struct Step {
     pub(crate) merge: Merge,
 }
 
+impl Step {
+    /// A step whose received bytes are copied, not reduced.
+    pub(crate) fn copy(send: Span, recv: Span) -> Step {
+        Step {
+            send,
+            recv,
+            merge: Merge::Copy,
+        }
+    }
+}
+
 /// One lane: a sequence of steps over one sending and one receiving channel.
 ///
 /// When a lane both sends and receives, step `s + 1` forwards what step `s` received: its first
@@ -80,6 +91,25 @@ pub(crate) struct Transfer {
     pub(crate) merge_after_send: bool,
 }
 
+impl Transfer {
+    /// A lane of `steps` over `tx` and `rx`, `frame` bytes at a time, whose received bytes are
+    /// merged as they arrive.
+    pub(crate) fn new(
+        tx: Option<usize>,
+        rx: Option<usize>,
+        steps: Vec<Step>,
+        frame: usize,
+    ) -> Transfer {
+        Transfer {
+            tx,
+            rx,
+            steps,
+            frame,
+            merge_after_send: false,
+        }
+    }
+}
+
 /// Everything one call moves.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Plan {
@@ -96,6 +126,13 @@ impl Plan {
     pub(crate) fn receives_on(&self, channel: usize) -> bool {
         self.transfers.iter().any(|t| t.rx == Some(channel))
             || self.headers_both_ways.contains(&channel)
+    }
+
+    /// The channels this plan's lanes send or receive on.
+    pub(crate) fn channels(&self) -> impl Iterator<Item = usize> + '_ {
+        self.transfers
+            .iter()
+            .flat_map(|t| t.tx.into_iter().chain(t.rx))
     }
 
     /// This call's header alone on every channel this plan sends on or exchanges headers

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use super::geometry::{Geometry, frame_bytes, lane_slice};
-use super::plan::{Merge, Plan, Span, Step, Transfer};
+use super::plan::{Buf, Merge, Plan, Span, Step, Transfer};
 use super::select;
 
 /// An empty plan for a collective: headers go both ways to both neighbours on wire 0, so that
@@ -67,19 +67,17 @@ pub(crate) fn all_reduce(g: &Geometry, count: usize, elem: usize, in_place: bool
             for t in 0..n as isize - 1 {
                 let (send_off, send_len) = span(g.block(d * (1 - t)));
                 let (recv_off, recv_len) = span(g.block(-d * t));
-                steps.push(Step {
-                    send: Span::output(send_off, send_len),
-                    recv: Span::output(recv_off, recv_len),
-                    merge: Merge::Copy,
-                });
+                steps.push(Step::copy(
+                    Span::output(send_off, send_len),
+                    Span::output(recv_off, recv_len),
+                ));
             }
-            plan.transfers.push(Transfer {
-                tx: Some(tx),
-                rx: Some(rx),
+            plan.transfers.push(Transfer::new(
+                Some(tx),
+                Some(rx),
                 steps,
-                frame: frame_bytes(slice.len() * elem),
-                merge_after_send: false,
-            });
+                frame_bytes(slice.len() * elem),
+            ));
         }
     }
     plan
@@ -108,19 +106,14 @@ pub(crate) fn all_gather_v(g: &Geometry, blocks: &[Range<usize>]) -> Plan {
                 Span::output(blocks[b].start + slice.start, slice.len())
             };
             let steps = (0..n as isize - 1)
-                .map(|t| Step {
-                    send: span(g.block(-d * t)),
-                    recv: span(g.block(-d * (t + 1))),
-                    merge: Merge::Copy,
-                })
+                .map(|t| Step::copy(span(g.block(-d * t)), span(g.block(-d * (t + 1)))))
                 .collect();
-            plan.transfers.push(Transfer {
-                tx: Some(tx),
-                rx: Some(rx),
+            plan.transfers.push(Transfer::new(
+                Some(tx),
+                Some(rx),
                 steps,
-                frame: frame_bytes(lane_slice(largest, lanes.count(), lane).len()),
-                merge_after_send: false,
-            });
+                frame_bytes(lane_slice(largest, lanes.count(), lane).len()),
+            ));
         }
     }
     plan
@@ -176,19 +169,10 @@ pub(crate) fn gather_both_ways(g: &Geometry, block: usize) -> Plan {
         .map(|dir| {
             let (tx, rx, d) = g.lane_channels(dir, 0);
             let span = |b: usize| Span::output(b * block, block);
-            Transfer {
-                tx: Some(tx),
-                rx: Some(rx),
-                steps: (0..steps[dir] as isize)
-                    .map(|s| Step {
-                        send: span(g.block(-d * s)),
-                        recv: span(g.block(-d * (s + 1))),
-                        merge: Merge::Copy,
-                    })
-                    .collect(),
-                frame: frame_bytes(block),
-                merge_after_send: false,
-            }
+            let steps = (0..steps[dir] as isize)
+                .map(|s| Step::copy(span(g.block(-d * s)), span(g.block(-d * (s + 1)))))
+                .collect();
+            Transfer::new(Some(tx), Some(rx), steps, frame_bytes(block))
         })
         .collect();
     Plan {
@@ -260,29 +244,16 @@ pub(crate) fn broadcast(g: &Geometry, root: usize, lanes: &[ChainLane]) -> Plan 
         let (tx, rx, _) = g.lane_channels(lane.dir, lane.wire);
         let span = Span::output(lane.off, lane.len);
         let k = distance(g, root, lane.dir);
-        let receive = Step {
-            send: Span::EMPTY,
-            recv: span,
-            merge: Merge::Copy,
-        };
-        let forward = Step {
-            send: span,
-            recv: Span::EMPTY,
-            merge: Merge::Copy,
-        };
+        let receive = Step::copy(Span::EMPTY, span);
+        let forward = Step::copy(span, Span::EMPTY);
         let (tx, rx, steps) = match k {
             0 => (Some(tx), None, vec![forward]),
             k if k < lane.reach => (Some(tx), Some(rx), vec![receive, forward]),
             k if k == lane.reach => (None, Some(rx), vec![receive]),
             _ => continue,
         };
-        plan.transfers.push(Transfer {
-            tx,
-            rx,
-            steps,
-            frame: frame_bytes(lane.len),
-            merge_after_send: false,
-        });
+        plan.transfers
+            .push(Transfer::new(tx, rx, steps, frame_bytes(lane.len)));
     }
     plan
 }
@@ -305,6 +276,66 @@ fn upstream(g: &Geometry, root: usize, dir: usize, k: usize) -> usize {
     }
 }
 
+/// One lane of a [`gather`] or [`scatter`]: a side of the root (direction `dir`, `reach`
+/// ranks), this rank's distance `k` from the root on it, the lane's channels and its slice of
+/// every block.
+struct ChainSide {
+    dir: usize,
+    reach: usize,
+    k: usize,
+    tx: usize,
+    rx: usize,
+    slice: Range<usize>,
+}
+
+impl ChainSide {
+    /// The lane's slice of the block at `buf_off` of `buf`.
+    fn part(&self, buf_off: usize, buf: Buf) -> Span {
+        Span {
+            buf,
+            off: buf_off + self.slice.start,
+            len: self.slice.len(),
+        }
+    }
+
+    fn transfer(&self, tx: bool, rx: bool, steps: Vec<Step>) -> Transfer {
+        let frame = frame_bytes(self.slice.len());
+        Transfer::new(tx.then_some(self.tx), rx.then_some(self.rx), steps, frame)
+    }
+}
+
+/// This rank's distance from `root` on the side of direction `dir`: data moves towards the
+/// root in a gather (direction `dir` sends on the channel that direction uses, so ranks to the
+/// root's left, `dir` 0, send right) and away from it in a scatter.
+fn chain_distance(g: &Geometry, root: usize, dir: usize, gathering: bool) -> usize {
+    match gathering {
+        true => distance(g, root, 1 - dir),
+        false => distance(g, root, dir),
+    }
+}
+
+/// The lanes of a gather or scatter of `block` bytes: both sides of the root that have ranks,
+/// each wire of them.
+fn chain_sides(g: &Geometry, root: usize, block: usize, gathering: bool) -> Vec<ChainSide> {
+    let wires = select::lanes(block, block, 1, g.wires).wires;
+    (0..2)
+        .filter(|&dir| side_reach(g.size, dir) > 0)
+        .flat_map(|dir| {
+            (0..wires).map(move |w| {
+                let (tx, rx, _) = g.lane_channels(dir, w);
+                ChainSide {
+                    dir,
+                    reach: side_reach(g.size, dir),
+                    k: chain_distance(g, root, dir, gathering),
+                    tx,
+                    rx,
+                    slice: lane_slice(block, wires, w),
+                }
+            })
+        })
+        .collect()
+}
+
 /// Gather of `block` bytes from every rank to `root`, along the ring towards it from both
 /// sides: a rank `k` hops away sends its own block, then forwards, as they arrive, the blocks
 /// of the ranks behind it. On the root the output holds every rank's block at its rank's
@@ -312,73 +343,39 @@ fn upstream(g: &Geometry, root: usize, dir: usize, k: usize) -> usize {
 /// output a scratch of `reach − k` blocks for the ones it forwards. Each wire carries its
 /// slice of every block.
 pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Plan {
-    let n = g.size;
-    let wires = select::lanes(block, block, 1, g.wires).wires;
     let mut plan = chain_plan();
-    for dir in 0..2 {
-        let reach = side_reach(n, dir);
-        if reach == 0 {
+    for side in chain_sides(g, root, block, true) {
+        let (reach, k) = (side.reach, side.k);
+        let transfer = if k == 0 {
+            // The root receives the block of each rank 1..=reach hops away, nearest first.
+            let steps = (1..=reach)
+                .map(|j| {
+                    let from = upstream(g, root, side.dir, j);
+                    Step::copy(Span::EMPTY, side.part(from * block, Buf::Output))
+                })
+                .collect();
+            side.transfer(false, true, steps)
+        } else if k <= reach {
+            // Send own block, then forward each block from behind as it arrives.
+            let behind = reach - k;
+            let steps = (0..=behind)
+                .map(|j| {
+                    let send = match j {
+                        0 => side.part(0, Buf::Input),
+                        j => side.part((j - 1) * block, Buf::Output),
+                    };
+                    let recv = match j < behind {
+                        true => side.part(j * block, Buf::Output),
+                        false => Span::EMPTY,
+                    };
+                    Step::copy(send, recv)
+                })
+                .collect();
+            side.transfer(true, behind > 0, steps)
+        } else {
             continue;
-        }
-        // Data moves towards the root: direction `dir` sends on the channel that direction
-        // uses, so ranks to the root's left (`dir` 0) send right.
-        let k = distance(g, root, 1 - dir);
-        for w in 0..wires {
-            let (tx, rx, _) = g.lane_channels(dir, w);
-            let slice = lane_slice(block, wires, w);
-            let part = |buf_off: usize, input: bool| Span {
-                off: buf_off + slice.start,
-                len: slice.len(),
-                ..if input {
-                    Span::input(0, 0)
-                } else {
-                    Span::output(0, 0)
-                }
-            };
-            let transfer = if k == 0 {
-                // The root receives the block of each rank 1..=reach hops away, nearest first.
-                let steps = (1..=reach)
-                    .map(|j| Step {
-                        send: Span::EMPTY,
-                        recv: part(upstream(g, root, dir, j) * block, false),
-                        merge: Merge::Copy,
-                    })
-                    .collect();
-                Transfer {
-                    tx: None,
-                    rx: Some(rx),
-                    steps,
-                    frame: frame_bytes(slice.len()),
-                    merge_after_send: false,
-                }
-            } else if k <= reach {
-                // Send own block, then forward each block from behind as it arrives.
-                let behind = reach - k;
-                let steps = (0..=behind)
-                    .map(|j| Step {
-                        send: match j {
-                            0 => part(0, true),
-                            j => part((j - 1) * block, false),
-                        },
-                        recv: match j < behind {
-                            true => part(j * block, false),
-                            false => Span::EMPTY,
-                        },
-                        merge: Merge::Copy,
-                    })
-                    .collect();
-                Transfer {
-                    tx: Some(tx),
-                    rx: (behind > 0).then_some(rx),
-                    steps,
-                    frame: frame_bytes(slice.len()),
-                    merge_after_send: false,
-                }
-            } else {
-                continue;
-            };
-            plan.transfers.push(transfer);
-        }
+        };
+        plan.transfers.push(transfer);
     }
     plan
 }
@@ -390,70 +387,38 @@ pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Plan {
 /// scratch of `reach − k + 1` blocks, its own block last.
 pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Plan {
     let n = g.size;
-    let wires = select::lanes(block, block, 1, g.wires).wires;
     let mut plan = chain_plan();
-    for dir in 0..2 {
-        let reach = side_reach(n, dir);
-        if reach == 0 {
+    for side in chain_sides(g, root, block, false) {
+        let (reach, k) = (side.reach, side.k);
+        // The ranks `dir` 0 serves are to the root's right.
+        let downstream = |j: usize| match side.dir {
+            0 => (root + j) % n,
+            _ => (root + n - j) % n,
+        };
+        let transfer = if k == 0 {
+            let steps = (0..reach)
+                .map(|j| {
+                    let to = downstream(reach - j);
+                    Step::copy(side.part(to * block, Buf::Input), Span::EMPTY)
+                })
+                .collect();
+            side.transfer(true, false, steps)
+        } else if k <= reach {
+            let blocks = reach - k + 1;
+            let steps = (0..blocks)
+                .map(|j| {
+                    let send = match j {
+                        0 => Span::EMPTY,
+                        j => side.part((j - 1) * block, Buf::Output),
+                    };
+                    Step::copy(send, side.part(j * block, Buf::Output))
+                })
+                .collect();
+            side.transfer(blocks > 1, true, steps)
+        } else {
             continue;
-        }
-        // Data moves away from the root: the ranks `dir` 0 serves are to its right.
-        let k = distance(g, root, dir);
-        for w in 0..wires {
-            let (tx, rx, _) = g.lane_channels(dir, w);
-            let slice = lane_slice(block, wires, w);
-            let part = |buf_off: usize, input: bool| Span {
-                off: buf_off + slice.start,
-                len: slice.len(),
-                ..if input {
-                    Span::input(0, 0)
-                } else {
-                    Span::output(0, 0)
-                }
-            };
-            let downstream = |j: usize| match dir {
-                0 => (root + j) % n,
-                _ => (root + n - j) % n,
-            };
-            let transfer = if k == 0 {
-                let steps = (0..reach)
-                    .map(|j| Step {
-                        send: part(downstream(reach - j) * block, true),
-                        recv: Span::EMPTY,
-                        merge: Merge::Copy,
-                    })
-                    .collect();
-                Transfer {
-                    tx: Some(tx),
-                    rx: None,
-                    steps,
-                    frame: frame_bytes(slice.len()),
-                    merge_after_send: false,
-                }
-            } else if k <= reach {
-                let blocks = reach - k + 1;
-                let steps = (0..blocks)
-                    .map(|j| Step {
-                        send: match j {
-                            0 => Span::EMPTY,
-                            j => part((j - 1) * block, false),
-                        },
-                        recv: part(j * block, false),
-                        merge: Merge::Copy,
-                    })
-                    .collect();
-                Transfer {
-                    tx: (blocks > 1).then_some(tx),
-                    rx: Some(rx),
-                    steps,
-                    frame: frame_bytes(slice.len()),
-                    merge_after_send: false,
-                }
-            } else {
-                continue;
-            };
-            plan.transfers.push(transfer);
-        }
+        };
+        plan.transfers.push(transfer);
     }
     plan
 }
@@ -464,10 +429,7 @@ pub(crate) fn chain_scratch_blocks(g: &Geometry, root: usize, gathering: bool) -
     (0..2)
         .filter_map(|dir| {
             let reach = side_reach(g.size, dir);
-            let k = match gathering {
-                true => distance(g, root, 1 - dir),
-                false => distance(g, root, dir),
-            };
+            let k = chain_distance(g, root, dir, gathering);
             (k > 0 && k <= reach).then(|| reach - k + usize::from(!gathering))
         })
         .max()
@@ -477,7 +439,7 @@ pub(crate) fn chain_scratch_blocks(g: &Geometry, root: usize, gathering: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::simulate::simulate;
+    use crate::algo::simulate::{all_gather_case, simulate};
 
     #[test]
     fn all_reduce_plan_sums_every_element_on_every_rank() {
@@ -578,23 +540,14 @@ mod tests {
     fn gathering_both_ways_delivers_every_block() {
         for size in 2..=8 {
             for block in [1usize, 5] {
-                let init = |r: usize| {
-                    let mut out = vec![-1i64; size * block];
-                    for i in 0..block {
-                        out[r * block + i] = (r * 100 + i) as i64;
-                    }
-                    (vec![], out)
-                };
-                let expect: Vec<i64> = (0..size)
-                    .flat_map(|r| (0..block).map(move |i| (r * 100 + i) as i64))
-                    .collect();
+                let (init, expect) = all_gather_case(size, block);
                 for (mesh, wires) in [(false, 1), (true, 1), (true, 3)] {
                     let outs = simulate(
                         size,
                         wires,
                         mesh,
                         |g| gather_both_ways(g, block),
-                        init,
+                        &init,
                         false,
                     );
                     for out in &outs {

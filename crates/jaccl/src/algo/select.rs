@@ -1,7 +1,7 @@
 //! The one place that decides, per call, which algorithm runs: from the message size and the
 //! group's [`Shape`], which every rank knows alike (so every rank chooses alike, and the
 //! plans of one call match). Every threshold is named and measured here; the plans
-//! themselves (`super::ring`, `super::mesh`, `super::doubling`, `super::direct`) choose
+//! themselves (`super::ring`, `super::mesh`, `super::doubling`, `super::shared_memory`) choose
 //! nothing.
 //!
 //! Adding a collective: its plan in the file of its family, one function here that picks
@@ -172,6 +172,15 @@ pub(crate) enum ReduceScatter {
     Ring,
 }
 
+/// The barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Barrier {
+    /// The all-gather of one-byte tokens, by the all-gather's choice.
+    Gather(AllGather),
+    /// An all-reduce of one byte by recursive doubling among any number of ranks.
+    Doubling,
+}
+
 /// The broadcast of `bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Broadcast {
@@ -238,6 +247,16 @@ impl Shape {
         self.mesh && self.size > 2 && total <= MESH_LIMIT
     }
 
+    /// Whether a small all-reduce doubles: where the ranks pair up, and where recursive
+    /// doubling among any number of ranks (its hand-over before and after included) takes
+    /// fewer rounds than the ring's both-ways gather takes hops (8 ranks, and 12 or more).
+    fn doubles(&self) -> bool {
+        let n = self.size;
+        let rounds =
+            n.checked_ilog2().unwrap_or(0) as usize + 2 * usize::from(!n.is_power_of_two());
+        self.pairs || rounds < n.saturating_sub(1).div_ceil(2)
+    }
+
     fn small_gather(&self, total: usize) -> SmallGather {
         if self.size <= 2 || self.in_one_step(total) {
             SmallGather::Exchange
@@ -258,7 +277,7 @@ impl Shape {
         } else {
             DOUBLING_MAX
         };
-        if self.pairs && !self.in_one_step(total) && (1..=doubling_max).contains(&bytes) {
+        if self.doubles() && !self.in_one_step(total) && (1..=doubling_max).contains(&bytes) {
             AllReduce::Doubling
         } else if total > GATHER_LIMIT {
             AllReduce::Ring
@@ -287,6 +306,16 @@ impl Shape {
             AllGather::Doubling
         } else {
             AllGather::Small(self.small_gather(total))
+        }
+    }
+
+    /// The barrier: the all-gather of one-byte tokens, unless that goes both ways around the
+    /// ring where recursive doubling among any number of ranks takes fewer rounds
+    /// ([`Shape::doubles`]).
+    pub(crate) fn barrier(&self) -> Barrier {
+        match self.all_gather(1) {
+            AllGather::Small(SmallGather::BothWays) if self.doubles() => Barrier::Doubling,
+            choice => Barrier::Gather(choice),
         }
     }
 
@@ -420,6 +449,24 @@ mod tests {
             AllReduce::Gather(SmallGather::Exchange)
         );
         assert_eq!(mesh8.all_reduce(MESH_LIMIT), AllReduce::Doubling);
+        // Recursive doubling among any number of ranks where it takes fewer rounds than the
+        // both-ways gather takes hops (3 + 0 < 4 at 8 ranks, 3 + 2 < 6 at 12), and for the
+        // sizes where the gather took the ring.
+        let eight = shape(8, false, false);
+        assert_eq!(eight.all_reduce(8), AllReduce::Doubling);
+        assert_eq!(eight.barrier(), Barrier::Doubling);
+        let twelve = shape(12, false, false);
+        assert_eq!(twelve.all_reduce(64 * 1024), AllReduce::Doubling);
+        assert_eq!(twelve.all_reduce(DOUBLING_MAX + 1), AllReduce::Ring);
+        for size in [3, 5, 6, 7, 9, 10, 11] {
+            let s = shape(size, false, false);
+            assert_eq!(s.all_reduce(8), AllReduce::Gather(SmallGather::BothWays));
+            assert_eq!(
+                s.barrier(),
+                Barrier::Gather(AllGather::Small(SmallGather::BothWays))
+            );
+        }
+        assert_eq!(four.barrier(), Barrier::Gather(AllGather::Doubling));
         let three = shape(3, false, false);
         assert_eq!(three.all_gather(8), AllGather::Small(SmallGather::BothWays));
         assert_eq!(three.all_gather(GATHER_LIMIT), AllGather::Ring);

@@ -5,6 +5,9 @@
 use super::geometry::Geometry;
 use super::plan::{Buf, Merge, Plan};
 
+/// A rank's (input, output).
+type Buffers = (Vec<i64>, Vec<i64>);
+
 /// Every rank's geometry in a group of `size`.
 fn geometries(size: usize, wires: usize, mesh: bool) -> Vec<Geometry> {
     (0..size)
@@ -17,6 +20,23 @@ fn geometries(size: usize, wires: usize, mesh: bool) -> Vec<Geometry> {
         .collect()
 }
 
+/// An all-gather to check: each rank's (input, output) with only its own block of `block`
+/// elements filled (`rank · 100 + index`), and the output every rank must end with.
+pub(crate) fn all_gather_case(size: usize, block: usize) -> (impl Fn(usize) -> Buffers, Vec<i64>) {
+    let value = |r: usize, i: usize| (r * 100 + i) as i64;
+    let init = move |r: usize| {
+        let mut out = vec![-1i64; size * block];
+        for i in 0..block {
+            out[r * block + i] = value(r, i);
+        }
+        (vec![], out)
+    };
+    let expect = (0..size)
+        .flat_map(|r| (0..block).map(move |i| value(r, i)))
+        .collect();
+    (init, expect)
+}
+
 /// Simulates a plan's data movement on every rank (in lockstep, step by step) and returns each
 /// rank's output. `init` gives each rank's (input, output); with `combine`, a reducing merge
 /// adds the input at `own` to the received value (else the output's value).
@@ -25,12 +45,12 @@ pub(crate) fn simulate(
     wires: usize,
     mesh: bool,
     plan_of: impl Fn(&Geometry) -> Plan,
-    init: impl Fn(usize) -> (Vec<i64>, Vec<i64>),
+    init: impl Fn(usize) -> Buffers,
     combine: bool,
 ) -> Vec<Vec<i64>> {
     let geos = geometries(size, wires, mesh);
     let plans: Vec<Plan> = geos.iter().map(&plan_of).collect();
-    let mut state: Vec<(Vec<i64>, Vec<i64>)> = (0..size).map(&init).collect();
+    let mut state: Vec<Buffers> = (0..size).map(&init).collect();
     let steps = plans[0]
         .transfers
         .iter()
@@ -80,12 +100,12 @@ pub(crate) fn simulate_by_rounds(
     wires: usize,
     mesh: bool,
     plan_of: impl Fn(&Geometry) -> Plan,
-    init: impl Fn(usize) -> (Vec<i64>, Vec<i64>),
+    init: impl Fn(usize) -> Buffers,
 ) -> Vec<Vec<i64>> {
     use std::collections::{HashMap, VecDeque};
     let geos = geometries(size, wires, mesh);
     let plans: Vec<Plan> = geos.iter().map(&plan_of).collect();
-    let mut state: Vec<(Vec<i64>, Vec<i64>)> = (0..size).map(&init).collect();
+    let mut state: Vec<Buffers> = (0..size).map(&init).collect();
     let mut streams: HashMap<(usize, usize), VecDeque<i64>> = HashMap::new();
     // Per rank and lane: the next step to send, and the next to receive.
     let mut at: Vec<Vec<(usize, usize)>> = plans

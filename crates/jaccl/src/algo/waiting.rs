@@ -1,10 +1,10 @@
 //! How a call waits when it cannot move: it arms the links it waits on and sleeps in
 //! `poll(2)` (with the liveness wake-up), and reports itself blocked to the deadlock search
 //! (`crate::liveness`) meanwhile. The plan runner (`super::engine`), the direct collectives
-//! (`super::direct`) and the receive from any source all wait here.
+//! (`super::shared_memory`) and the receive from any source all wait here.
 
 use std::os::fd::BorrowedFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
@@ -14,6 +14,38 @@ use crate::error::{Error, Op, Result};
 use crate::liveness::{Flow, Liveness};
 use crate::os::poll;
 use crate::transport::{Interest, Readiness};
+
+/// How long a send or receive waits, without progress, on a peer that has entered a direct
+/// collective before it fails with `Mismatch`.
+const PEER_AHEAD_GRACE: Duration = Duration::from_millis(250);
+
+/// Since when a peer this call waits on has been in a direct collective this rank is not in.
+/// Bytes its side sent before it moved on may still be on their way (TCP): the call waits a
+/// moment ([`PEER_AHEAD_GRACE`]) for them before calling it a mismatch.
+#[derive(Default)]
+pub(crate) struct PeerAhead {
+    since: Option<Instant>,
+}
+
+impl PeerAhead {
+    /// No peer waited on is ahead (any more).
+    pub(crate) fn clear(&mut self) {
+        self.since = None;
+    }
+
+    /// A peer waited on is ahead now: whether it has been for the whole grace.
+    pub(crate) fn grace_over(&mut self) -> bool {
+        self.since.get_or_insert_with(Instant::now).elapsed() >= PEER_AHEAD_GRACE
+    }
+
+    /// The longest sleep, given the backoff's `limit`: within the grace while a peer is ahead.
+    pub(crate) fn sleep_limit(&self, limit: Duration) -> Duration {
+        match self.since {
+            Some(_) => limit.min(PEER_AHEAD_GRACE),
+            None => limit,
+        }
+    }
+}
 
 /// The report of a call that sleeps (for the deadlock search, `crate::liveness`): made once
 /// per stretch of waiting, withdrawn when the call moves or ends.

@@ -17,7 +17,7 @@ use rustix::event::{PollFd, PollFlags};
 use crate::algo::call::Call;
 use crate::algo::engine::LateLinks;
 use crate::config::Transport;
-use crate::error::{Error, Result};
+use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::os::{deadline_after, poll};
 use crate::transport::Link;
@@ -62,8 +62,15 @@ impl LateLinks for Late {
     ) -> Result<Vec<Box<dyn Link>>> {
         let me = call.rank;
         let deadline = deadline_after(call.timeout);
+        // Every rank takes part in a collective: any one gone fails it, whatever peer this
+        // waits for (one that has gone may no longer accept, and a rank 0 that has gone brings
+        // no more news of the others).
+        let watched: Vec<usize> = match call.op {
+            Op::Send | Op::Recv => peers.to_vec(),
+            _ => (0..self.job_rank.len()).filter(|&p| p != me).collect(),
+        };
         let mut go_on = || {
-            liveness.check_peers(call.op, peers)?;
+            liveness.check_peers(call.op, &watched)?;
             liveness.check_interrupt(call.op, call.interruptible)
         };
         let failed = |peer: usize, why: String| {

@@ -5,62 +5,13 @@
 //! receives in `point_to_point.rs`.
 
 use super::Group;
+use super::forms::{typed, typed_and_raw};
 use crate::algo::collectives::Collectives;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Op, Result};
 // The docs name the errors.
 #[cfg(doc)]
 use crate::error::Error;
-
-/// A collective's typed method and its `_raw` form, both over its byte-level one: the
-/// typed one over slices of `T`, the raw one over bytes holding elements of a `dtype` given
-/// after the buffers (checked to be whole numbers of elements), each followed by the
-/// collective's other arguments. One description per collective, so a new one is an entry
-/// here plus its byte-level method.
-macro_rules! typed_and_raw {
-    (
-        $(#[$typed_doc:meta])*
-        fn $typed:ident($($arg:ident: $ty:ty),*);
-        $(#[$raw_doc:meta])*
-        fn $raw:ident;
-        $op:expr => $bytes:ident
-    ) => {
-        $(#[$typed_doc])*
-        pub fn $typed<T: Element>(
-            &mut self,
-            input: &[T],
-            output: &mut [T],
-            $($arg: $ty),*
-        ) -> Result<()> {
-            typed(input, output, |i, o| self.$bytes(i, o, T::DTYPE, $($arg),*))
-        }
-
-        $(#[$raw_doc])*
-        pub fn $raw(
-            &mut self,
-            input: &[u8],
-            output: &mut [u8],
-            dtype: Dtype,
-            $($arg: $ty),*
-        ) -> Result<()> {
-            let buffers = [("input", input.len())];
-            self.raw($op, dtype, &buffers, ("output", output), |g, out| {
-                g.$bytes(input, out, dtype, $($arg),*)
-            })
-        }
-    };
-}
-
-/// A typed call on bytes: `input` and `output` viewed as the bytes of their elements (`bool`s
-/// are normalised on the way back).
-pub(super) fn typed<T: Element, R>(
-    input: &[T],
-    output: &mut [T],
-    f: impl FnOnce(&[u8], &mut [u8]) -> R,
-) -> R {
-    let input = T::as_bytes(input);
-    T::with_bytes_mut(output, |out| f(&input, out))
-}
 
 impl Group {
     /// Element-wise sum over all ranks of `input` into `output` (same length).

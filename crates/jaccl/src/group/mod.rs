@@ -20,6 +20,7 @@ use crate::wait::WaitPolicy;
 
 mod abort;
 mod collectives;
+mod forms;
 mod point_to_point;
 mod progress;
 mod split;

@@ -3,7 +3,7 @@
 //! them exactly (their headers carry the counts' SHA-256 digest).
 
 use super::Group;
-use super::collectives::typed;
+use super::forms::{typed, typed_and_raw};
 use crate::algo::call::Call;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Error, Op, Result};
@@ -125,44 +125,24 @@ impl Group {
         })
     }
 
-    /// Gathers every rank's `input` into `output` (every rank's, in rank order) when the ranks
-    /// contribute different lengths: `counts[r]` is rank r's, the same `counts` on every rank.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless `counts` has `size()` entries, `counts[rank()]` is
-    /// `input.len()` and `output.len()` their sum; [`Error::Mismatch`] when ranks pass
-    /// different counts; otherwise the transport errors of [`Error`], after which the group is
-    /// poisoned.
-    pub fn all_gather_v<T: Element>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        counts: &[usize],
-    ) -> Result<()> {
-        typed(input, output, |i, o| {
-            self.all_gather_v_bytes(i, o, counts, T::DTYPE)
-        })
-    }
-
-    /// [`Group::all_gather_v`] over raw bytes holding elements of `dtype` (counts in elements).
-    ///
-    /// # Errors
-    /// As [`Group::all_gather_v`], and whole numbers of elements.
-    pub fn all_gather_v_raw(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        counts: &[usize],
-        dtype: Dtype,
-    ) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(
-            Op::AllGatherV,
-            dtype,
-            &buffers,
-            ("output", output),
-            |g, out| g.all_gather_v_bytes(input, out, counts, dtype),
-        )
+    typed_and_raw! {
+        /// Gathers every rank's `input` into `output` (every rank's, in rank order) when the
+        /// ranks contribute different lengths: `counts[r]` is rank r's, the same `counts` on
+        /// every rank.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] unless `counts` has `size()` entries, `counts[rank()]` is
+        /// `input.len()` and `output.len()` their sum; [`Error::Mismatch`] when ranks pass
+        /// different counts; otherwise the transport errors of [`Error`], after which the group
+        /// is poisoned.
+        fn all_gather_v(counts: &[usize]);
+        /// [`Group::all_gather_v`] over raw bytes holding elements of `dtype` (counts in
+        /// elements).
+        ///
+        /// # Errors
+        /// As [`Group::all_gather_v`], and whole numbers of elements.
+        fn all_gather_v_raw;
+        Op::AllGatherV => all_gather_v_bytes
     }
 
     fn all_gather_v_bytes(
@@ -185,49 +165,25 @@ impl Group {
         .map_err(|e| showing_counts(e, counts))
     }
 
-    /// Reduces `input` (`counts[0] + counts[1] + ...` elements) over all ranks with `op` and
-    /// leaves this rank's part of the result (`counts[rank()]` elements, after those of the
-    /// ranks before it) in `output`: [`Group::reduce_scatter`] with parts of different
-    /// lengths, the same `counts` on every rank.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless `counts` has `size()` entries that add up to
-    /// `input.len()`, `output.len()` is `counts[rank()]` and `op` applies to `T`;
-    /// [`Error::Mismatch`] when ranks pass different counts; otherwise the transport errors of
-    /// [`Error`], after which the group is poisoned.
-    pub fn reduce_scatter_v<T: Element>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        counts: &[usize],
-        op: ReduceOp,
-    ) -> Result<()> {
-        typed(input, output, |i, o| {
-            self.reduce_scatter_v_bytes(i, o, counts, T::DTYPE, op)
-        })
-    }
-
-    /// [`Group::reduce_scatter_v`] over raw bytes holding elements of `dtype` (counts in
-    /// elements).
-    ///
-    /// # Errors
-    /// As [`Group::reduce_scatter_v`], and whole numbers of elements.
-    pub fn reduce_scatter_v_raw(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        counts: &[usize],
-        dtype: Dtype,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let buffers = [("input", input.len())];
-        self.raw(
-            Op::ReduceScatterV,
-            dtype,
-            &buffers,
-            ("output", output),
-            |g, out| g.reduce_scatter_v_bytes(input, out, counts, dtype, op),
-        )
+    typed_and_raw! {
+        /// Reduces `input` (`counts[0] + counts[1] + ...` elements) over all ranks with `op`
+        /// and leaves this rank's part of the result (`counts[rank()]` elements, after those of
+        /// the ranks before it) in `output`: [`Group::reduce_scatter`] with parts of different
+        /// lengths, the same `counts` on every rank.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] unless `counts` has `size()` entries that add up to
+        /// `input.len()`, `output.len()` is `counts[rank()]` and `op` applies to `T`;
+        /// [`Error::Mismatch`] when ranks pass different counts; otherwise the transport errors
+        /// of [`Error`], after which the group is poisoned.
+        fn reduce_scatter_v(counts: &[usize], op: ReduceOp);
+        /// [`Group::reduce_scatter_v`] over raw bytes holding elements of `dtype` (counts in
+        /// elements).
+        ///
+        /// # Errors
+        /// As [`Group::reduce_scatter_v`], and whole numbers of elements.
+        fn reduce_scatter_v_raw;
+        Op::ReduceScatterV => reduce_scatter_v_bytes
     }
 
     fn reduce_scatter_v_bytes(

@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# Broadcast and all-to-all of jaccl against Open MPI, side by side on this machine: shared
-# memory (Open MPI's default, vader, against `jaccl bench --transport shm`) and TCP over
-# loopback (`mpirun --mca btl tcp,self` against `--transport tcp`).
+# Broadcast, all-to-all and all-gather of jaccl against Open MPI, side by side on this
+# machine: shared memory (Open MPI's default, vader, against `jaccl bench --transport shm`) and
+# TCP over loopback (`mpirun --mca btl tcp,self` against `--transport tcp`).
 #
-#   benches/compare_mpi.sh [-r REPS] [-n "2 4"] [-s 8,64K,4M,32M] [-o FILE.jsonl]
+#   benches/compare_mpi.sh [-r REPS] [-n "2 4"] [-s 8,64K,4M,32M] [-O "broadcast all-to-all"]
+#                          [-t "shm tcp"] [-o FILE.jsonl]
 #
 # Per repetition (default 3), rank count, operation and transport, Open MPI and jaccl run one
 # after the other, in an order that alternates between repetitions; the table shows each one's
 # best time per size (µs) and jaccl's speed-up (MPI's time / jaccl's: above 1 is faster).
 # Sizes are bytes of u8 elements: broadcast's message, all-to-all's input per rank (size / N to
-# every rank), as `jaccl bench` and nccl-tests count them. Every run checks its results.
+# every rank), all-gather's output (size / N from every rank), as `jaccl bench` and nccl-tests
+# count them. -O picks the operations (also all-gather), -t the transports. Every run checks
+# its results.
 # Needs mpicc and mpirun (Debian: openmpi-bin libopenmpi-dev) and builds jaccl in release.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-reps=3 ranks="2 4" sizes=8,64K,4M,32M out=""
-while getopts "r:n:s:o:h" opt; do
+reps=3 ranks="2 4" sizes=8,64K,4M,32M out="" ops="broadcast all-to-all" transports="shm tcp"
+while getopts "r:n:s:o:O:t:h" opt; do
   case "$opt" in
     r) reps=$OPTARG ;; n) ranks=$OPTARG ;; s) sizes=$OPTARG ;; o) out=$OPTARG ;;
-    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    O) ops=$OPTARG ;; t) transports=$OPTARG ;;
+    *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 work=$(mktemp -d /tmp/jaccl-compare.XXXXXX)
@@ -35,6 +39,7 @@ mpi() {  # ranks op transport
   [[ $3 == tcp ]] && btl=(--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo)
   local op=bcast
   [[ $2 == all-to-all ]] && op=alltoall
+  [[ $2 == all-gather ]] && op=allgather
   mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" \
     --mca oob_tcp_if_include lo "${btl[@]}" "$work/mpi_collectives" "$op" "$sizes" "$3" >> "$out"
 }
@@ -49,8 +54,8 @@ jaccl() {  # ranks op transport
 
 for ((rep = 0; rep < reps; rep++)); do
   for n in $ranks; do
-    for op in broadcast all-to-all; do
-      for t in shm tcp; do
+    for op in $ops; do
+      for t in $transports; do
         echo "compare_mpi.sh: repetition $((rep + 1))/$reps: N=$n $op over $t" >&2
         if (( rep % 2 == 0 )); then mpi "$n" "$op" "$t"; jaccl "$n" "$op" "$t"
         else jaccl "$n" "$op" "$t"; mpi "$n" "$op" "$t"; fi

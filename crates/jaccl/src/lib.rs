@@ -36,7 +36,9 @@
 //!   and every rank either builds that same expression or receives its result. The ring:
 //!   around the ring from the rank after the one that completes the chunk, reduced once and
 //!   copied; the small gathers: `((a0 ⊕ a1) ⊕ a2) ⊕ …`; recursive doubling: pairs, then pairs
-//!   of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕ …` (docs/algorithms.md, per algorithm).
+//!   of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕ …`; Rabenseifner's halving then doubling: each block
+//!   reduced once, on the rank that owns it, its own partial first in each halving step, and
+//!   copied (docs/algorithms.md, per algorithm).
 //! - **Integers** wrap on overflow. **`bool`** travels as one byte: sum and max are OR, min is
 //!   AND; received bytes are normalised, never turned into an invalid `bool`.
 //! - **Floats**: max and min propagate NaN (like `numpy.maximum`), and order `-0 < +0`, so the

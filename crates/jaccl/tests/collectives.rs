@@ -72,16 +72,22 @@ fn all_reduce_every_dtype_op_size_and_wires() {
     }
 }
 
-/// Every group size from 1 to 17 over TCP, primes included: recursive doubling among any
-/// number of ranks (8, and 12 or more; the ranks beyond a power of two hand over their vectors
-/// before and take the result after), the both-ways gather, and the ring past the doubling's
-/// limit; against the reference and across ranks.
+/// Every group size from 1 to 17 over TCP, primes included. All-reduce: recursive doubling
+/// among any number of ranks (5 or more; the ranks beyond a power of two hand over their
+/// vectors before and take the result after), the both-ways gather, Rabenseifner's halving
+/// then doubling (64 KiB, in blocks of uneven length) and the ring past it. All-gather:
+/// Bruck's rounds (6 ranks or more), the gathers and the ring. The barrier. Against the
+/// reference and across ranks.
 #[test]
-fn all_reduce_at_every_size_up_to_17() {
+fn collectives_at_every_size_up_to_17() {
     for size in 1..=17 {
         let digests = with_group(Net::Tcp, size, 1, |g| {
-            let mut d = all_reduce_case::<f32>(g, &[1, 13, 4099, 100_003]);
+            let mut d = all_reduce_case::<f32>(g, &[1, 13, 4099, 16_411, 100_003]);
             d.extend(all_reduce_case::<i64>(g, &[2, 5003]));
+            d.extend(all_gather_case::<f32>(g, &[1, 7, 3001, 40_000]));
+            d.extend(all_gather_case::<u8>(g, &[5]));
+            g.barrier()
+                .unwrap_or_else(|e| panic!("barrier among {size}: {e}"));
             d
         });
         for (rank, d) in digests.iter().enumerate() {
@@ -698,25 +704,29 @@ fn float_sums_are_bit_identical_across_ranks_and_runs() {
 fn float_sums_are_bit_identical_on(net: Net) {
     // Values whose sums round, so the order of additions matters, and NaNs with a payload per
     // rank: a sum of two NaNs keeps one payload, so operand order shows even where addition
-    // commutes. 4 ranks take recursive doubling (50 003 f32 per rank), 5 the ring, 13 (over
-    // TCP) doubling with hand-overs.
+    // commutes. Over TCP, 50 003 f32 per rank take the ring, 20 011 Rabenseifner's halving
+    // then doubling (with hand-overs at 5 and 13 ranks); f16 halves the bytes (recursive
+    // doubling at 13 ranks).
     let run = |size| {
         with_group(net, size, 2, |g| {
             let rank = g.rank();
             let nan = f32::from_bits(0x7fc0_0000 | (rank as u32 + 1) << 13);
-            let x: Vec<f32> = (0..50_003)
+            let x: Vec<f32> = (0..50_003 + 20_011)
                 .map(|i| match i % 1000 {
                     7 => nan,
                     _ => (mix(rank, i) % 1_000_003) as f32 * 1.37e-3 + 1e-7,
                 })
                 .collect();
-            let mut y = vec![0f32; x.len()];
-            g.all_sum(&x, &mut y).unwrap();
-            let h: Vec<f16> = x.iter().map(|v| f16::from_f32(*v)).collect();
-            let mut hy = vec![f16::ZERO; h.len()];
-            g.all_sum(&h, &mut hy).unwrap();
-            let mut bits: Vec<u64> = y.iter().map(|v| v.to_bits() as u64).collect();
-            bits.extend(hy.iter().map(|v| v.to_bits() as u64));
+            let mut bits = Vec::new();
+            for x in [&x[..50_003], &x[50_003..]] {
+                let mut y = vec![0f32; x.len()];
+                g.all_sum(x, &mut y).unwrap();
+                let h: Vec<f16> = x.iter().map(|v| f16::from_f32(*v)).collect();
+                let mut hy = vec![f16::ZERO; h.len()];
+                g.all_sum(&h, &mut hy).unwrap();
+                bits.extend(y.iter().map(|v| v.to_bits() as u64));
+                bits.extend(hy.iter().map(|v| v.to_bits() as u64));
+            }
             bits
         })
     };

@@ -358,9 +358,9 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
 
 #[test]
 fn different_lengths_ops_types_or_reductions_give_mismatch() {
-    // 8 ranks with the mesh: the 200 kB all-reduce below takes recursive doubling there; 8
-    // and 13 over TCP, recursive doubling over links made on first use (with hand-overs at
-    // 13).
+    // 8 ranks with the mesh: the 200 kB all-reduce below takes Rabenseifner's algorithm there;
+    // 8 and 13 over TCP, recursive doubling and Rabenseifner's over links made on first use
+    // (with hand-overs at 13), and Bruck's all-gather.
     let sizes = |net| match net {
         Net::Mesh | Net::MeshLocal => vec![2, 3, 4, 8],
         Net::Tcp => vec![2, 3, 4, 8, 13],
@@ -393,6 +393,21 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
                 g.all_sum(&[1i32; 64], &mut [0i32; 64])
             } else {
                 g.all_sum(&[1f32; 64], &mut [0f32; 64])
+            }
+        });
+        expect_mismatch(size, odd, r);
+        // All-gathers of different lengths (Bruck's rounds from 6 ranks).
+        let r = with_group_timeout(net, size, 1, timeout, |g| {
+            let len = if g.rank() == odd { 3 } else { 5 };
+            g.all_gather(&vec![1u32; len], &mut vec![0u32; len * g.size()])
+        });
+        expect_mismatch(size, odd, r);
+        // 64 KiB of another type (Rabenseifner's algorithm from 3 ranks).
+        let r = with_group_timeout(net, size, 1, timeout, |g| {
+            if g.rank() == odd {
+                g.all_sum(&[1i32; 16_384], &mut [0i32; 16_384])
+            } else {
+                g.all_sum(&[1f32; 16_384], &mut [0f32; 16_384])
             }
         });
         expect_mismatch(size, odd, r);
@@ -601,6 +616,30 @@ fn a_rank_that_leaves_makes_the_others_fail_with_peer_lost() {
         }
         // The first rank to fail can only have seen the rank that left.
         assert!(named > 0, "{net:?} size {size}: nobody named rank {gone}");
+    }
+}
+
+/// A rank that finished its part of a call may drop the group while others still make the
+/// links of the call's later rounds (recursive doubling, Rabenseifner's, Bruck's, among ranks
+/// that are no ring neighbours): they go on, as its goodbye says it finished the call.
+#[test]
+fn ranks_that_finish_a_call_and_leave_do_not_fail_the_others() {
+    for size in [5, 6, 7, 12] {
+        for len in [2usize, 16_384] {
+            let results = with_group(Net::Tcp, size, 1, |g| {
+                let mut out = vec![0f32; len];
+                g.all_sum(&vec![1f32; len], &mut out)?;
+                assert!(out.iter().all(|&x| x == size as f32));
+                let mut all = vec![0u32; len * g.size()];
+                g.all_gather(&vec![g.rank() as u32; len], &mut all)
+            });
+            for (rank, r) in results.iter().enumerate() {
+                assert!(
+                    r.is_ok(),
+                    "{size} ranks, {len} elements: rank {rank}: {r:?}"
+                );
+            }
+        }
     }
 }
 

@@ -7,19 +7,31 @@ use std::sync::Arc;
 use super::call::{Buffers, Call};
 use super::channel::Channel;
 use super::engine::{LateLinks, Network, Rounds, Scratch};
-use super::geometry::Geometry;
+use super::geometry::{DoublingRole, Geometry};
 use super::plan::{Plan, Span};
 use super::select::{
     AllGather, AllGatherV, AllReduce, AllToAll, Barrier, Broadcast, ReduceScatter, ReduceScatterV,
     Rooted, Shape, SmallGather,
 };
 use super::shared_memory::{Direct, equal_blocks};
-use super::{doubling, mesh, p2p, ring};
+use super::{bruck, doubling, mesh, p2p, rabenseifner, ring};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::reduce::{Reducer, copy};
 use crate::transport::shm::Board;
+
+/// An all-reduce among any number of ranks, by their part in recursive doubling.
+type AmongAnyNumber = fn(
+    &mut Network,
+    &Geometry,
+    &mut Scratch,
+    Option<&[u8]>,
+    &mut [u8],
+    &Reducer,
+    &Call,
+    &DoublingRole,
+) -> Result<()>;
 
 /// A group's channels and algorithms.
 pub(crate) struct Collectives {
@@ -97,7 +109,12 @@ impl Collectives {
                 let direct = direct(&mut self.direct, call)?;
                 direct.all_reduce(input, output, reducer, call, &mut self.net.channels, &shape)
             }
-            AllReduce::Doubling => self.doubling_all_reduce(input, output, reducer, call),
+            AllReduce::Doubling => {
+                self.among_any_number(doubling::all_reduce, input, output, reducer, call)
+            }
+            AllReduce::Rabenseifner => {
+                self.among_any_number(rabenseifner::all_reduce, input, output, reducer, call)
+            }
             AllReduce::Ring => {
                 let elem = reducer.elem_size();
                 let plan = ring::all_reduce(&g, bytes / elem, elem, input.is_none());
@@ -147,22 +164,25 @@ impl Collectives {
                 direct(&mut self.direct, call)?.barrier(call, &mut self.net.channels)
             }
             Barrier::Gather(choice) => {
-                let mut tokens = std::mem::take(&mut self.scratch);
+                let mut tokens = std::mem::take(&mut self.spare);
                 let result = self.gather_with(choice, tokens.bytes(self.geometry.size), 1, call);
-                self.scratch = tokens;
+                self.spare = tokens;
                 result
             }
             Barrier::Doubling => {
                 let reducer = Reducer::new(Dtype::UInt8, ReduceOp::BitOr)
                     .ok_or_else(|| internal(call, "bytes have no bitwise or"))?;
-                self.doubling_all_reduce(None, &mut [1u8], &reducer, call)
+                self.among_any_number(doubling::all_reduce, None, &mut [1u8], &reducer, call)
             }
         }
     }
 
-    /// All-reduce by recursive doubling among any number of ranks ([`doubling::all_reduce`]).
-    fn doubling_all_reduce(
+    /// All-reduce by `algorithm`, recursive doubling ([`doubling::all_reduce`]) or
+    /// Rabenseifner's ([`rabenseifner::all_reduce`]), among any number of ranks: those beyond a
+    /// power of two hand over their vectors ([`Geometry::doubling_role`]).
+    fn among_any_number(
         &mut self,
+        algorithm: AmongAnyNumber,
         input: Option<&[u8]>,
         output: &mut [u8],
         reducer: &Reducer,
@@ -171,7 +191,7 @@ impl Collectives {
         let g = self.geometry;
         let role = g.doubling_role();
         let scratch = &mut self.scratch;
-        doubling::all_reduce(
+        algorithm(
             &mut self.net,
             &g,
             scratch,
@@ -196,6 +216,10 @@ impl Collectives {
             AllGather::Doubling => {
                 let partners = partners(&g, call)?;
                 return doubling::all_gather(&mut self.net, &g, output, block, call, &partners);
+            }
+            AllGather::Bruck => {
+                let scratch = &mut self.scratch;
+                return bruck::all_gather(&mut self.net, &g, scratch, output, block, call);
             }
             AllGather::Small(how) => small_gather(&g, how, block),
             AllGather::Ring | AllGather::Direct => ring::all_gather(&g, block),

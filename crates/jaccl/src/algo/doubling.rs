@@ -34,28 +34,31 @@ pub(crate) fn swap_with(
 }
 
 /// This rank sends `send` to `peer` and receives `recv` from it, split over the ring's wires
-/// to a neighbour. An empty span sends (or receives) nothing but the header, unless both are
-/// empty: then the two exchange headers.
-fn with_peer(g: &Geometry, peer: usize, send: Span, recv: Span) -> Plan {
+/// to a neighbour (each span cut alike on both sides, so the two may differ in length). An
+/// empty span sends (or receives) nothing but the header, unless both are empty: then the two
+/// exchange headers.
+pub(crate) fn with_peer(g: &Geometry, peer: usize, send: Span, recv: Span) -> Plan {
     let len = send.len.max(recv.len);
     let wires = g.wires_to(len, peer);
     let transfers = (0..wires)
         .map(|w| {
             let channel = g.channel_to(peer, w);
-            let slice = lane_slice(len, wires, w);
             let part = |span: Span| match span.len {
                 0 => span,
-                _ => Span {
-                    off: span.off + slice.start,
-                    len: slice.len(),
-                    ..span
-                },
+                _ => {
+                    let slice = lane_slice(span.len, wires, w);
+                    Span {
+                        off: span.off + slice.start,
+                        len: slice.len(),
+                        ..span
+                    }
+                }
             };
             Transfer::new(
                 (send.len > 0 || recv.len == 0).then_some(channel),
                 (recv.len > 0 || send.len == 0).then_some(channel),
                 vec![Step::copy(part(send), part(recv))],
-                whole_frame(slice.len()),
+                whole_frame(lane_slice(len, wires, w).len()),
             )
         })
         .collect();
@@ -70,7 +73,7 @@ fn with_peer(g: &Geometry, peer: usize, send: Span, recv: Span) -> Plan {
 /// notices. A peer gets the header with its round's data (or alone, [`Plan::announcement`],
 /// when this rank fails before), which saves a message per rank and call (with 4 ranks on the
 /// ring, a third of them).
-fn neighbours_apart(g: &Geometry, peers: &[usize]) -> Vec<usize> {
+pub(crate) fn neighbours_apart(g: &Geometry, peers: &[usize]) -> Vec<usize> {
     [
         (g.left(), g.left_channel(0)),
         (g.right(), g.right_channel(0)),
@@ -82,10 +85,28 @@ fn neighbours_apart(g: &Geometry, peers: &[usize]) -> Vec<usize> {
 }
 
 /// The rounds of a recursive-doubling all-reduce of `bytes` for a rank in `role`, in the
-/// order it runs them: for a rank that hands over its vector, sending it and receiving the
-/// result; for one that doubles, taking in its extra rank's vector (if any), each step's swap,
-/// and handing the extra rank the result.
+/// order it runs them ([`around_hand_over`]): each step swaps the whole partial result.
 pub(crate) fn all_reduce_plans(g: &Geometry, role: &DoublingRole, bytes: usize) -> Vec<Plan> {
+    let (input, output) = (Span::input(0, bytes), Span::output(0, bytes));
+    around_hand_over(g, role, bytes, |partners| {
+        partners
+            .iter()
+            .map(|&p| with_peer(g, p, input, output))
+            .collect()
+    })
+}
+
+/// The rounds of an all-reduce of `bytes` among any number of ranks for a rank in `role`: for
+/// a rank that hands over its vector, sending it and receiving the result; for one that
+/// doubles, taking in its extra rank's vector (if any), the `steps` among the doubling ranks
+/// (`steps(partners)`), and handing the extra rank the result. The first round also exchanges
+/// headers with the ring neighbours no round talks to ([`neighbours_apart`]).
+pub(crate) fn around_hand_over(
+    g: &Geometry,
+    role: &DoublingRole,
+    bytes: usize,
+    steps: impl FnOnce(&[usize]) -> Vec<Plan>,
+) -> Vec<Plan> {
     let (input, output) = (Span::input(0, bytes), Span::output(0, bytes));
     let (mut plans, peers): (Vec<Plan>, Vec<usize>) = match role {
         DoublingRole::HandOver { to } => (
@@ -96,13 +117,13 @@ pub(crate) fn all_reduce_plans(g: &Geometry, role: &DoublingRole, bytes: usize) 
             vec![*to],
         ),
         DoublingRole::Double { extra, partners } => {
-            let swaps = partners.iter().map(|&p| with_peer(g, p, input, output));
+            let steps = steps(partners);
             let plans = match *extra {
                 Some(e) => std::iter::once(with_peer(g, e, Span::EMPTY, output))
-                    .chain(swaps)
+                    .chain(steps)
                     .chain(std::iter::once(with_peer(g, e, output, Span::EMPTY)))
                     .collect(),
-                None => swaps.collect(),
+                None => steps,
             };
             (plans, partners.iter().copied().chain(*extra).collect())
         }
@@ -113,9 +134,20 @@ pub(crate) fn all_reduce_plans(g: &Geometry, role: &DoublingRole, bytes: usize) 
     plans
 }
 
+/// The two rounds of a rank that hands its vector (`input`, or `output` in place) over and
+/// receives the result into `output` ([`around_hand_over`]).
+pub(crate) fn hand_over(
+    rounds: &mut Rounds<'_>,
+    input: Option<&[u8]>,
+    output: &mut [u8],
+) -> Result<()> {
+    rounds.run(0, &mut *output, input)?;
+    rounds.run(1, output, None)
+}
+
 /// The aligned group of 2^k blocks (block indices) that holds block `r`: what a rank holds
 /// after k steps of a recursive-doubling gather, or reduces before the last k steps of halving.
-fn aligned_blocks(r: usize, k: usize) -> Range<usize> {
+pub(crate) fn aligned_blocks(r: usize, k: usize) -> Range<usize> {
     let first = (r >> k) << k;
     first..first + (1 << k)
 }
@@ -144,14 +176,17 @@ pub(crate) fn all_reduce(
         call,
     };
     let (extra, partners) = match role {
-        DoublingRole::HandOver { .. } => {
-            rounds.run(0, &mut *output, input)?;
-            return rounds.run(1, output, None);
-        }
+        DoublingRole::HandOver { .. } => return hand_over(&mut rounds, input, output),
         DoublingRole::Double { extra, partners } => (*extra, partners.as_slice()),
     };
     let first = usize::from(extra.is_some());
-    let last = partners.len() - 1;
+    let Some(last) = partners.len().checked_sub(1) else {
+        // A group of one: the vector is the result.
+        if let Some(input) = input {
+            copy(output, input);
+        }
+        return Ok(());
+    };
     let all = scratch.bytes((1 + first + last.min(2)) * bytes);
     let (theirs, rest) = all.split_at_mut(bytes);
     // Without an extra rank `folded` is empty; two steps need no `next`, one step no

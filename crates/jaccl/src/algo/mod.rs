@@ -8,13 +8,14 @@
 //!   what it read ahead; [`waiting`]: how every algorithm waits (arm, poll, report blocked);
 //! - [`geometry`]: which channel is which wire to which peer, and lanes;
 //! - one file per family: [`ring`], [`mesh`] (one-step exchange), [`doubling`] (recursive
-//!   doubling and halving), [`p2p`] (send and receive), [`shared_memory`] (the direct
+//!   doubling and halving), [`rabenseifner`] (halving then doubling), [`bruck`] (all-gather in ⌈log2 N⌉ rounds), [`p2p`] (send and receive), [`shared_memory`] (the direct
 //!   collectives: every rank of the group on this host reads the others' memory), `any_source` (whose message a receive from any rank
 //!   takes);
 //! - [`select`]: the one place that decides which algorithm runs for a call;
 //! - [`collectives`]: a group's collectives, run as [`select`] decides.
 
 mod any_source;
+pub(crate) mod bruck;
 pub(crate) mod call;
 pub(crate) mod channel;
 pub(crate) mod collectives;
@@ -26,6 +27,7 @@ pub(crate) mod geometry;
 pub(crate) mod mesh;
 pub(crate) mod p2p;
 pub(crate) mod plan;
+pub(crate) mod rabenseifner;
 pub(crate) mod ring;
 pub(crate) mod select;
 pub(crate) mod shared_memory;

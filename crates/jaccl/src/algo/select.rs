@@ -72,16 +72,52 @@ const MESH_LIMIT: usize = 64 * 1024;
 /// with RDMA) use recursive doubling where the ranks pair up and the mesh does not take them in
 /// one step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
 /// hops than the ring, fewer bytes than the gather and, with 4 ranks, fewer messages than
-/// either (2 per rank against the gather's 3). Measured on loopback (4 ranks on the ring, 8 with
-/// the mesh): doubling beats the gather at every size (4 ranks, 8 B: 28-34 µs against 48-56;
-/// 64 KiB: 110-168 against 164-352) and the ring up to 448 KiB (256 KiB: 293-529 µs against the
-/// ring's 415-602).
+/// either (2 per rank against the gather's 3). Among 3 or more ranks Rabenseifner's algorithm
+/// takes over above [`RABENSEIFNER_MIN`]; this limit is for two ranks, where one swap of the
+/// whole vector beat the ring up to 256 KiB (`jaccl bench -n 2`, µs: 128 KiB 50 against 59,
+/// 256 KiB 83 against 85, 512 KiB 182 against 143).
 const DOUBLING_MAX: usize = 384 * 1024;
 
 /// The limit when ring neighbours use RDMA: with Soft-RoCE in ../shared/rdma-vm (4 ranks),
 /// doubling took 13.1-14.6 ms against the gather's 21.4-24.3 ms at 128 KiB, but 20.3-22.5 ms
 /// against the ring's 16.8-18.1 ms at 192 KiB.
 const DOUBLING_MAX_RDMA: usize = 128 * 1024;
+
+/// All-reduces of more than this many bytes per rank (up to [`rabenseifner_max`]) among 3 or
+/// more ranks over TCP and shared memory take Rabenseifner's halving then doubling instead
+/// of recursive doubling or the gather: they move 2(p−1)/p of the vector per rank in 2·log2 p
+/// rounds, where doubling moves the whole vector log2 p times. Measured over TCP on loopback
+/// (`jaccl bench`, all-reduce f32, µs, doubling against Rabenseifner): 4 ranks 32 KiB 43
+/// against 56, 64 KiB 88 against 69; 8 ranks 32 KiB 180 against 179, 64 KiB 655 against 215;
+/// 16 ranks 32 KiB 699 against 504, 64 KiB 2119 against 784; 64 ranks 64 KiB 14 308 against
+/// 9231. With RDMA, unmeasured: the doubling and ring choices stay.
+const RABENSEIFNER_MIN: usize = 32 * 1024;
+
+/// All-reduces up to this many bytes per rank among `ranks` ranks take Rabenseifner's
+/// algorithm rather than the ring, whose 2(N − 1) rounds cost more the more ranks there are:
+/// 192 KiB up to 8 ranks, 24 KiB per rank beyond. Measured over TCP on loopback (µs,
+/// Rabenseifner against the ring): 4 ranks 128 KiB 136 against 203, 256 KiB 312 against 267;
+/// 8 ranks 128 KiB 622 against 790, 256 KiB 1205 against 1064; 16 ranks 256 KiB 2863 against
+/// 3515, 512 KiB 5428 against 4784; 32 ranks 512 KiB 13.3 ms against 19.3, 1 MiB 31.6 against
+/// 25.1; 64 ranks 1 MiB 75 ms against 88, 2 MiB 130 against 114.
+fn rabenseifner_max(ranks: usize) -> usize {
+    24 * 1024 * ranks.max(8)
+}
+
+/// All-gathers of at most this many bytes in all among `ranks` ranks take Bruck's ⌈log2 N⌉
+/// rounds (from 6 ranks, where they are no more than the both-ways gather's ⌈(N − 1)/2⌉ hops,
+/// unless the ranks pair up for recursive doubling): 64 KiB, or 4 KiB per rank beyond 16
+/// ranks. Larger ones take the gather's and the ring's pipelined lanes, which send both ways.
+/// Measured over TCP on loopback (`jaccl bench --op all-gather`, µs, the output's size, Bruck
+/// against the both-ways gather and the ring): 5 ranks 60 B 54 against 43 and 63; 6 ranks
+/// 4 KiB 58 against 90 and 75, 64 KiB 105 against 215 and 247, 256 KiB 464 against 306 and
+/// 454; 8 ranks 64 B 85 against 130 and 148, 64 KiB 199 against 251 and 368, 256 KiB 800
+/// against 387 and 617; 16 ranks 64 KiB 559 against 685 and 680; 32 ranks 32 KiB 1496 against
+/// 2456 and 2293, 128 KiB 3185 against 3016 and 3478; 64 ranks 128 KiB 8.3 ms against 15.6
+/// and 13.8, 512 KiB 23.0 against 27.0 and 20.4.
+fn bruck_max(ranks: usize) -> usize {
+    (4 * 1024 * ranks).max(64 * 1024)
+}
 
 /// Two ranks reduce-scatter up to this many bytes of input in one swap; larger inputs take the
 /// ring's one step, which splits the data over both connections and reduces it as it arrives.
@@ -137,6 +173,8 @@ pub(crate) enum AllReduce {
     Direct,
     /// Recursive doubling.
     Doubling,
+    /// Recursive halving then doubling (Rabenseifner's algorithm).
+    Rabenseifner,
     /// Gather every vector, reduce locally in rank order.
     Gather(SmallGather),
     /// The ring's reduce-scatter then all-gather.
@@ -157,6 +195,8 @@ pub(crate) enum DirectAllReduce {
 pub(crate) enum AllGather {
     Direct,
     Doubling,
+    /// Bruck's: ⌈log2 N⌉ rounds among any number of ranks.
+    Bruck,
     Small(SmallGather),
     Ring,
 }
@@ -247,14 +287,14 @@ impl Shape {
         self.mesh && self.size > 2 && total <= MESH_LIMIT
     }
 
-    /// Whether a small all-reduce doubles: where the ranks pair up, and where recursive
-    /// doubling among any number of ranks (its hand-over before and after included) takes
-    /// fewer rounds than the ring's both-ways gather takes hops (8 ranks, and 12 or more).
+    /// Whether a small all-reduce doubles: where the ranks pair up, and among 5 or more ranks
+    /// (with hand-overs before and after where they are no power of two), where it beat the
+    /// ring's both-ways gather at every size; 3 ranks gather in one hop each way. Measured
+    /// over TCP on loopback (`jaccl bench`, 8 B, µs, doubling against the gather): 3 ranks
+    /// 17.3 against 16.2, 5 ranks 34.5 against 40.9, 7 ranks 48 against 78, 11 ranks 124
+    /// against 189; 5 ranks 8 KiB 46 against 89.
     fn doubles(&self) -> bool {
-        let n = self.size;
-        let rounds =
-            n.checked_ilog2().unwrap_or(0) as usize + 2 * usize::from(!n.is_power_of_two());
-        self.pairs || rounds < n.saturating_sub(1).div_ceil(2)
+        self.pairs || self.size >= 5
     }
 
     fn small_gather(&self, total: usize) -> SmallGather {
@@ -274,11 +314,16 @@ impl Shape {
         let total = bytes.saturating_mul(self.size);
         let doubling_max = if self.rdma {
             DOUBLING_MAX_RDMA
+        } else if self.size > 2 {
+            RABENSEIFNER_MIN
         } else {
             DOUBLING_MAX
         };
+        let halving = !self.rdma && self.size > 2 && !self.in_one_step(total);
         if self.doubles() && !self.in_one_step(total) && (1..=doubling_max).contains(&bytes) {
             AllReduce::Doubling
+        } else if halving && bytes > RABENSEIFNER_MIN && bytes <= rabenseifner_max(self.size) {
+            AllReduce::Rabenseifner
         } else if total > GATHER_LIMIT {
             AllReduce::Ring
         } else {
@@ -298,8 +343,11 @@ impl Shape {
     /// All-gather of `block` bytes per rank (a barrier gathers one byte).
     pub(crate) fn all_gather(&self, block: usize) -> AllGather {
         let total = block.saturating_mul(self.size);
+        let bruck = !self.pairs && self.size >= 6 && block > 0 && !self.in_one_step(total);
         if self.direct {
             AllGather::Direct
+        } else if bruck && total <= bruck_max(self.size) {
+            AllGather::Bruck
         } else if total > GATHER_LIMIT {
             AllGather::Ring
         } else if self.pairs && block > 0 && !self.in_one_step(total) {
@@ -310,11 +358,17 @@ impl Shape {
     }
 
     /// The barrier: the all-gather of one-byte tokens, unless that goes both ways around the
-    /// ring where recursive doubling among any number of ranks takes fewer rounds
-    /// ([`Shape::doubles`]).
+    /// ring or by Bruck's rounds where recursive doubling among any number of ranks doubles
+    /// ([`Shape::doubles`]). Doubling swaps with one partner per round, where Bruck's
+    /// dissemination sends to one rank and receives from another, each connection one way
+    /// (a bare acknowledgement per message): measured over TCP on loopback (`jaccl bench --op
+    /// barrier`, µs, doubling against Bruck), 5 ranks 38 against 58, 8 ranks 83 against 85,
+    /// 16 ranks 254 against 280, 64 ranks 3415 against 3963.
     pub(crate) fn barrier(&self) -> Barrier {
         match self.all_gather(1) {
-            AllGather::Small(SmallGather::BothWays) if self.doubles() => Barrier::Doubling,
+            AllGather::Small(SmallGather::BothWays) | AllGather::Bruck if self.doubles() => {
+                Barrier::Doubling
+            }
             choice => Barrier::Gather(choice),
         }
     }
@@ -439,7 +493,19 @@ mod tests {
         let four = shape(4, false, true);
         assert_eq!(four.all_reduce(8), AllReduce::Doubling);
         assert_eq!(four.all_reduce(0), AllReduce::Gather(SmallGather::BothWays));
-        assert_eq!(four.all_reduce(DOUBLING_MAX + 1), AllReduce::Ring);
+        assert_eq!(four.all_reduce(RABENSEIFNER_MIN), AllReduce::Doubling);
+        assert_eq!(
+            four.all_reduce(RABENSEIFNER_MIN + 1),
+            AllReduce::Rabenseifner
+        );
+        assert_eq!(
+            four.all_reduce(rabenseifner_max(4)),
+            AllReduce::Rabenseifner
+        );
+        assert_eq!(four.all_reduce(rabenseifner_max(4) + 1), AllReduce::Ring);
+        let two = shape(2, false, true);
+        assert_eq!(two.all_reduce(DOUBLING_MAX), AllReduce::Doubling);
+        assert_eq!(two.all_reduce(DOUBLING_MAX + 1), AllReduce::Ring);
         let rdma = Shape { rdma: true, ..four };
         assert_eq!(rdma.all_reduce(DOUBLING_MAX_RDMA), AllReduce::Doubling);
         assert_eq!(rdma.all_reduce(DOUBLING_MAX_RDMA + 1), AllReduce::Ring);
@@ -448,26 +514,52 @@ mod tests {
             mesh8.all_reduce(8),
             AllReduce::Gather(SmallGather::Exchange)
         );
-        assert_eq!(mesh8.all_reduce(MESH_LIMIT), AllReduce::Doubling);
-        // Recursive doubling among any number of ranks where it takes fewer rounds than the
-        // both-ways gather takes hops (3 + 0 < 4 at 8 ranks, 3 + 2 < 6 at 12), and for the
-        // sizes where the gather took the ring.
+        assert_eq!(mesh8.all_reduce(MESH_LIMIT / 4), AllReduce::Doubling);
+        assert_eq!(mesh8.all_reduce(MESH_LIMIT), AllReduce::Rabenseifner);
+        // Recursive doubling among 5 ranks or more, Rabenseifner's algorithm among 3 or more.
         let eight = shape(8, false, false);
         assert_eq!(eight.all_reduce(8), AllReduce::Doubling);
         assert_eq!(eight.barrier(), Barrier::Doubling);
         let twelve = shape(12, false, false);
-        assert_eq!(twelve.all_reduce(64 * 1024), AllReduce::Doubling);
-        assert_eq!(twelve.all_reduce(DOUBLING_MAX + 1), AllReduce::Ring);
-        for size in [3, 5, 6, 7, 9, 10, 11] {
+        assert_eq!(twelve.all_reduce(32 * 1024), AllReduce::Doubling);
+        assert_eq!(twelve.all_reduce(64 * 1024), AllReduce::Rabenseifner);
+        assert_eq!(
+            twelve.all_reduce(rabenseifner_max(12)),
+            AllReduce::Rabenseifner
+        );
+        assert_eq!(twelve.all_reduce(rabenseifner_max(12) + 1), AllReduce::Ring);
+        for size in [5, 6, 7, 9, 10, 11] {
             let s = shape(size, false, false);
-            assert_eq!(s.all_reduce(8), AllReduce::Gather(SmallGather::BothWays));
-            assert_eq!(
-                s.barrier(),
-                Barrier::Gather(AllGather::Small(SmallGather::BothWays))
-            );
+            assert_eq!(s.all_reduce(8), AllReduce::Doubling);
+            assert_eq!(s.all_reduce(64 * 1024), AllReduce::Rabenseifner);
+            assert_eq!(s.barrier(), Barrier::Doubling);
         }
-        assert_eq!(four.barrier(), Barrier::Gather(AllGather::Doubling));
+        // Bruck's all-gather from 6 ranks, up to its limit.
+        for size in [6, 8, 12, 64] {
+            let s = shape(size, false, false);
+            assert_eq!(s.all_gather(8), AllGather::Bruck, "{size} ranks");
+            assert_eq!(s.all_gather(bruck_max(size) / size), AllGather::Bruck);
+            assert_ne!(s.all_gather(bruck_max(size) / size + 1), AllGather::Bruck);
+        }
+        assert_eq!(
+            shape(5, false, false).all_gather(8),
+            AllGather::Small(SmallGather::BothWays)
+        );
+        assert_eq!(
+            shape(8, true, true).all_gather(64 * 1024),
+            AllGather::Doubling
+        );
         let three = shape(3, false, false);
+        assert_eq!(
+            three.all_reduce(8),
+            AllReduce::Gather(SmallGather::BothWays)
+        );
+        assert_eq!(three.all_reduce(64 * 1024), AllReduce::Rabenseifner);
+        assert_eq!(
+            three.barrier(),
+            Barrier::Gather(AllGather::Small(SmallGather::BothWays))
+        );
+        assert_eq!(four.barrier(), Barrier::Gather(AllGather::Doubling));
         assert_eq!(three.all_gather(8), AllGather::Small(SmallGather::BothWays));
         assert_eq!(three.all_gather(GATHER_LIMIT), AllGather::Ring);
         assert_eq!(

@@ -62,15 +62,17 @@ impl LateLinks for Late {
     ) -> Result<Vec<Box<dyn Link>>> {
         let me = call.rank;
         let deadline = deadline_after(call.timeout);
-        // Every rank takes part in a collective: any one gone fails it, whatever peer this
-        // waits for (one that has gone may no longer accept, and a rank 0 that has gone brings
-        // no more news of the others).
-        let watched: Vec<usize> = match call.op {
-            Op::Send | Op::Recv => peers.to_vec(),
-            _ => (0..self.job_rank.len()).filter(|&p| p != me).collect(),
-        };
+        // Every rank takes part in a collective: any one that left without doing its part of
+        // this call fails it, whatever peer this waits for (a peer that left no longer
+        // accepts, and a rank 0 that has gone brings no more news of the others). A rank that
+        // finished this call, links to this one included, may drop the group while this one
+        // still takes in its link or makes those of a later round.
+        let others: Vec<usize> = (0..self.job_rank.len()).filter(|&p| p != me).collect();
         let mut go_on = || {
-            liveness.check_peers(call.op, &watched)?;
+            match call.op {
+                Op::Send | Op::Recv => liveness.check_peers(call.op, peers)?,
+                _ => liveness.check_collective(call.op, &others)?,
+            }
             liveness.check_interrupt(call.op, call.interruptible)
         };
         let failed = |peer: usize, why: String| {

@@ -563,7 +563,13 @@ impl Group {
         let result = match &mut *state {
             State::Alone => return Ok(()),
             State::Failed { error, .. } => return Err(error.clone()),
-            State::Connected(c) => f(&mut c.collectives, &call),
+            State::Connected(c) => {
+                let result = f(&mut c.collectives, &call);
+                if result.is_ok() && !matches!(call.op, Op::Send | Op::Recv) {
+                    c.liveness.finished_a_collective();
+                }
+                result
+            }
         };
         let result = match (result, &*state) {
             // A closed connection may be the ring passing on a loss that the heartbeat is

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use super::deadlock::{DeadlockWatch, Member};
-use super::message::{Message, decode};
+use super::message::{Goodbye, Message, decode};
 use super::{Blocked, Liveness, Verdict, interval};
 use crate::os::{event_counter, poll, signal};
 
@@ -103,7 +103,7 @@ impl Coordinator {
             if let Some(until) = self.linger
                 && (Instant::now() >= until || self.peers.iter().all(|p| !p.watched))
             {
-                return self.leave(live.farewell());
+                return self.leave(live.goodbye());
             }
         }
     }
@@ -146,20 +146,20 @@ impl Coordinator {
     /// is lost.
     fn pass_on_departures(&mut self, live: &Liveness) {
         let mut left = Vec::new();
-        let farewell = live.farewell();
-        if !self.announced && (farewell.is_some() || self.linger.is_some()) {
+        let goodbye = live.goodbye();
+        if !self.announced && (goodbye.farewell.is_some() || self.linger.is_some()) {
             self.announced = true;
-            left.push((0, farewell));
+            left.push((0, goodbye));
         }
         for p in self.peers.iter_mut().filter(|p| p.watched) {
             let heard = p.receive();
             for message in heard.messages {
                 match message {
                     Message::Beat(report) => p.report = report,
-                    Message::Bye(farewell) => {
+                    Message::Bye(goodbye) => {
                         p.watched = false;
                         p.left = true;
-                        left.push((p.rank, farewell));
+                        left.push((p.rank, goodbye));
                     }
                     Message::Status { .. } | Message::Gone { .. } => {}
                 }
@@ -172,11 +172,11 @@ impl Coordinator {
                 p.watched = false;
             }
         }
-        for (rank, farewell) in left {
+        for (rank, goodbye) in left {
             if rank != 0 {
-                live.depart(rank, farewell.clone());
+                live.depart(rank, goodbye.clone());
             }
-            self.tell_all(&Message::Gone { rank, farewell });
+            self.tell_all(&Message::Gone { rank, goodbye });
         }
     }
 
@@ -189,9 +189,9 @@ impl Coordinator {
     }
 
     /// Says goodbye to every member still in the group.
-    fn leave(&mut self, farewell: Option<String>) {
+    fn leave(&mut self, goodbye: Goodbye) {
         for p in self.peers.iter_mut().filter(|p| p.watched) {
-            p.say_goodbye(farewell.clone());
+            p.say_goodbye(goodbye.clone());
         }
     }
 }
@@ -240,9 +240,9 @@ pub(crate) fn attend(
                 fds[0].revents().contains(PollFlags::IN)
             };
             // A member whose group failed says why and leaves.
-            let farewell = live.farewell();
-            if stopped || farewell.is_some() {
-                coordinator.say_goodbye(farewell);
+            let goodbye = live.goodbye();
+            if stopped || goodbye.farewell.is_some() {
+                coordinator.say_goodbye(goodbye);
                 return;
             }
             let heard = coordinator.receive();
@@ -261,10 +261,10 @@ pub(crate) fn attend(
                             live.declare(v);
                         }
                     }
-                    Message::Gone { rank, farewell } => live.depart(rank, farewell),
+                    Message::Gone { rank, goodbye } => live.depart(rank, goodbye),
                     // Rank 0 left the group: nothing more to watch.
-                    Message::Bye(farewell) => {
-                        live.coordinator_left(farewell);
+                    Message::Bye(goodbye) => {
+                        live.coordinator_left(goodbye);
                         return;
                     }
                     Message::Beat(_) => {}
@@ -404,7 +404,7 @@ impl Peer {
     /// it the peer would take this rank's leaving for a death). A peer already gone needs
     /// none: polling its failed socket would return at once, over and over, until the
     /// deadline.
-    fn say_goodbye(&mut self, farewell: Option<String>) {
+    fn say_goodbye(&mut self, goodbye: Goodbye) {
         let deadline = Instant::now() + GOODBYE_WITHIN;
         let mut said = false;
         loop {
@@ -418,7 +418,7 @@ impl Peer {
                     let _ = self.receive();
                     return;
                 }
-                if self.send(&Message::Bye(farewell.clone())).is_err() {
+                if self.send(&Message::Bye(goodbye.clone())).is_err() {
                     return;
                 }
                 said = true;

@@ -19,8 +19,9 @@ pub(crate) enum Message {
     /// A member's beat: `BEAT`, then, if one of its calls is blocked, the latest round of the
     /// deadlock search it has seen (u32) and its report.
     Beat(Option<(u32, Blocked)>),
-    /// `BYE`: the group was dropped; or, followed by the reason, it failed.
-    Bye(Option<String>),
+    /// `BYE`, the collectives the rank finished on the group (u64), then, if its group failed,
+    /// the reason.
+    Bye(Goodbye),
     /// The coordinator's status: `STATUS`, the round of its deadlock search (u32), then its
     /// verdict if it has one: `LOST`, the rank (u32) and the reason, or `DEADLOCK` and the
     /// description.
@@ -29,11 +30,19 @@ pub(crate) enum Message {
         verdict: Option<Verdict>,
     },
     /// The coordinator passes on a goodbye (its own, if its group failed): `GONE`, the rank
-    /// (u32), the reason if any.
-    Gone {
-        rank: usize,
-        farewell: Option<String>,
-    },
+    /// (u32), the collectives it finished (u64), the reason if any.
+    Gone { rank: usize, goodbye: Goodbye },
+}
+
+/// What a rank says as it leaves the group.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Goodbye {
+    /// The collective calls it finished on the group: a rank that left after finishing a call
+    /// did its part of it, one that left before did not (the others of that call then fail).
+    pub(crate) calls: u64,
+    /// `None`: it dropped the group; else its group failed, for this reason (the first cause
+    /// of a chain of failures).
+    pub(crate) farewell: Option<String>,
 }
 
 /// The longest text a verdict carries.
@@ -88,15 +97,17 @@ impl Message {
                 }
                 m
             }
-            Message::Bye(farewell) => {
+            Message::Bye(goodbye) => {
                 let mut m = vec![BYE];
-                m.extend(text(farewell.as_deref().unwrap_or_default()));
+                m.extend(goodbye.calls.to_le_bytes());
+                m.extend(text(goodbye.farewell.as_deref().unwrap_or_default()));
                 m
             }
-            Message::Gone { rank, farewell } => {
+            Message::Gone { rank, goodbye } => {
                 let mut m = vec![GONE];
                 m.extend(to_u32(*rank).to_le_bytes());
-                m.extend(text(farewell.as_deref().unwrap_or_default()));
+                m.extend(goodbye.calls.to_le_bytes());
+                m.extend(text(goodbye.farewell.as_deref().unwrap_or_default()));
                 m
             }
             Message::Status { round, verdict } => {
@@ -156,10 +167,16 @@ impl Message {
                 };
                 Message::Beat(Some((round, blocked)))
             }
-            BYE => Message::Bye(reason(r.rest())),
+            BYE => Message::Bye(Goodbye {
+                calls: r.u64()?,
+                farewell: reason(r.rest()),
+            }),
             GONE => Message::Gone {
                 rank: r.u32()? as usize,
-                farewell: reason(r.rest()),
+                goodbye: Goodbye {
+                    calls: r.u64()?,
+                    farewell: reason(r.rest()),
+                },
             },
             STATUS => {
                 let round = r.u32()?;
@@ -241,15 +258,24 @@ mod tests {
                 round: 5,
                 verdict: None,
             },
-            Message::Bye(None),
-            Message::Bye(Some("rank 3: all_reduce: timed out".into())),
+            Message::Bye(Goodbye::default()),
+            Message::Bye(Goodbye {
+                calls: u64::MAX,
+                farewell: Some("rank 3: all_reduce: timed out".into()),
+            }),
             Message::Gone {
                 rank: 2,
-                farewell: None,
+                goodbye: Goodbye {
+                    calls: 7,
+                    farewell: None,
+                },
             },
             Message::Gone {
                 rank: 0,
-                farewell: Some("rank 1 left the group".into()),
+                goodbye: Goodbye {
+                    calls: 0,
+                    farewell: Some("rank 1 left the group".into()),
+                },
             },
         ];
         let stream: Vec<u8> = messages.iter().flat_map(Message::framed).collect();

@@ -20,7 +20,9 @@
 //! A rank that drops its group says goodbye, and one whose group fails says goodbye with the
 //! cause ([`Liveness::fail`]); the coordinator passes both on, so a rank whose connection to it
 //! closes learns at once why, rather than taking it for a death or reporting only the closed
-//! connection ([`Liveness::explain`]). The coordinator, once dropped, goes on passing news until
+//! connection ([`Liveness::explain`]). A goodbye also counts the collectives the rank finished,
+//! so a rank that still makes links for a call knows whether one that left did its part
+//! ([`Liveness::check_collective`]). The coordinator, once dropped, goes on passing news until
 //! every member has left, for at most half a second.
 //!
 //! Operations look at the verdict whenever they would wait, and sleeps wake when it arrives
@@ -34,6 +36,8 @@
 mod deadlock;
 mod heartbeat;
 mod message;
+
+use message::Goodbye;
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -82,6 +86,8 @@ pub(crate) struct Liveness {
     news_ended: AtomicBool,
     /// Why this rank's group failed, as its goodbye tells the others ([`Liveness::fail`]).
     farewell: Mutex<Option<String>>,
+    /// The collective calls this rank finished on the group, as its goodbye tells the others.
+    calls: AtomicU64,
     /// The cause behind this rank's failure when that was another rank's departure.
     root: Mutex<Option<String>>,
     /// Readable once this rank's group failed, so that the heartbeat says so.
@@ -92,15 +98,13 @@ pub(crate) struct Liveness {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Departure {
     rank: usize,
-    /// `None`: it dropped its group; else its group failed, for this reason (the first cause
-    /// of a chain of failures).
-    farewell: Option<String>,
+    goodbye: Goodbye,
 }
 
 impl Departure {
     /// Why waiting for this rank fails.
     fn cause(&self) -> String {
-        match &self.farewell {
+        match &self.goodbye.farewell {
             None => left(self.rank),
             Some(why) => format!("rank {}'s group failed: {why}", self.rank),
         }
@@ -108,7 +112,10 @@ impl Departure {
 
     /// The first cause, for a rank that fails because of this one to pass on.
     fn root(&self) -> String {
-        self.farewell.clone().unwrap_or_else(|| left(self.rank))
+        self.goodbye
+            .farewell
+            .clone()
+            .unwrap_or_else(|| left(self.rank))
     }
 }
 
@@ -226,6 +233,7 @@ impl Liveness {
             departures: event_counter()?,
             news_ended: AtomicBool::new(false),
             farewell: Mutex::new(None),
+            calls: AtomicU64::new(0),
             root: Mutex::new(None),
             failed: event_counter()?,
         }))
@@ -240,21 +248,21 @@ impl Liveness {
         }
     }
 
-    /// `rank` left the group and will never send again: it dropped its group (`farewell`
-    /// `None`) or its group failed. The first word about a rank stays.
-    fn depart(&self, rank: usize, farewell: Option<String>) {
+    /// `rank` left the group and will never send again: it dropped its group (no
+    /// farewell) or its group failed. The first word about a rank stays.
+    fn depart(&self, rank: usize, goodbye: Goodbye) {
         if let Ok(mut departed) = self.departed.lock()
             && !departed.iter().any(|d| d.rank == rank)
         {
-            departed.push(Departure { rank, farewell });
+            departed.push(Departure { rank, goodbye });
         }
         signal(&self.departures);
     }
 
     /// Rank 0 left the group and stops passing news on (its last goodbye, at a member).
-    fn coordinator_left(&self, farewell: Option<String>) {
+    fn coordinator_left(&self, goodbye: Goodbye) {
         self.news_ended.store(true, Ordering::Release);
-        self.depart(0, farewell);
+        self.depart(0, goodbye);
     }
 
     fn departure(&self, rank: usize) -> Option<Departure> {
@@ -276,6 +284,20 @@ impl Liveness {
 
     fn farewell(&self) -> Option<String> {
         self.farewell.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// What this rank's goodbye says.
+    fn goodbye(&self) -> Goodbye {
+        Goodbye {
+            calls: self.calls.load(Ordering::Acquire),
+            farewell: self.farewell(),
+        }
+    }
+
+    /// This rank finished a collective call on the group (every rank calls them in one
+    /// order, so the count numbers them alike everywhere).
+    pub(crate) fn finished_a_collective(&self) {
+        self.calls.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Installs (or with `None` removes) the interrupt check.
@@ -457,6 +479,24 @@ impl Liveness {
         }
     }
 
+    /// [`Liveness::check_peers`] for a collective's wait that no connection watches: any of
+    /// `ranks` (every other rank: all take part) that left without doing its part of this
+    /// call fails it, that is one whose group failed or that left before finishing as many
+    /// collectives as this rank has started. One that finished this call and left did its
+    /// part, links to this rank included.
+    pub(crate) fn check_collective(&self, op: Op, ranks: &[usize]) -> Result<(), Error> {
+        self.check(op)?;
+        let this_call = self.calls.load(Ordering::Acquire);
+        let missing = |&p: &usize| {
+            self.departure(p)
+                .filter(|d| d.goodbye.farewell.is_some() || d.goodbye.calls <= this_call)
+        };
+        match ranks.iter().find_map(missing) {
+            Some(d) => Err(self.lost(&d, op)),
+            None => Ok(()),
+        }
+    }
+
     /// Readable after a departure (see [`Liveness::check_peers`]); reading it resets it.
     pub(crate) fn departures_fd(&self) -> BorrowedFd<'_> {
         self.departures.as_fd()
@@ -543,8 +583,14 @@ mod tests {
         let error = live.explain(closed.clone(), Duration::ZERO, Op::AllReduce);
         assert_eq!(cause_of(&error), cause_of(&closed));
         // Rank 2 failed because rank 1 left; this rank then fails because of rank 2.
-        live.depart(2, Some(left(1)));
-        live.depart(2, None); // the first word about a rank stays
+        live.depart(
+            2,
+            Goodbye {
+                calls: 0,
+                farewell: Some(left(1)),
+            },
+        );
+        live.depart(2, Goodbye::default()); // the first word about a rank stays
         let error = live.explain(closed, Duration::from_secs(60), Op::AllReduce);
         assert!(matches!(
             error,
@@ -566,7 +612,7 @@ mod tests {
     #[test]
     fn once_rank_0_has_gone_a_closed_connection_is_explained_at_once() {
         let live = Liveness::new(2).expect("an eventfd");
-        live.coordinator_left(None);
+        live.coordinator_left(Goodbye::default());
         // No news can come: no waiting (a wait would last the minute), and rank 0's
         // departure, the likely first cause, is named.
         let error = live.explain(

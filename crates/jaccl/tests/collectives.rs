@@ -704,21 +704,21 @@ fn float_sums_are_bit_identical_across_ranks_and_runs() {
 fn float_sums_are_bit_identical_on(net: Net) {
     // Values whose sums round, so the order of additions matters, and NaNs with a payload per
     // rank: a sum of two NaNs keeps one payload, so operand order shows even where addition
-    // commutes. Over TCP, 50 003 f32 per rank take the ring, 20 011 Rabenseifner's halving
-    // then doubling (with hand-overs at 5 and 13 ranks); f16 halves the bytes (recursive
-    // doubling at 13 ranks).
+    // commutes. Over TCP, 50 003 f32 per rank take the ring (Rabenseifner's halving then
+    // doubling at 13 ranks), 20 011 Rabenseifner's (with hand-overs at 5 and 13 ranks) as f32
+    // and f16, 4099 recursive doubling (with hand-overs at 5 and 13) as f32, and as f16 too.
     let run = |size| {
         with_group(net, size, 2, |g| {
             let rank = g.rank();
             let nan = f32::from_bits(0x7fc0_0000 | (rank as u32 + 1) << 13);
-            let x: Vec<f32> = (0..50_003 + 20_011)
+            let x: Vec<f32> = (0..50_003 + 20_011 + 4099)
                 .map(|i| match i % 1000 {
                     7 => nan,
                     _ => (mix(rank, i) % 1_000_003) as f32 * 1.37e-3 + 1e-7,
                 })
                 .collect();
             let mut bits = Vec::new();
-            for x in [&x[..50_003], &x[50_003..]] {
+            for x in [&x[..50_003], &x[50_003..70_014], &x[70_014..]] {
                 let mut y = vec![0f32; x.len()];
                 g.all_sum(x, &mut y).unwrap();
                 let h: Vec<f16> = x.iter().map(|v| f16::from_f32(*v)).collect();

@@ -358,9 +358,9 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
 
 #[test]
 fn different_lengths_ops_types_or_reductions_give_mismatch() {
-    // 8 ranks with the mesh: the 200 kB all-reduce below takes Rabenseifner's algorithm there;
-    // 8 and 13 over TCP, recursive doubling and Rabenseifner's over links made on first use
-    // (with hand-overs at 13), and Bruck's all-gather.
+    // 8 and 13 over TCP: recursive doubling and Rabenseifner's algorithm over links made on
+    // first use (with hand-overs at 13), and Bruck's all-gather; the 200 kB all-reduce below
+    // takes the ring at 8 ranks, Rabenseifner's at 13.
     let sizes = |net| match net {
         Net::Mesh | Net::MeshLocal => vec![2, 3, 4, 8],
         Net::Tcp => vec![2, 3, 4, 8, 13],

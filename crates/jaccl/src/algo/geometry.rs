@@ -219,8 +219,8 @@ impl Geometry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum DoublingRole {
     /// Swaps partial results with `partners`, in step order; first takes in the vector of
-    /// `extra` (the rank below, whose value comes first) if there is one, and last hands it
-    /// the result.
+    /// `extra` (the rank below; in recursive doubling its value comes first) if there is one,
+    /// and last hands it the result.
     Double {
         extra: Option<usize>,
         partners: Vec<usize>,

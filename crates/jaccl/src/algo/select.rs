@@ -1,8 +1,8 @@
 //! The one place that decides, per call, which algorithm runs: from the message size and the
 //! group's [`Shape`], which every rank knows alike (so every rank chooses alike, and the
 //! plans of one call match). Every threshold is named and measured here; the plans
-//! themselves (`super::ring`, `super::mesh`, `super::doubling`, `super::shared_memory`) choose
-//! nothing.
+//! themselves (`super::ring`, `super::mesh`, `super::doubling`, `super::rabenseifner`,
+//! `super::bruck`, `super::shared_memory`) choose nothing.
 //!
 //! Adding a collective: its plan in the file of its family, one function here that picks
 //! among its algorithms, the [`crate::Group`] method, tests.
@@ -69,8 +69,8 @@ const GATHER_LIMIT: usize = 512 * 1024;
 const MESH_LIMIT: usize = 64 * 1024;
 
 /// All-reduces up to this many bytes per rank (over TCP and shared memory; [`DOUBLING_MAX_RDMA`]
-/// with RDMA) use recursive doubling where the ranks pair up and the mesh does not take them in
-/// one step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
+/// with RDMA) use recursive doubling where it is chosen ([`Shape::doubles`]: where the ranks
+/// pair up, and among 5 or more) and the mesh does not take them in one step: log2(size) steps, each swapping the whole partial result with one rank, so fewer
 /// hops than the ring, fewer bytes than the gather and, with 4 ranks, fewer messages than
 /// either (2 per rank against the gather's 3). Among 3 or more ranks Rabenseifner's algorithm
 /// takes over above [`RABENSEIFNER_MIN`]; this limit is for two ranks, where one swap of the
@@ -292,9 +292,17 @@ impl Shape {
     /// ring's both-ways gather at every size; 3 ranks gather in one hop each way. Measured
     /// over TCP on loopback (`jaccl bench`, 8 B, µs, doubling against the gather): 3 ranks
     /// 17.3 against 16.2, 5 ranks 34.5 against 40.9, 7 ranks 48 against 78, 11 ranks 124
-    /// against 189; 5 ranks 8 KiB 46 against 89.
+    /// against 189; 5 ranks 8 KiB 46 against 89. Where the ring uses RDMA (unmeasured), only
+    /// where it takes fewer rounds than the gather takes hops (8 ranks, 12 or more): its links
+    /// beyond the ring are TCP.
     fn doubles(&self) -> bool {
-        self.pairs || self.size >= 5
+        let n = self.size;
+        let rounds =
+            n.checked_ilog2().unwrap_or(0) as usize + 2 * usize::from(!n.is_power_of_two());
+        match self.rdma {
+            false => self.pairs || n >= 5,
+            true => self.pairs || rounds < n.saturating_sub(1).div_ceil(2),
+        }
     }
 
     fn small_gather(&self, total: usize) -> SmallGather {
@@ -343,7 +351,9 @@ impl Shape {
     /// All-gather of `block` bytes per rank (a barrier gathers one byte).
     pub(crate) fn all_gather(&self, block: usize) -> AllGather {
         let total = block.saturating_mul(self.size);
-        let bruck = !self.pairs && self.size >= 6 && block > 0 && !self.in_one_step(total);
+        // Not over links made on first use (TCP) where the ring uses RDMA (unmeasured).
+        let links = self.mesh || !self.rdma;
+        let bruck = links && !self.pairs && self.size >= 6 && block > 0 && !self.in_one_step(total);
         if self.direct {
             AllGather::Direct
         } else if bruck && total <= bruck_max(self.size) {
@@ -544,6 +554,20 @@ mod tests {
         assert_eq!(
             shape(5, false, false).all_gather(8),
             AllGather::Small(SmallGather::BothWays)
+        );
+        // Where the ring uses RDMA, no new links beyond it for small messages (unmeasured).
+        let rdma6 = Shape {
+            rdma: true,
+            ..shape(6, false, false)
+        };
+        assert_eq!(rdma6.all_gather(8), AllGather::Small(SmallGather::BothWays));
+        assert_eq!(
+            rdma6.all_reduce(8),
+            AllReduce::Gather(SmallGather::BothWays)
+        );
+        assert_eq!(
+            rdma6.all_reduce(64 * 1024),
+            AllReduce::Gather(SmallGather::BothWays)
         );
         assert_eq!(
             shape(8, true, true).all_gather(64 * 1024),

@@ -64,9 +64,10 @@ impl LateLinks for Late {
         let deadline = deadline_after(call.timeout);
         // Every rank takes part in a collective: any one that left without doing its part of
         // this call fails it, whatever peer this waits for (a peer that left no longer
-        // accepts, and a rank 0 that has gone brings no more news of the others). A rank that
-        // finished this call, links to this one included, may drop the group while this one
-        // still takes in its link or makes those of a later round.
+        // accepts). A rank that finished this call, links to this one included, may drop the
+        // group while this one still takes in its link or makes those of a later round. (A
+        // rank 0 that finished and left brings no more news of the others: a failure after
+        // that ends this wait at the call's timeout.)
         let others: Vec<usize> = (0..self.job_rank.len()).filter(|&p| p != me).collect();
         let mut go_on = || {
             match call.op {

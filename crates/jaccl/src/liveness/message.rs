@@ -29,8 +29,8 @@ pub(crate) enum Message {
         round: u32,
         verdict: Option<Verdict>,
     },
-    /// The coordinator passes on a goodbye (its own, if its group failed): `GONE`, the rank
-    /// (u32), the collectives it finished (u64), the reason if any.
+    /// The coordinator passes on a goodbye (its own too, when dropped or failed): `GONE`, the
+    /// rank (u32), the collectives it finished (u64), the reason if any.
     Gone { rank: usize, goodbye: Goodbye },
 }
 

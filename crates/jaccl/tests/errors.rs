@@ -359,7 +359,8 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
 #[test]
 fn different_lengths_ops_types_or_reductions_give_mismatch() {
     // 8 and 13 over TCP: recursive doubling and Rabenseifner's algorithm over links made on
-    // first use (with hand-overs at 13), and Bruck's all-gather; the 200 kB all-reduce below
+    // first use (with hand-overs at 13), and Bruck's all-gather and all-to-all; the 200 kB
+    // all-reduce below
     // takes the ring at 8 ranks, Rabenseifner's at 13.
     let sizes = |net| match net {
         Net::Mesh | Net::MeshLocal => vec![2, 3, 4, 8],
@@ -400,6 +401,12 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
         let r = with_group_timeout(net, size, 1, timeout, |g| {
             let len = if g.rank() == odd { 3 } else { 5 };
             g.all_gather(&vec![1u32; len], &mut vec![0u32; len * g.size()])
+        });
+        expect_mismatch(size, odd, r);
+        // All-to-alls of different lengths (Bruck's rounds from 8 ranks).
+        let r = with_group_timeout(net, size, 1, timeout, |g| {
+            let len = if g.rank() == odd { 2 } else { 3 };
+            g.all_to_all(&vec![1u16; len * g.size()], &mut vec![0u16; len * g.size()])
         });
         expect_mismatch(size, odd, r);
         // 64 KiB of another type (Rabenseifner's algorithm from 3 ranks).

@@ -372,6 +372,106 @@ fn a_connection_made_on_first_use_to_a_stopped_rank_ends_by_liveness_or_abort() 
     }
 }
 
+/// A job of 256 ranks over TCP (`JACCL_TEST_RANKS` for another count) starts, runs every
+/// collective once against references, idles, and then names a SIGKILLed rank on each of the
+/// others. Prints start-up time, file descriptors, threads and memory per rank, and rank 0's
+/// share of a core while the job idles (the figures of docs and README come from here).
+#[test]
+fn a_job_of_256_ranks_checks_every_collective_and_names_a_killed_rank_everywhere() {
+    let size: usize = std::env::var("JACCL_TEST_RANKS").map_or(256, |n| n.parse().unwrap());
+    let trigger = std::env::temp_dir().join(format!("scale-go-{}", random_u64()));
+    let trigger = trigger.to_string_lossy().into_owned();
+    let env = [
+        ("JACCL_TRANSPORT", "tcp"),
+        ("TRIGGER_FILE", trigger.as_str()),
+    ];
+    let spawned = Instant::now();
+    let (mut children, rx) = spawn_ranks("scale", size, &env);
+    let mut stats: Vec<Option<String>> = vec![None; size];
+    let deadline = spawned + Duration::from_secs(600);
+    while stats.iter().any(Option::is_none) {
+        let Ok((rank, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        else {
+            let missing: Vec<usize> = (0..size).filter(|&r| stats[r].is_none()).collect();
+            panic!("ranks {missing:?} did not check every collective within 10 minutes");
+        };
+        assert!(!line.contains("RESULT"), "rank {rank}: {line}");
+        // libtest may print "test child ... " on the same line first.
+        if let Some((_, words)) = line.split_once("STATS ") {
+            stats[rank] = Some(words.trim_end_matches(" READY").to_owned());
+        }
+    }
+    let all_ready = spawned.elapsed();
+    let figure = |key: &str| -> Vec<u64> {
+        let mut values: Vec<u64> = stats
+            .iter()
+            .flatten()
+            .filter_map(|s| s.split(' ').find_map(|w| w.strip_prefix(key)))
+            .map(|v| v.parse().unwrap())
+            .collect();
+        values.sort_unstable();
+        values
+    };
+    for key in ["init_ms=", "checked_ms=", "fds=", "threads=", "rss_kb="] {
+        let v = figure(key);
+        eprintln!(
+            "{size} ranks: {key} min {} median {} max {}",
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    }
+    eprintln!(
+        "{size} ranks: every rank checked every collective {all_ready:?} after the first was started"
+    );
+    eprintln!(
+        "{size} ranks: rank 0: {}",
+        stats[0].as_deref().unwrap_or("")
+    );
+    // Idle: the heartbeat alone (and each rank's look for the trigger file every 100 ms).
+    let cpu = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let ticks_per_s = rustix::param::clock_ticks_per_second();
+    let idle = Duration::from_secs(5);
+    let before: Vec<u64> = children.iter().map(|c| cpu(c.id())).collect();
+    std::thread::sleep(idle);
+    let after: Vec<u64> = children.iter().map(|c| cpu(c.id())).collect();
+    let share = |ticks: u64| ticks as f64 / ticks_per_s as f64 / idle.as_secs_f64() * 100.0;
+    let others: u64 = (1..size).map(|r| after[r] - before[r]).sum();
+    eprintln!(
+        "{size} ranks idle: rank 0 uses {:.1}% of a core, the other {} together {:.1}%",
+        share(after[0] - before[0]),
+        size - 1,
+        share(others)
+    );
+    std::fs::write(&trigger, b"").unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let victim = size * 2 / 3 + 1;
+    let pid = rustix::process::Pid::from_raw(children[victim].id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    let killed = Instant::now();
+    let got = results_at(&mut children, &rx, Duration::from_secs(120), Some(victim));
+    let _ = std::fs::remove_file(&trigger);
+    let mut slowest = Duration::ZERO;
+    for (rank, (line, at)) in got.iter().enumerate().filter(|(r, _)| *r != victim) {
+        assert!(
+            line.starts_with("PeerLost")
+                && (line.contains(&format!("peer: {victim},"))
+                    || line.contains(&format!("lost rank {victim}"))),
+            "rank {rank} of {size}: {line:?}"
+        );
+        slowest = slowest.max(at.duration_since(killed));
+    }
+    eprintln!(
+        "{size} ranks: all {} others named the killed rank {victim} within {slowest:?}",
+        size - 1
+    );
+}
+
 /// The judged case, with every default: a rank busy for 75 s in its own code is not an error.
 /// 75 s long, so on demand: `cargo test -p jaccl --test processes -- --ignored busy_for_75`.
 #[test]
@@ -600,6 +700,31 @@ fn child() {
             eprintln!("lazystop: the send ended after {:?}", started.elapsed());
             sent.map(|()| "sent".into())
         }),
+        // Every collective once, checked; then, once the test says so, small all-reduces
+        // until one fails.
+        "scale" => {
+            let started = Instant::now();
+            jaccl::init().and_then(|mut g| {
+                let init = started.elapsed();
+                if let Some(wrong) = every_collective_once(&mut g)? {
+                    return Ok(format!("wrong: {wrong}"));
+                }
+                println!(
+                    "STATS init_ms={} checked_ms={} {} READY",
+                    init.as_millis(),
+                    started.elapsed().as_millis(),
+                    own_resources()
+                );
+                let trigger = std::env::var("TRIGGER_FILE").unwrap();
+                while std::fs::metadata(&trigger).is_err() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let mut out = [0u64; 1];
+                loop {
+                    g.all_sum(&[1], &mut out)?;
+                }
+            })
+        }
         "sums" => jaccl::init().and_then(|mut g| {
             let mut out = [0u64; 1];
             for _ in 0..50 {
@@ -643,6 +768,103 @@ fn child() {
         Ok(line) => println!("RESULT {line}"),
         Err(e) => println!("RESULT {e:?}"),
     }
+}
+
+/// Every collective of `g` once, with uneven counts and roots at both ends and the middle,
+/// against plain references; a float all-reduce compared bit for bit across ranks. `None`
+/// when all is right, else what was wrong.
+fn every_collective_once(g: &mut jaccl::Group) -> jaccl::Result<Option<String>> {
+    use jaccl::ReduceOp;
+    let (n, r) = (g.size(), g.rank());
+    // Rank s's k-th value, and the sum of everyone's.
+    let value = |s: usize, k: usize| (s * 1000 + k) as u64;
+    let total = |k: usize| (0..n).map(|s| value(s, k)).sum::<u64>();
+    let mine = |len: usize| (0..len).map(|k| value(r, k)).collect::<Vec<u64>>();
+    let mut wrong = Vec::new();
+
+    let mut sum = vec![0u64; 37];
+    g.all_sum(&mine(37), &mut sum)?;
+    if sum.iter().enumerate().any(|(k, &v)| v != total(k)) {
+        wrong.push("all_reduce");
+    }
+    let mut all = vec![0u64; 3 * n];
+    g.all_gather(&mine(3), &mut all)?;
+    if all
+        .chunks(3)
+        .enumerate()
+        .any(|(s, c)| c != [0, 1, 2].map(|k| value(s, k)))
+    {
+        wrong.push("all_gather");
+    }
+    let mut part = [0u64; 2];
+    g.reduce_scatter(&mine(2 * n), &mut part, ReduceOp::Sum)?;
+    if part != [total(2 * r), total(2 * r + 1)] {
+        wrong.push("reduce_scatter");
+    }
+    let root = n - 1;
+    let mut data = if r == root { mine(5) } else { vec![0; 5] };
+    g.broadcast(&mut data, root)?;
+    if data != (0..5).map(|k| value(root, k)).collect::<Vec<_>>() {
+        wrong.push("broadcast");
+    }
+    let root = n / 2;
+    let mut max = vec![0u64; if r == root { 4 } else { 0 }];
+    g.reduce(&mine(4), &mut max, ReduceOp::Max, root)?;
+    if r == root && max != (0..4).map(|k| value(n - 1, k)).collect::<Vec<_>>() {
+        wrong.push("reduce");
+    }
+    let root = 1 % n;
+    let mut gathered = vec![0u64; if r == root { 2 * n } else { 0 }];
+    g.gather(&mine(2), &mut gathered, root)?;
+    let expect: Vec<u64> = (0..n).flat_map(|s| [value(s, 0), value(s, 1)]).collect();
+    if r == root && gathered != expect {
+        wrong.push("gather");
+    }
+    let mut block = [0u64; 1];
+    let blocks = if r == 0 { mine(n) } else { Vec::new() };
+    g.scatter(&blocks, &mut block, 0)?;
+    if block != [value(0, r)] {
+        wrong.push("scatter");
+    }
+    let mut received = vec![0u64; n];
+    g.all_to_all(&mine(n), &mut received)?;
+    if received.iter().enumerate().any(|(s, &v)| v != value(s, r)) {
+        wrong.push("all_to_all");
+    }
+    let floats: Vec<f32> = (0..1001)
+        .map(|k| (r as f32 + 0.1) * (k as f32 + 0.37))
+        .collect();
+    let mut fsum = vec![0f32; floats.len()];
+    g.all_sum(&floats, &mut fsum)?;
+    let digest = fsum
+        .iter()
+        .fold(0u64, |h, v| h.rotate_left(7) ^ u64::from(v.to_bits()));
+    let mut digests = vec![0u64; n];
+    g.all_gather(&[digest], &mut digests)?;
+    if digests.iter().any(|&d| d != digest) {
+        wrong.push("float all_reduce differs across ranks");
+    }
+    g.barrier()?;
+    Ok((!wrong.is_empty()).then(|| wrong.join(", ")))
+}
+
+/// This process's open file descriptors, threads and resident memory, as `key=value` words.
+fn own_resources() -> String {
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or(String::new(), |v| {
+                v.trim().trim_end_matches(" kB").to_owned()
+            })
+    };
+    format!(
+        "fds={fds} threads={} rss_kb={}",
+        field("Threads:"),
+        field("VmRSS:")
+    )
 }
 
 /// The job's group `g`, a tensor-parallel group (ranks `2k, 2k + 1`) and a data-parallel one

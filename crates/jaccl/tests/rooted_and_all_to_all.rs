@@ -285,6 +285,20 @@ fn all_to_all_of_equal_blocks() {
     });
 }
 
+/// From 8 ranks over TCP, small all-to-alls take Bruck's rounds (any number of ranks, primes
+/// too), larger ones and uneven blocks the pairwise exchange, and all-to-all-v its counts
+/// through Bruck's rounds.
+#[test]
+fn all_to_all_among_8_to_17_ranks() {
+    for size in [8, 11, 16, 17] {
+        with_group(Net::Tcp, size, 1, |g| {
+            all_to_all_case::<u8>(g);
+            all_to_all_case::<f64>(g);
+            all_to_all_v_case::<i32>(g);
+        });
+    }
+}
+
 /// Count matrices for `size` ranks: `counts[s][d]` elements from rank s to rank d.
 fn count_matrices(size: usize) -> Vec<(&'static str, Vec<Vec<usize>>)> {
     let matrix = |f: &dyn Fn(usize, usize) -> usize| -> Vec<Vec<usize>> {

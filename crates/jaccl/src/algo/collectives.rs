@@ -433,8 +433,17 @@ impl Collectives {
         output: &mut [u8],
         call: &Call,
     ) -> Result<()> {
-        let block = input.len() / self.geometry.size;
-        let blocks = equal_blocks(self.geometry.size, block);
+        let g = self.geometry;
+        let block = input.len() / g.size;
+        if self.shape.all_to_all(Some(block)) == AllToAll::Bruck {
+            copy(
+                &mut output[block * g.rank..][..block],
+                &input[block * g.rank..][..block],
+            );
+            let scratch = &mut self.scratch;
+            return bruck::all_to_all(&mut self.net, &g, scratch, input, output, block, call);
+        }
+        let blocks = equal_blocks(g.size, block);
         self.exchange_blocks(input, &blocks, output, &blocks, block, call)
     }
 
@@ -466,8 +475,7 @@ impl Collectives {
                 bytemuck::cast_slice(&mine),
                 bytemuck::cast_slice_mut(&mut theirs),
             );
-            let blocks = equal_blocks(n, 8);
-            self.exchange_blocks(a, &blocks, b, &blocks, 8, &words)?;
+            self.all_to_all(a, b, &words)?;
         }
         // This rank's first disagreement, and its largest block, for every rank to see.
         let bad = (0..n).find(|&s| theirs[s] != recv_counts[s] as u64);
@@ -523,13 +531,14 @@ impl Collectives {
             &mut output[recvs[g.rank].clone()],
             &input[sends[g.rank].clone()],
         );
-        match self.shape.all_to_all() {
+        match self.shape.all_to_all(None) {
             AllToAll::Direct => {
                 let direct = direct(&mut self.direct, call)?;
                 let channels = &mut self.net.channels;
                 direct.all_to_all(input, sends, output, recvs, largest, call, channels)
             }
-            AllToAll::Pairwise => {
+            // Blocks of different lengths go pairwise.
+            AllToAll::Pairwise | AllToAll::Bruck => {
                 let others = (0..g.size).filter(|&p| p != g.rank);
                 self.net.reach(others.map(|p| g.channel_to(p, 0)), call)?;
                 let span = |r: &Range<usize>, input: bool| match input {

@@ -119,6 +119,25 @@ fn bruck_max(ranks: usize) -> usize {
     (4 * 1024 * ranks).max(64 * 1024)
 }
 
+/// All-to-alls among at least this many ranks take Bruck's rounds for small blocks: among
+/// fewer, its rounds are no fewer messages than the pairwise exchange sends at once.
+/// Measured over TCP on loopback (`jaccl bench --op all-to-all`, µs, Bruck's against
+/// pairwise, two runs each): 4 ranks 32 B 27-31 against 26-30, 8 KiB 36-43 against 30-33;
+/// 6 ranks 48 B 58-68 against 71-82, 12 KiB 77-79 against 74-83; 8 ranks 64 B 89 against 129.
+const BRUCK_ALL_TO_ALL_MIN_RANKS: usize = 8;
+
+/// All-to-alls of at most this many bytes per rank (all its blocks) among `ranks` ranks take
+/// Bruck's rounds, 2 KiB × N: each round moves half the blocks, `⌈log2 N⌉·N/2` in all against
+/// the pairwise exchange's N − 1, so past that the bytes cost more than the messages saved.
+/// Measured (as [`BRUCK_ALL_TO_ALL_MIN_RANKS`], each rank's input): 8 ranks 4 KiB 100 against
+/// 123, 16 KiB 165 against 168, 64 KiB 347 against 206; 16 ranks 8 KiB 319 against 587, 32 KiB
+/// 701 against 695, 128 KiB 2514 against 949; 32 ranks 16 KiB 1579 against 3230, 64 KiB 3459
+/// against 3102; 64 ranks 512 B 3841 against 17 235, 32 KiB 5524 against 14 883, 128 KiB
+/// 21 207 against 26 886.
+fn bruck_all_to_all_max(ranks: usize) -> usize {
+    2 * 1024 * ranks
+}
+
 /// Two ranks reduce-scatter up to this many bytes of input in one swap; larger inputs take the
 /// ring's one step, which splits the data over both connections and reduces it as it arrives.
 /// Measured on loopback (`jaccl bench -n 2 --op reduce-scatter`, medians): 8 B 11.7 µs against
@@ -253,6 +272,8 @@ pub(crate) enum Rooted {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AllToAll {
     Direct,
+    /// Bruck's ⌈log2 N⌉ rounds, for blocks of one length.
+    Bruck,
     /// Every pair at once, each over a connection of its own (the mesh's, or made on first
     /// use).
     Pairwise,
@@ -427,11 +448,22 @@ impl Shape {
         }
     }
 
-    /// All-to-all, any counts.
-    pub(crate) fn all_to_all(&self) -> AllToAll {
-        match self.direct {
-            true => AllToAll::Direct,
-            false => AllToAll::Pairwise,
+    /// All-to-all; `equal`: the length in bytes of every block, where all are equal
+    /// (`None`: any counts).
+    pub(crate) fn all_to_all(&self, equal: Option<usize>) -> AllToAll {
+        // Not over links made on first use (TCP) where the ring uses RDMA (unmeasured).
+        let links = self.mesh || !self.rdma;
+        match equal {
+            _ if self.direct => AllToAll::Direct,
+            Some(block)
+                if links
+                    && self.size >= BRUCK_ALL_TO_ALL_MIN_RANKS
+                    && block > 0
+                    && block.saturating_mul(self.size) <= bruck_all_to_all_max(self.size) =>
+            {
+                AllToAll::Bruck
+            }
+            _ => AllToAll::Pairwise,
         }
     }
 
@@ -555,6 +587,31 @@ mod tests {
             shape(5, false, false).all_gather(8),
             AllGather::Small(SmallGather::BothWays)
         );
+        // Bruck's all-to-all of equal blocks from 8 ranks, up to its limit; uneven blocks and
+        // fewer ranks pairwise, every rank sharing memory directly, RDMA rings unmeasured.
+        for size in [8, 13, 64] {
+            let s = shape(size, false, size == 64);
+            let most = bruck_all_to_all_max(size) / size;
+            assert_eq!(s.all_to_all(Some(1)), AllToAll::Bruck, "{size} ranks");
+            assert_eq!(s.all_to_all(Some(most)), AllToAll::Bruck);
+            assert_eq!(s.all_to_all(Some(most + 1)), AllToAll::Pairwise);
+            assert_eq!(s.all_to_all(Some(0)), AllToAll::Pairwise);
+            assert_eq!(s.all_to_all(None), AllToAll::Pairwise);
+        }
+        assert_eq!(
+            shape(7, false, false).all_to_all(Some(8)),
+            AllToAll::Pairwise
+        );
+        let direct = Shape {
+            direct: true,
+            ..shape(8, false, true)
+        };
+        assert_eq!(direct.all_to_all(Some(8)), AllToAll::Direct);
+        let rdma = Shape {
+            rdma: true,
+            ..shape(8, false, true)
+        };
+        assert_eq!(rdma.all_to_all(Some(8)), AllToAll::Pairwise);
         // Where the ring uses RDMA, no new links beyond it for small messages (unmeasured).
         let rdma6 = Shape {
             rdma: true,

@@ -152,6 +152,7 @@ impl Group {
         let asks = self.gather_asks(&Ask::Split { color, key }, None)?;
         let split = self.next_split();
         let Some(color) = color else {
+            self.end_split();
             return Ok(None);
         };
         let mut members: Vec<(u32, usize)> = asks
@@ -168,7 +169,9 @@ impl Group {
         members.sort_unstable();
         let members: Vec<usize> = members.into_iter().map(|(_, rank)| rank).collect();
         let id = group_id("split", self.family.id, &[&split, &color.to_le_bytes()]);
-        self.form(&members, id, None).map(Some)
+        let formed = self.form(&members, id, None, true);
+        self.end_split();
+        formed.map(Some)
     }
 
     /// Makes a sub-group of `ranks` (ranks of this group, in the order of their new ranks):
@@ -186,10 +189,23 @@ impl Group {
         // Every rank has the same list now: each finds the same fault in it.
         self.check_list(ranks)?;
         if !ranks.contains(&self.rank) {
+            self.end_split();
             return Ok(None);
         }
         let id = group_id("subgroup", self.family.id, &[&split, &list]);
-        self.form(ranks, id, None).map(Some)
+        let formed = self.form(ranks, id, None, true);
+        self.end_split();
+        formed.map(Some)
+    }
+
+    /// This rank is done with a split of this group (a member formed its new group, or
+    /// failed to): counted as a second collective on every rank, so that a member that formed
+    /// its new group and then left this one is known to have done its part for the others
+    /// still forming theirs ([`crate::liveness::Liveness::check_collective`]).
+    fn end_split(&self) {
+        if let Some(liveness) = &self.liveness {
+            liveness.finished_a_collective();
+        }
     }
 
     /// The number of this split (or subgroup) among those of this group: counted on every
@@ -260,7 +276,7 @@ impl Group {
             self.family.id,
             &[name.as_bytes(), &list, &made.to_le_bytes()],
         );
-        self.form(ranks, id, timeout)
+        self.form(ranks, id, timeout, false)
     }
 
     /// [`Error::InvalidArgument`] unless `ranks` is a non-empty list of distinct ranks.
@@ -320,8 +336,15 @@ impl Group {
 
     /// Forms the group of `members` (ranks of this group, in their new order; this rank among
     /// them) whose connections carry `id`, with `timeout` as its start-up and operation
-    /// timeouts (`None`: this group's).
-    fn form(&self, members: &[usize], id: u64, timeout: Option<Duration>) -> Result<Group> {
+    /// timeouts (`None`: this group's). `in_a_split`: every rank of this group called the
+    /// split, and ends it with [`Group::end_split`].
+    fn form(
+        &self,
+        members: &[usize],
+        id: u64,
+        timeout: Option<Duration>,
+        in_a_split: bool,
+    ) -> Result<Group> {
         let rank = members
             .iter()
             .position(|&r| r == self.rank)
@@ -363,12 +386,18 @@ impl Group {
             Error::io(self.rank, "split", why)
         })?;
         // Forming waits for the members: it ends early when one of them is lost or has left
-        // this group, or when this group is aborted, closed or interrupted.
+        // this group without forming the new one, or when this group is aborted, closed or
+        // interrupted. Only a split tells a member that formed it and left from one that
+        // did not: outside a split, every member that left counts.
         let (parent, interruptible) = (self.liveness.clone(), !self.on_progress_thread);
         let parent_ranks = members.to_vec();
         let go_on: GoOn = Arc::new(move || match &parent {
             Some(parent) => {
-                parent.check_peers(Op::Split, &parent_ranks)?;
+                if in_a_split {
+                    parent.check_collective(Op::Split, &parent_ranks)?;
+                } else {
+                    parent.check_peers(Op::Split, &parent_ranks)?;
+                }
                 parent.check_interrupt(Op::Split, interruptible)
             }
             None => Ok(()),

@@ -2,7 +2,7 @@
 //! connection to the coordinator.
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -157,6 +157,8 @@ impl Coordinator {
                 match message {
                     Message::Beat(report) => p.report = report,
                     Message::Bye(goodbye) => {
+                        // The member closes once its stream ends (see `say_goodbye`).
+                        let _ = p.stream.shutdown(Shutdown::Write);
                         p.watched = false;
                         p.left = true;
                         left.push((p.rank, goodbye));
@@ -190,9 +192,7 @@ impl Coordinator {
 
     /// Says goodbye to every member still in the group.
     fn leave(&mut self, goodbye: Goodbye) {
-        for p in self.peers.iter_mut().filter(|p| p.watched) {
-            p.say_goodbye(goodbye.clone());
-        }
+        say_goodbye(self.peers.iter_mut().filter(|p| p.watched), &goodbye);
     }
 }
 
@@ -242,7 +242,7 @@ pub(crate) fn attend(
             // A member whose group failed says why and leaves.
             let goodbye = live.goodbye();
             if stopped || goodbye.farewell.is_some() {
-                coordinator.say_goodbye(goodbye);
+                say_goodbye([&mut coordinator], &goodbye);
                 return;
             }
             let heard = coordinator.receive();
@@ -279,6 +279,29 @@ pub(crate) fn attend(
             }
         }
     })
+}
+
+/// Says goodbye to `peers` and closes their connections cleanly, within [`GOODBYE_WITHIN`].
+///
+/// Closing a socket with unread bytes resets the connection, and the reset throws away what
+/// this side's kernel has not sent yet, the goodbye too. So each goodbye is followed by the
+/// end of the stream, and the sockets close once the peers' ends have come (a rank that reads
+/// a goodbye ends its side) or the deadline passed, with everything read.
+fn say_goodbye<'a>(peers: impl IntoIterator<Item = &'a mut Peer>, goodbye: &Goodbye) {
+    let deadline = Instant::now() + GOODBYE_WITHIN;
+    let mut open: Vec<&mut Peer> = peers.into_iter().collect();
+    for p in &mut open {
+        p.start_goodbye(goodbye, deadline);
+    }
+    loop {
+        open.retain_mut(|p| !p.drain());
+        let left = deadline.saturating_duration_since(Instant::now());
+        if open.is_empty() || left.is_zero() {
+            return;
+        }
+        let mut fds: Vec<PollFd<'_>> = open.iter().map(|p| p.poll()).collect();
+        let _ = poll(&mut fds, left);
+    }
 }
 
 fn start(
@@ -400,12 +423,11 @@ impl Peer {
         Ok(())
     }
 
-    /// Sends a goodbye, waiting up to [`GOODBYE_WITHIN`] for the socket to take it (without
-    /// it the peer would take this rank's leaving for a death). A peer already gone needs
-    /// none: polling its failed socket would return at once, over and over, until the
-    /// deadline.
-    fn say_goodbye(&mut self, goodbye: Goodbye) {
-        let deadline = Instant::now() + GOODBYE_WITHIN;
+    /// Sends a goodbye and then the end of this side's stream, waiting up to `deadline` for
+    /// the socket to take them (without the goodbye the peer would take this rank's leaving
+    /// for a death). A peer already gone needs none: polling its failed socket would return
+    /// at once, over and over, until the deadline.
+    fn start_goodbye(&mut self, goodbye: &Goodbye, deadline: Instant) {
         let mut said = false;
         loop {
             if self.flush().is_err() {
@@ -413,9 +435,7 @@ impl Peer {
             }
             if self.outbox.is_empty() {
                 if said {
-                    // Closing a socket with unread bytes resets the connection, and a reset
-                    // may discard what the peer has not yet taken in: read them first.
-                    let _ = self.receive();
+                    let _ = self.stream.shutdown(Shutdown::Write);
                     return;
                 }
                 if self.send(&Message::Bye(goodbye.clone())).is_err() {
@@ -430,6 +450,20 @@ impl Peer {
             }
             let mut fds = [PollFd::new(&self.stream, PollFlags::OUT)];
             let _ = poll(&mut fds, left);
+        }
+    }
+
+    /// Reads and drops what arrives until the stream ends or fails. False: it goes on.
+    fn drain(&mut self) -> bool {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
         }
     }
 

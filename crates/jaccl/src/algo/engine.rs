@@ -48,13 +48,75 @@ struct HeaderState {
     incoming: Option<(Header, [u8; HEADER_LEN], usize)>,
 }
 
+/// The header traffic of one call, by channel, on the few channels it uses (a group has a
+/// channel to every rank: a state for each, made afresh for every plan, cost more than the
+/// rest of a small call among hundreds of ranks).
+#[derive(Default)]
+struct Headers {
+    /// The channels, in the order first used.
+    channels: Vec<usize>,
+    states: Vec<HeaderState>,
+    /// What a channel without header traffic reads as (no header either way).
+    none: HeaderState,
+}
+
+impl Headers {
+    /// The state of `channel`, added if new.
+    fn add(&mut self, channel: usize) -> &mut HeaderState {
+        let at = match self.channels.iter().position(|&c| c == channel) {
+            Some(at) => at,
+            None => {
+                self.channels.push(channel);
+                self.states.push(HeaderState::default());
+                self.states.len() - 1
+            }
+        };
+        &mut self.states[at]
+    }
+
+    /// Every channel with its state.
+    fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut HeaderState)> {
+        self.channels.iter().copied().zip(self.states.iter_mut())
+    }
+
+    /// Whether every header is through.
+    fn done(&self) -> bool {
+        self.states
+            .iter()
+            .all(|h| h.outgoing.is_none() && h.incoming.is_none())
+    }
+}
+
+impl std::ops::Index<usize> for Headers {
+    type Output = HeaderState;
+
+    fn index(&self, channel: usize) -> &HeaderState {
+        match self.channels.iter().position(|&c| c == channel) {
+            Some(at) => &self.states[at],
+            None => &self.none,
+        }
+    }
+}
+
+impl std::ops::IndexMut<usize> for Headers {
+    fn index_mut(&mut self, channel: usize) -> &mut HeaderState {
+        match self.channels.iter().position(|&c| c == channel) {
+            Some(at) => &mut self.states[at],
+            None => {
+                self.none = HeaderState::default();
+                &mut self.none
+            }
+        }
+    }
+}
+
 /// One call in progress: a plan, the caller's buffers, and how far each lane and header got.
 pub(crate) struct Execution<'a> {
     plan: &'a Plan,
     bufs: Buffers<'a>,
     reducer: Option<&'a Reducer>,
     call: &'a Call,
-    headers: Vec<HeaderState>,
+    headers: Headers,
     lanes: Vec<LaneState>,
     /// What each channel waited for in the last pass.
     wants: Vec<Interest>,
@@ -70,23 +132,24 @@ impl<'a> Execution<'a> {
         reducer: Option<&'a Reducer>,
         call: &'a Call,
     ) -> Execution<'a> {
-        let mut headers: Vec<HeaderState> =
-            channels.iter().map(|_| HeaderState::default()).collect();
+        let mut headers = Headers::default();
         let sending = plan.transfers.iter().filter_map(|t| t.tx);
         let receiving = plan.transfers.iter().filter_map(|t| t.rx);
         let headers_out = plan.headers_both_ways.iter().chain(&plan.headers_out);
         for tx in sending.chain(headers_out.copied()) {
-            if headers[tx].outgoing.is_none() {
+            let state = headers.add(tx);
+            if state.outgoing.is_none() {
                 let ch = &mut channels[tx];
-                headers[tx].outgoing = Some((call.header(ch.sent_ops, call.rank).encode(), 0));
+                state.outgoing = Some((call.header(ch.sent_ops, call.rank).encode(), 0));
                 ch.sent_ops = ch.sent_ops.wrapping_add(1);
             }
         }
         for rx in receiving.chain(plan.headers_both_ways.iter().copied()) {
-            if headers[rx].incoming.is_none() {
+            let state = headers.add(rx);
+            if state.incoming.is_none() {
                 let ch = &channels[rx];
                 let expect = call.header(ch.received_ops, ch.peer);
-                headers[rx].incoming = Some((expect, [0u8; HEADER_LEN], 0));
+                state.incoming = Some((expect, [0u8; HEADER_LEN], 0));
             }
         }
         Execution {
@@ -114,10 +177,10 @@ impl<'a> Execution<'a> {
         for (t, lane) in plan.transfers.iter().zip(self.lanes.iter_mut()) {
             progress |= advance_send(t, lane, channels, headers, wants, &self.bufs, call)?;
         }
-        for (i, ch) in channels.iter_mut().enumerate() {
-            if headers[i].outgoing.is_some() {
-                progress |= send_on(ch, &mut headers[i], &[], call)? > 0;
-                wants[i].write |= headers[i].outgoing.is_some();
+        for (i, h) in headers.iter_mut() {
+            if h.outgoing.is_some() {
+                progress |= send_on(&mut channels[i], h, &[], call)? > 0;
+                wants[i].write |= h.outgoing.is_some();
             }
         }
         for (t, lane) in plan.transfers.iter().zip(self.lanes.iter_mut()) {
@@ -133,10 +196,10 @@ impl<'a> Execution<'a> {
             )?;
         }
         // Channels whose lanes receive no data in this call still deliver the peer's header.
-        for (i, ch) in channels.iter_mut().enumerate() {
-            if headers[i].incoming.is_some() {
-                progress |= receive_header(ch, &mut headers[i], call)?;
-                wants[i].read |= headers[i].incoming.is_some();
+        for (i, h) in headers.iter_mut() {
+            if h.incoming.is_some() {
+                progress |= receive_header(&mut channels[i], h, call)?;
+                wants[i].read |= h.incoming.is_some();
             }
         }
         // Waiting: read ahead what peers send on channels this call does not receive on.
@@ -149,8 +212,15 @@ impl<'a> Execution<'a> {
         // retransmission, say) keeps it from doing so.
         if !progress {
             let writing = wants.iter().any(|w| w.write);
+            // The peers this call waits to receive from (found once: a group has a channel
+            // to every rank, so a search per channel would cost N² per pass).
+            let awaited: Vec<usize> = (0..channels.len())
+                .filter(|&j| wants[j].read && plan.receives_on(j))
+                .map(|j| channels[j].peer)
+                .collect();
             for i in 0..channels.len() {
-                if plan.receives_on(i) || !(writing || awaits(plan, channels, wants, i)) {
+                let awaits = awaited.contains(&channels[i].peer);
+                if plan.receives_on(i) || !(writing || awaits) {
                     continue;
                 }
                 progress |= channels[i].read_ahead_idle() > 0;
@@ -168,11 +238,7 @@ impl<'a> Execution<'a> {
             .iter()
             .zip(&self.lanes)
             .all(|(t, l)| l.send_step == t.steps.len() && l.recv_step == t.steps.len());
-        lanes_done
-            && self
-                .headers
-                .iter()
-                .all(|h| h.outgoing.is_none() && h.incoming.is_none())
+        lanes_done && self.headers.done()
     }
 
     /// What each channel waited for in the last pass.
@@ -400,13 +466,6 @@ fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Result<Op
     Ok(None)
 }
 
-/// Whether the plan waits to receive from the peer of channel `i` on another channel.
-fn awaits(plan: &Plan, channels: &[Channel], wants: &[Interest], i: usize) -> bool {
-    let peer = channels[i].peer;
-    (0..channels.len())
-        .any(|j| j != i && wants[j].read && plan.receives_on(j) && channels[j].peer == peer)
-}
-
 /// When a peer closed a connection, the reason may be in another channel: a header that does
 /// not match ours means a neighbour called something else (and the failure of its other
 /// neighbour may have reached us first). Waits up to [`ROOT_CAUSE_GRACE`] for the peer headers
@@ -414,18 +473,18 @@ fn awaits(plan: &Plan, channels: &[Channel], wants: &[Interest], i: usize) -> bo
 fn root_cause(
     channels: &mut [Channel],
     liveness: &Liveness,
-    headers: &mut [HeaderState],
+    headers: &mut Headers,
     call: &Call,
 ) -> Option<Error> {
     let deadline = Instant::now() + ROOT_CAUSE_GRACE;
     let mut wants = vec![Interest::default(); channels.len()];
     loop {
         wants.fill(Interest::default());
-        for (i, (ch, h)) in channels.iter_mut().zip(headers.iter_mut()).enumerate() {
+        for (i, h) in headers.iter_mut() {
             if h.incoming.is_none() {
                 continue;
             }
-            match receive_header(ch, h, call) {
+            match receive_header(&mut channels[i], h, call) {
                 Err(e @ (Error::Mismatch { .. } | Error::Protocol { .. })) => return Some(e),
                 // This connection is gone too: nothing more will come from it.
                 Err(_) => h.incoming = None,
@@ -455,7 +514,7 @@ fn advance_send(
     t: &Transfer,
     lane: &mut LaneState,
     channels: &mut [Channel],
-    headers: &mut [HeaderState],
+    headers: &mut Headers,
     wants: &mut [Interest],
     bufs: &Buffers<'_>,
     call: &Call,
@@ -501,7 +560,7 @@ fn advance_recv(
     t: &Transfer,
     lane: &mut LaneState,
     channels: &mut [Channel],
-    headers: &mut [HeaderState],
+    headers: &mut Headers,
     wants: &mut [Interest],
     bufs: &mut Buffers<'_>,
     reducer: Option<&Reducer>,

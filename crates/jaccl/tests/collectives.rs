@@ -96,6 +96,19 @@ fn collectives_at_every_size_up_to_17() {
     }
 }
 
+/// 64 ranks over TCP: every collective, the rooted ones from every root, uneven blocks
+/// (some empty), against references and a float sum bit-identical on every rank.
+#[test]
+fn every_collective_from_every_root_among_64_ranks() {
+    let wrong = with_group(Net::Tcp, 64, 1, |g| {
+        let roots: Vec<usize> = (0..g.size()).collect();
+        every_collective_once(g, &roots).unwrap_or_else(|e| panic!("rank {}: {e}", g.rank()))
+    });
+    for (rank, w) in wrong.iter().enumerate() {
+        assert_eq!(w, &None, "rank {rank}");
+    }
+}
+
 #[test]
 fn shared_memory_sizes_around_every_algorithm_limit() {
     for size in [2, 3, 4] {

@@ -706,7 +706,9 @@ fn child() {
             let started = Instant::now();
             jaccl::init().and_then(|mut g| {
                 let init = started.elapsed();
-                if let Some(wrong) = every_collective_once(&mut g)? {
+                let n = g.size();
+                let roots = [n - 1, n / 2, 1 % n, 0];
+                if let Some(wrong) = every_collective_once(&mut g, &roots)? {
                     return Ok(format!("wrong: {wrong}"));
                 }
                 println!(
@@ -768,84 +770,6 @@ fn child() {
         Ok(line) => println!("RESULT {line}"),
         Err(e) => println!("RESULT {e:?}"),
     }
-}
-
-/// Every collective of `g` once, with uneven counts and roots at both ends and the middle,
-/// against plain references; a float all-reduce compared bit for bit across ranks. `None`
-/// when all is right, else what was wrong.
-fn every_collective_once(g: &mut jaccl::Group) -> jaccl::Result<Option<String>> {
-    use jaccl::ReduceOp;
-    let (n, r) = (g.size(), g.rank());
-    // Rank s's k-th value, and the sum of everyone's.
-    let value = |s: usize, k: usize| (s * 1000 + k) as u64;
-    let total = |k: usize| (0..n).map(|s| value(s, k)).sum::<u64>();
-    let mine = |len: usize| (0..len).map(|k| value(r, k)).collect::<Vec<u64>>();
-    let mut wrong = Vec::new();
-
-    let mut sum = vec![0u64; 37];
-    g.all_sum(&mine(37), &mut sum)?;
-    if sum.iter().enumerate().any(|(k, &v)| v != total(k)) {
-        wrong.push("all_reduce");
-    }
-    let mut all = vec![0u64; 3 * n];
-    g.all_gather(&mine(3), &mut all)?;
-    if all
-        .chunks(3)
-        .enumerate()
-        .any(|(s, c)| c != [0, 1, 2].map(|k| value(s, k)))
-    {
-        wrong.push("all_gather");
-    }
-    let mut part = [0u64; 2];
-    g.reduce_scatter(&mine(2 * n), &mut part, ReduceOp::Sum)?;
-    if part != [total(2 * r), total(2 * r + 1)] {
-        wrong.push("reduce_scatter");
-    }
-    let root = n - 1;
-    let mut data = if r == root { mine(5) } else { vec![0; 5] };
-    g.broadcast(&mut data, root)?;
-    if data != (0..5).map(|k| value(root, k)).collect::<Vec<_>>() {
-        wrong.push("broadcast");
-    }
-    let root = n / 2;
-    let mut max = vec![0u64; if r == root { 4 } else { 0 }];
-    g.reduce(&mine(4), &mut max, ReduceOp::Max, root)?;
-    if r == root && max != (0..4).map(|k| value(n - 1, k)).collect::<Vec<_>>() {
-        wrong.push("reduce");
-    }
-    let root = 1 % n;
-    let mut gathered = vec![0u64; if r == root { 2 * n } else { 0 }];
-    g.gather(&mine(2), &mut gathered, root)?;
-    let expect: Vec<u64> = (0..n).flat_map(|s| [value(s, 0), value(s, 1)]).collect();
-    if r == root && gathered != expect {
-        wrong.push("gather");
-    }
-    let mut block = [0u64; 1];
-    let blocks = if r == 0 { mine(n) } else { Vec::new() };
-    g.scatter(&blocks, &mut block, 0)?;
-    if block != [value(0, r)] {
-        wrong.push("scatter");
-    }
-    let mut received = vec![0u64; n];
-    g.all_to_all(&mine(n), &mut received)?;
-    if received.iter().enumerate().any(|(s, &v)| v != value(s, r)) {
-        wrong.push("all_to_all");
-    }
-    let floats: Vec<f32> = (0..1001)
-        .map(|k| (r as f32 + 0.1) * (k as f32 + 0.37))
-        .collect();
-    let mut fsum = vec![0f32; floats.len()];
-    g.all_sum(&floats, &mut fsum)?;
-    let digest = fsum
-        .iter()
-        .fold(0u64, |h, v| h.rotate_left(7) ^ u64::from(v.to_bits()));
-    let mut digests = vec![0u64; n];
-    g.all_gather(&[digest], &mut digests)?;
-    if digests.iter().any(|&d| d != digest) {
-        wrong.push("float all_reduce differs across ranks");
-    }
-    g.barrier()?;
-    Ok((!wrong.is_empty()).then(|| wrong.join(", ")))
 }
 
 /// This process's open file descriptors, threads and resident memory, as `key=value` words.

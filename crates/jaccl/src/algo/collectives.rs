@@ -433,17 +433,8 @@ impl Collectives {
         output: &mut [u8],
         call: &Call,
     ) -> Result<()> {
-        let g = self.geometry;
-        let block = input.len() / g.size;
-        if self.shape.all_to_all(Some(block)) == AllToAll::Bruck {
-            copy(
-                &mut output[block * g.rank..][..block],
-                &input[block * g.rank..][..block],
-            );
-            let scratch = &mut self.scratch;
-            return bruck::all_to_all(&mut self.net, &g, scratch, input, output, block, call);
-        }
-        let blocks = equal_blocks(g.size, block);
+        let block = input.len() / self.geometry.size;
+        let blocks = equal_blocks(self.geometry.size, block);
         self.exchange_blocks(input, &blocks, output, &blocks, block, call)
     }
 
@@ -511,7 +502,8 @@ impl Collectives {
             });
         }
         let largest = reports.chunks_exact(4).map(|r| r[3] as usize).max();
-        self.exchange_blocks(input, &sends, output, &recvs, largest.unwrap_or(0), call)
+        let largest = largest.unwrap_or(0);
+        self.exchange_blocks(input, &sends, output, &recvs, largest, call)
     }
 
     /// Every rank's byte range `sends[d]` of `input` to rank d, rank s's into `recvs[s]` of
@@ -531,14 +523,35 @@ impl Collectives {
             &mut output[recvs[g.rank].clone()],
             &input[sends[g.rank].clone()],
         );
-        match self.shape.all_to_all(None) {
+        match self.shape.all_to_all(largest) {
             AllToAll::Direct => {
                 let direct = direct(&mut self.direct, call)?;
                 let channels = &mut self.net.channels;
                 direct.all_to_all(input, sends, output, recvs, largest, call, channels)
             }
-            // Blocks of different lengths go pairwise.
-            AllToAll::Pairwise | AllToAll::Bruck => {
+            // Every block padded to the largest: the rounds move blocks of one length.
+            AllToAll::Bruck => {
+                let mut padded = vec![0u8; 2 * g.size * largest];
+                let (outgoing, incoming) = padded.split_at_mut(g.size * largest);
+                for (d, r) in sends.iter().enumerate() {
+                    copy(&mut outgoing[d * largest..][..r.len()], &input[r.clone()]);
+                }
+                let scratch = &mut self.scratch;
+                bruck::all_to_all(
+                    &mut self.net,
+                    &g,
+                    scratch,
+                    outgoing,
+                    incoming,
+                    largest,
+                    call,
+                )?;
+                for (s, r) in recvs.iter().enumerate().filter(|&(s, _)| s != g.rank) {
+                    copy(&mut output[r.clone()], &incoming[s * largest..][..r.len()]);
+                }
+                Ok(())
+            }
+            AllToAll::Pairwise => {
                 let others = (0..g.size).filter(|&p| p != g.rank);
                 self.net.reach(others.map(|p| g.channel_to(p, 0)), call)?;
                 let span = |r: &Range<usize>, input: bool| match input {

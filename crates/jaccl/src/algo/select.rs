@@ -272,7 +272,7 @@ pub(crate) enum Rooted {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AllToAll {
     Direct,
-    /// Bruck's ⌈log2 N⌉ rounds, for blocks of one length.
+    /// Bruck's ⌈log2 N⌉ rounds, every block padded to the largest.
     Bruck,
     /// Every pair at once, each over a connection of its own (the mesh's, or made on first
     /// use).
@@ -448,22 +448,21 @@ impl Shape {
         }
     }
 
-    /// All-to-all; `equal`: the length in bytes of every block, where all are equal
-    /// (`None`: any counts).
-    pub(crate) fn all_to_all(&self, equal: Option<usize>) -> AllToAll {
+    /// All-to-all whose largest block of any rank has `largest` bytes (Bruck's rounds pad
+    /// every block to it).
+    pub(crate) fn all_to_all(&self, largest: usize) -> AllToAll {
         // Not over links made on first use (TCP) where the ring uses RDMA (unmeasured).
         let links = self.mesh || !self.rdma;
-        match equal {
-            _ if self.direct => AllToAll::Direct,
-            Some(block)
-                if links
-                    && self.size >= BRUCK_ALL_TO_ALL_MIN_RANKS
-                    && block > 0
-                    && block.saturating_mul(self.size) <= bruck_all_to_all_max(self.size) =>
-            {
-                AllToAll::Bruck
-            }
-            _ => AllToAll::Pairwise,
+        if self.direct {
+            AllToAll::Direct
+        } else if links
+            && self.size >= BRUCK_ALL_TO_ALL_MIN_RANKS
+            && largest > 0
+            && largest.saturating_mul(self.size) <= bruck_all_to_all_max(self.size)
+        {
+            AllToAll::Bruck
+        } else {
+            AllToAll::Pairwise
         }
     }
 
@@ -587,31 +586,27 @@ mod tests {
             shape(5, false, false).all_gather(8),
             AllGather::Small(SmallGather::BothWays)
         );
-        // Bruck's all-to-all of equal blocks from 8 ranks, up to its limit; uneven blocks and
-        // fewer ranks pairwise, every rank sharing memory directly, RDMA rings unmeasured.
+        // Bruck's all-to-all from 8 ranks, up to its limit (the largest block × N); fewer
+        // ranks pairwise, every rank sharing memory directly, RDMA rings unmeasured.
         for size in [8, 13, 64] {
             let s = shape(size, false, size == 64);
             let most = bruck_all_to_all_max(size) / size;
-            assert_eq!(s.all_to_all(Some(1)), AllToAll::Bruck, "{size} ranks");
-            assert_eq!(s.all_to_all(Some(most)), AllToAll::Bruck);
-            assert_eq!(s.all_to_all(Some(most + 1)), AllToAll::Pairwise);
-            assert_eq!(s.all_to_all(Some(0)), AllToAll::Pairwise);
-            assert_eq!(s.all_to_all(None), AllToAll::Pairwise);
+            assert_eq!(s.all_to_all(1), AllToAll::Bruck, "{size} ranks");
+            assert_eq!(s.all_to_all(most), AllToAll::Bruck);
+            assert_eq!(s.all_to_all(most + 1), AllToAll::Pairwise);
+            assert_eq!(s.all_to_all(0), AllToAll::Pairwise);
         }
-        assert_eq!(
-            shape(7, false, false).all_to_all(Some(8)),
-            AllToAll::Pairwise
-        );
+        assert_eq!(shape(7, false, false).all_to_all(8), AllToAll::Pairwise);
         let direct = Shape {
             direct: true,
             ..shape(8, false, true)
         };
-        assert_eq!(direct.all_to_all(Some(8)), AllToAll::Direct);
+        assert_eq!(direct.all_to_all(8), AllToAll::Direct);
         let rdma = Shape {
             rdma: true,
             ..shape(8, false, true)
         };
-        assert_eq!(rdma.all_to_all(Some(8)), AllToAll::Pairwise);
+        assert_eq!(rdma.all_to_all(8), AllToAll::Pairwise);
         // Where the ring uses RDMA, no new links beyond it for small messages (unmeasured).
         let rdma6 = Shape {
             rdma: true,

@@ -10,6 +10,10 @@
     clippy::panic
 )]
 
+mod every_collective;
+#[allow(unused_imports)] // not every test binary calls it
+pub use every_collective::every_collective_once;
+
 use std::any::{Any, TypeId};
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};

@@ -360,8 +360,7 @@ fn shared_memory_with_a_rank_on_another_host_is_unsupported() {
 fn different_lengths_ops_types_or_reductions_give_mismatch() {
     // 8 and 13 over TCP: recursive doubling and Rabenseifner's algorithm over links made on
     // first use (with hand-overs at 13), and Bruck's all-gather and all-to-all; the 200 kB
-    // all-reduce below
-    // takes the ring at 8 ranks, Rabenseifner's at 13.
+    // all-reduce below takes the ring at 8 ranks, Rabenseifner's at 13.
     let sizes = |net| match net {
         Net::Mesh | Net::MeshLocal => vec![2, 3, 4, 8],
         Net::Tcp => vec![2, 3, 4, 8, 13],
@@ -403,12 +402,15 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
             g.all_gather(&vec![1u32; len], &mut vec![0u32; len * g.size()])
         });
         expect_mismatch(size, odd, r);
-        // All-to-alls of different lengths (Bruck's rounds from 8 ranks).
-        let r = with_group_timeout(net, size, 1, timeout, |g| {
-            let len = if g.rank() == odd { 2 } else { 3 };
-            g.all_to_all(&vec![1u16; len * g.size()], &mut vec![0u16; len * g.size()])
-        });
-        expect_mismatch(size, odd, r);
+        // All-to-alls of different lengths (Bruck's rounds from 8 ranks), and one long enough
+        // for the pairwise exchange against Bruck's rounds.
+        for odd_len in [2, 4096] {
+            let r = with_group_timeout(net, size, 1, timeout, |g| {
+                let len = if g.rank() == odd { odd_len } else { 3 };
+                g.all_to_all(&vec![1u16; len * g.size()], &mut vec![0u16; len * g.size()])
+            });
+            expect_mismatch(size, odd, r);
+        }
         // 64 KiB of another type (Rabenseifner's algorithm from 3 ranks).
         let r = with_group_timeout(net, size, 1, timeout, |g| {
             if g.rank() == odd {

@@ -375,7 +375,13 @@ fn members_that_formed_their_group_and_left_the_parent_do_not_fail_the_others() 
                     g.subgroup(&(0..size).rev().collect::<Vec<_>>())
                         .map(|s| s.is_some())
                 } else {
-                    g.split(Some(color), 0).map(|s| s.is_some())
+                    // Round 1 orders each new group backwards.
+                    let key = if round == 0 {
+                        0
+                    } else {
+                        (size - g.rank()) as u32
+                    };
+                    g.split(Some(color), key).map(|s| s.is_some())
                 }
             });
             for (rank, r) in results.iter().enumerate() {

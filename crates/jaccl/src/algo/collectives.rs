@@ -552,6 +552,13 @@ impl Collectives {
                 Ok(())
             }
             AllToAll::Pairwise => {
+                if self.shape.pairwise_announces() {
+                    let neighbours = Plan {
+                        headers_both_ways: vec![g.left_channel(0), g.right_channel(0)],
+                        ..Plan::default()
+                    };
+                    self.net.run(&neighbours, Buffers::none(), None, call)?;
+                }
                 let others = (0..g.size).filter(|&p| p != g.rank);
                 self.net.reach(others.map(|p| g.channel_to(p, 0)), call)?;
                 let span = |r: &Range<usize>, input: bool| match input {

@@ -48,11 +48,12 @@ struct HeaderState {
     incoming: Option<(Header, [u8; HEADER_LEN], usize)>,
 }
 
-/// The header traffic of one call, by channel, on the few channels it uses (a group has a
-/// channel to every rank: a state for each, made afresh for every plan, cost more than the
-/// rest of a small call among hundreds of ranks).
-#[derive(Default)]
+/// The header traffic of one call, by channel, on the channels it uses (a group has a
+/// channel to every rank: a 104-byte state for each, made afresh for every plan, cost more
+/// than the rest of a small call among hundreds of ranks; a slot number each is cheap).
 struct Headers {
+    /// Each channel's place in `states` (`NO_HEADER`: none).
+    slots: Vec<u32>,
     /// The channels, in the order first used.
     channels: Vec<usize>,
     states: Vec<HeaderState>,
@@ -60,12 +61,36 @@ struct Headers {
     none: HeaderState,
 }
 
+/// The slot of a channel without header traffic.
+const NO_HEADER: u32 = u32::MAX;
+
 impl Headers {
+    /// No header traffic yet on any of `channels` channels.
+    fn new(channels: usize) -> Headers {
+        Headers {
+            slots: vec![NO_HEADER; channels],
+            channels: Vec::new(),
+            states: Vec::new(),
+            none: HeaderState::default(),
+        }
+    }
+
+    /// Where `channel`'s state is, if it has one.
+    fn slot(&self, channel: usize) -> Option<usize> {
+        match self.slots.get(channel) {
+            Some(&at) if at != NO_HEADER => Some(at as usize),
+            _ => None,
+        }
+    }
+
     /// The state of `channel`, added if new.
     fn add(&mut self, channel: usize) -> &mut HeaderState {
-        let at = match self.channels.iter().position(|&c| c == channel) {
+        let at = match self.slot(channel) {
             Some(at) => at,
             None => {
+                if let Some(slot) = self.slots.get_mut(channel) {
+                    *slot = self.states.len() as u32;
+                }
                 self.channels.push(channel);
                 self.states.push(HeaderState::default());
                 self.states.len() - 1
@@ -91,7 +116,7 @@ impl std::ops::Index<usize> for Headers {
     type Output = HeaderState;
 
     fn index(&self, channel: usize) -> &HeaderState {
-        match self.channels.iter().position(|&c| c == channel) {
+        match self.slot(channel) {
             Some(at) => &self.states[at],
             None => &self.none,
         }
@@ -100,7 +125,7 @@ impl std::ops::Index<usize> for Headers {
 
 impl std::ops::IndexMut<usize> for Headers {
     fn index_mut(&mut self, channel: usize) -> &mut HeaderState {
-        match self.channels.iter().position(|&c| c == channel) {
+        match self.slot(channel) {
             Some(at) => &mut self.states[at],
             None => {
                 self.none = HeaderState::default();
@@ -132,7 +157,7 @@ impl<'a> Execution<'a> {
         reducer: Option<&'a Reducer>,
         call: &'a Call,
     ) -> Execution<'a> {
-        let mut headers = Headers::default();
+        let mut headers = Headers::new(channels.len());
         let sending = plan.transfers.iter().filter_map(|t| t.tx);
         let receiving = plan.transfers.iter().filter_map(|t| t.rx);
         let headers_out = plan.headers_both_ways.iter().chain(&plan.headers_out);

@@ -126,8 +126,9 @@ fn bruck_max(ranks: usize) -> usize {
 /// 6 ranks 48 B 58-68 against 71-82, 12 KiB 77-79 against 74-83; 8 ranks 64 B 89 against 129.
 const BRUCK_ALL_TO_ALL_MIN_RANKS: usize = 8;
 
-/// All-to-alls of at most this many bytes per rank (all its blocks) among `ranks` ranks take
-/// Bruck's rounds, 2 KiB × N: each round moves half the blocks, `⌈log2 N⌉·N/2` in all against
+/// All-to-alls of less than this many bytes per rank (all its blocks, each padded to the
+/// largest of any rank) among `ranks` ranks take Bruck's rounds, 2 KiB × N, where the two
+/// tie or Bruck's begins to lose: each round moves half the blocks, `⌈log2 N⌉·N/2` in all against
 /// the pairwise exchange's N − 1, so past that the bytes cost more than the messages saved.
 /// Measured (as [`BRUCK_ALL_TO_ALL_MIN_RANKS`], each rank's input): 8 ranks 4 KiB 100 against
 /// 123, 16 KiB 165 against 168, 64 KiB 347 against 206; 16 ranks 8 KiB 319 against 587, 32 KiB
@@ -458,12 +459,21 @@ impl Shape {
         } else if links
             && self.size >= BRUCK_ALL_TO_ALL_MIN_RANKS
             && largest > 0
-            && largest.saturating_mul(self.size) <= bruck_all_to_all_max(self.size)
+            && largest.saturating_mul(self.size) < bruck_all_to_all_max(self.size)
         {
             AllToAll::Bruck
         } else {
             AllToAll::Pairwise
         }
+    }
+
+    /// Whether a pairwise all-to-all first exchanges headers with its ring neighbours: where
+    /// another rank may have taken Bruck's rounds (it passed blocks of another length, or
+    /// called something else), and so never dials the links this rank would wait for, the
+    /// neighbours see the `Mismatch` at once instead of a timeout. With the mesh every link
+    /// exists and the pairwise exchange's own headers show it.
+    pub(crate) fn pairwise_announces(&self) -> bool {
+        !self.mesh && !self.rdma && self.size >= BRUCK_ALL_TO_ALL_MIN_RANKS
     }
 
     /// All-gather of blocks of at most `largest` bytes, `total` in all.
@@ -590,7 +600,7 @@ mod tests {
         // ranks pairwise, every rank sharing memory directly, RDMA rings unmeasured.
         for size in [8, 13, 64] {
             let s = shape(size, false, size == 64);
-            let most = bruck_all_to_all_max(size) / size;
+            let most = bruck_all_to_all_max(size) / size - 1;
             assert_eq!(s.all_to_all(1), AllToAll::Bruck, "{size} ranks");
             assert_eq!(s.all_to_all(most), AllToAll::Bruck);
             assert_eq!(s.all_to_all(most + 1), AllToAll::Pairwise);

@@ -170,7 +170,9 @@ impl Group {
         let members: Vec<usize> = members.into_iter().map(|(_, rank)| rank).collect();
         let id = group_id("split", self.family.id, &[&split, &color.to_le_bytes()]);
         let formed = self.form(&members, id, None, true);
-        self.end_split();
+        if formed.is_ok() {
+            self.end_split();
+        }
         formed.map(Some)
     }
 
@@ -194,14 +196,19 @@ impl Group {
         }
         let id = group_id("subgroup", self.family.id, &[&split, &list]);
         let formed = self.form(ranks, id, None, true);
-        self.end_split();
+        if formed.is_ok() {
+            self.end_split();
+        }
         formed.map(Some)
     }
 
-    /// This rank is done with a split of this group (a member formed its new group, or
-    /// failed to): counted as a second collective on every rank, so that a member that formed
-    /// its new group and then left this one is known to have done its part for the others
-    /// still forming theirs ([`crate::liveness::Liveness::check_collective`]).
+    /// This rank is done with a split of this group (a member formed its new group; a rank
+    /// outside it at once): counted as a second collective, so that a member that formed its
+    /// new group and then left this one is known to have done its part for the others still
+    /// forming theirs ([`crate::liveness::Liveness::check_collective`]). A member whose forming
+    /// failed does not count it, so that if it leaves, the others fail at once rather than at
+    /// their start-up timeout; its count then stays one behind theirs, which can only make a
+    /// later departure of it look early (a failure, never a wait).
     fn end_split(&self) {
         if let Some(liveness) = &self.liveness {
             liveness.finished_a_collective();

@@ -26,6 +26,9 @@ pub(crate) enum Command {
     Launch(LaunchArgs),
     /// Measure a collective over a range of sizes (nccl-tests style), checking the results.
     Bench(BenchArgs),
+    /// Predict what a collective costs on a cluster (any number of ranks, links of given
+    /// bandwidth and latency): every algorithm's plan, built and timed, and jaccl's choice.
+    Plan(PlanArgs),
     /// Show what this machine offers (transports, interfaces, RDMA devices, limits) and check a
     /// hostfile or device file.
     Doctor(DoctorArgs),
@@ -290,6 +293,155 @@ pub(crate) struct BenchArgs {
     pub(crate) inject_fault: bool,
 }
 
+/// Options of `jaccl plan`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct PlanArgs {
+    /// Ranks in the job.
+    #[arg(short = 'n', long = "ranks", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(2..=1 << 20))]
+    pub(crate) ranks: u32,
+    /// Hosts the ranks are spread over, evenly in rank order [default: a host per rank; with
+    /// `--link here`, one].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) hosts: Option<u32>,
+    /// Cores per host: where a host's ranks outnumber them, every cost grows by the ratio
+    /// [default: as many as ranks; with `--link here`, this machine's].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) cores: Option<u32>,
+    /// The link between any two ranks: `BANDWIDTH,LATENCY` (`100Gb/s,2us`, `10GB/s,1.5us`;
+    /// bandwidth each way, in bits (b) or bytes (B) per second), or `here`: TCP between the
+    /// ranks of this machine, as measured (docs/algorithms.md, "The cost model").
+    #[arg(long, default_value = "here", value_parser = parse_link)]
+    pub(crate) link: PlanLink,
+    /// How fast one rank reduces f32 sums (bytes of input per second: `4GB/s`).
+    #[arg(long, value_parser = parse_rate)]
+    pub(crate) reduce_rate: Option<f64>,
+    /// Operation to plan: all-reduce (f32), all-gather or all-to-all (sizes as `bench`'s).
+    #[arg(long, value_enum, default_value_t = BenchOp::AllReduce)]
+    pub(crate) op: BenchOp,
+    /// Smallest size in bytes (as `bench`) [default: 8, or 4 bytes per rank if more].
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
+    pub(crate) min_bytes: Option<usize>,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "1G", value_parser = parse_size)]
+    pub(crate) max_bytes: usize,
+    /// Factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(2..))]
+    pub(crate) factor: u64,
+    /// Parallel connections per ring neighbour, 1 to 4.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=4))]
+    pub(crate) wires: u8,
+    /// Also draw each algorithm's bus bandwidth and time against size into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<PathBuf>,
+}
+
+/// A link for `jaccl plan`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum PlanLink {
+    /// TCP between the ranks of this machine, as measured.
+    Here,
+    Given(jaccl::planner::Link),
+}
+
+/// Parses `here` or `BANDWIDTH,LATENCY` (`100Gb/s,2us`).
+pub(crate) fn parse_link(s: &str) -> Result<PlanLink, String> {
+    if s.trim().eq_ignore_ascii_case("here") {
+        return Ok(PlanLink::Here);
+    }
+    let (rate, latency) = s
+        .split_once(',')
+        .ok_or_else(|| format!("'{s}' is not BANDWIDTH,LATENCY (example: 100Gb/s,2us) or here"))?;
+    Ok(PlanLink::Given(jaccl::planner::Link {
+        bandwidth: parse_rate(rate)?,
+        latency: parse_latency(latency)?,
+    }))
+}
+
+/// Parses a rate in bits (`100Gb/s`, `10Gbit`) or bytes (`12.5GB/s`, `4GiB/s`) per second,
+/// as bytes per second.
+pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("/s")
+        .or_else(|| t.strip_suffix("ps"))
+        .unwrap_or(t);
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let bits = matches!(unit.trim().chars().last(), Some('b')) || unit.trim().ends_with("bit");
+    let unit = unit
+        .trim()
+        .trim_end_matches("it")
+        .trim_end_matches(['b', 'B']);
+    let scale = match unit {
+        "" => 1.0,
+        "k" | "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        _ => {
+            return Err(format!(
+                "'{s}': unknown unit (examples: 100Gb/s, 12.5GB/s, 4GiB/s)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{s}' is not a rate (examples: 100Gb/s, 12.5GB/s)"))?;
+    let rate = value * scale / if bits { 8.0 } else { 1.0 };
+    match rate.is_finite() && rate > 0.0 {
+        true => Ok(rate),
+        false => Err(format!("'{s}': a rate must be positive")),
+    }
+}
+
+/// Parses a latency (`2us`, `1.5µs`, `800ns`, `0.1ms`) as seconds.
+pub(crate) fn parse_latency(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => {
+            return Err(format!(
+                "'{s}': a latency needs a unit (examples: 2us, 800ns)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{s}' is not a latency (examples: 2us, 800ns)"))?;
+    match value.is_finite() && value >= 0.0 {
+        true => Ok(value * scale),
+        false => Err(format!("'{s}': a latency must not be negative")),
+    }
+}
+
+/// The sizes `first`, × `factor`, ... up to `last`.
+pub(crate) fn sweep(first: usize, last: usize, factor: u64) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = first;
+    while s <= last {
+        v.push(s);
+        match s.checked_mul(factor as usize) {
+            Some(next) if next > s => s = next,
+            _ => break,
+        }
+    }
+    v
+}
+
 /// Parses `8`, `64K`, `32M`, `1G` (binary units; `KiB`, `KB` and a trailing `B` accepted).
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim().to_ascii_uppercase();
@@ -323,6 +475,28 @@ mod tests {
         assert_eq!(parse_size("16B"), Ok(16));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn links_parse_in_bits_or_bytes() {
+        assert_eq!(parse_rate("100Gb/s"), Ok(12.5e9));
+        assert_eq!(parse_rate("10Gbit"), Ok(1.25e9));
+        assert_eq!(parse_rate("12.5GB/s"), Ok(12.5e9));
+        assert_eq!(parse_rate("1GiB/s"), Ok(1073741824.0));
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("0Gb/s").is_err());
+        assert_eq!(parse_latency("2us"), Ok(2e-6));
+        assert_eq!(parse_latency("1.5µs"), Ok(1.5e-6));
+        assert!(parse_latency("2").is_err());
+        let link = parse_link("100Gb/s, 2us").unwrap();
+        let expect = jaccl::planner::Link {
+            bandwidth: 12.5e9,
+            latency: 2e-6,
+        };
+        assert_eq!(link, PlanLink::Given(expect));
+        assert_eq!(parse_link("here"), Ok(PlanLink::Here));
+        assert!(parse_link("100Gb/s").is_err());
+        assert_eq!(sweep(8, 100, 4), vec![8, 32]);
     }
 
     #[test]

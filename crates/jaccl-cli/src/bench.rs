@@ -32,16 +32,7 @@ pub(crate) fn sizes(args: &BenchArgs, ranks: usize) -> Vec<usize> {
     if args.op == BenchOp::Barrier {
         return vec![0];
     }
-    let mut v = Vec::new();
-    let mut s = min_bytes(args, ranks);
-    while s <= args.max_bytes {
-        v.push(s);
-        match s.checked_mul(args.factor as usize) {
-            Some(next) if next > s => s = next,
-            _ => break,
-        }
-    }
-    v
+    crate::args::sweep(min_bytes(args, ranks), args.max_bytes, args.factor)
 }
 
 /// Checks that the sweep makes sense for `ranks` ranks on this machine: it has sizes, each

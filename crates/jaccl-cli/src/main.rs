@@ -1,11 +1,13 @@
-//! The `jaccl` command: start ranks (`launch`), measure collectives (`bench`), check a machine
-//! and its files (`doctor`).
+//! The `jaccl` command: start ranks (`launch`), measure collectives (`bench`), predict them on
+//! a cluster (`plan`), check a machine and its files (`doctor`).
 
 mod args;
 mod bench;
 mod doctor;
 mod hostfile;
 mod launch;
+mod plan;
+mod plot;
 mod report;
 
 use std::process::ExitCode;
@@ -20,6 +22,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Launch(args) => launch_main(&args),
         Command::Bench(args) => bench_main(&args),
+        Command::Plan(args) => plan::run(&args),
         Command::Doctor(args) => Ok(doctor::run(args.file.as_deref(), args.ssh)),
         Command::ExecRank { parent, program } => Err(launch::exec_rank(parent, &program)),
     };

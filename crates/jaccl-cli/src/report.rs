@@ -1,7 +1,7 @@
-//! What `jaccl bench` prints and writes: the nccl-tests-style table, JSON lines and an SVG plot.
+//! What `jaccl bench` prints and writes: the nccl-tests-style table, JSON lines and an SVG plot
+//! ([`crate::plot`]).
 //! Only rank 0 reports.
 
-use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use jaccl::Group;
 use serde::Serialize;
+
+use crate::plot::{Panel, Series, svg};
 
 /// What a run measures, as the report shows it.
 #[derive(Debug, Clone)]
@@ -403,194 +405,35 @@ pub(crate) fn human(bytes: usize) -> String {
     }
 }
 
-/// Points of one series: (size in bytes, value).
-type Points = Vec<(f64, f64)>;
-
-/// One log-log panel: a quantity against message size, out of place and in place.
-struct Panel {
-    label: &'static str,
-    out_of_place: Points,
-    in_place: Points,
-}
-
-/// Where a panel is drawn: its plot area in pixels.
-struct Area {
-    x: f64,
-    y: f64,
-    width: f64,
-    height: f64,
-}
-
 /// Two log-log panels: bus bandwidth and time against size, out of place and in place.
 pub(crate) fn plot(setup: &Setup, n: usize, transport: &str, rows: &[Row]) -> String {
     let factor = setup.bus_factor;
-    let series = |pick: fn(&Row) -> Option<Timing>, y: &dyn Fn(usize, f64) -> f64| -> Points {
-        rows.iter()
-            .filter_map(|r| pick(r).map(|t| (r.bytes as f64, y(r.bytes, t.time_us))))
-            .filter(|(x, y)| *x > 0.0 && *y > 0.0 && y.is_finite())
-            .collect()
+    let series = |name: &str, pick: fn(&Row) -> Option<Timing>, busbw: bool| Series {
+        name: name.to_string(),
+        points: rows
+            .iter()
+            .filter_map(|r| pick(r).map(|t| (r.bytes, t.time_us)))
+            .map(|(b, t)| (b as f64, if busbw { gbs(b, t) * factor } else { t }))
+            .collect(),
     };
-    let busbw = |b: usize, t: f64| gbs(b, t) * factor;
-    let time = |_: usize, t: f64| t;
     let oop: fn(&Row) -> Option<Timing> = |r| Some(r.out_of_place);
     let inp: fn(&Row) -> Option<Timing> = |r| r.in_place;
-    let panels = [
-        Panel {
-            label: "bus bandwidth (GB/s)",
-            out_of_place: series(oop, &busbw),
-            in_place: series(inp, &busbw),
+    let panels = [true, false].map(|busbw| Panel {
+        label: if busbw {
+            "bus bandwidth (GB/s)"
+        } else {
+            "time per operation (µs)"
         },
-        Panel {
-            label: "time per operation (µs)",
-            out_of_place: series(oop, &time),
-            in_place: series(inp, &time),
-        },
-    ];
+        series: vec![
+            series("out of place", oop, busbw),
+            series("in place", inp, busbw),
+        ],
+    });
     let title = format!(
         "jaccl bench: {} {} on {n} ranks over {transport}",
         setup.op, setup.dtype
     );
-    let (w, h) = (1000.0, 460.0);
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="24" text-anchor="middle" font-size="16">{}</text>
-"#,
-        w / 2.0,
-        escape(&title)
-    );
-    for (i, p) in panels.iter().enumerate() {
-        let area = Area {
-            x: 70.0 + i as f64 * (w / 2.0),
-            y: 50.0,
-            width: w / 2.0 - 100.0,
-            height: h - 110.0,
-        };
-        panel(&mut svg, &area, p);
-    }
-    let _ = write!(
-        svg,
-        r##"<g transform="translate({},{})"><line x1="0" y1="0" x2="24" y2="0" stroke="#1f77b4" stroke-width="2"/><text x="30" y="4">out of place</text><line x1="130" y1="0" x2="154" y2="0" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="5,3"/><text x="160" y="4">in place</text></g>
-</svg>
-"##,
-        w / 2.0 - 110.0,
-        h - 16.0
-    );
-    svg
-}
-
-/// Draws `p` with log axes (decades) into `area`.
-fn panel(svg: &mut String, area: &Area, p: &Panel) {
-    let Area {
-        x: x0,
-        y: y0,
-        width: pw,
-        height: ph,
-    } = *area;
-    let all: Vec<&(f64, f64)> = p.out_of_place.iter().chain(&p.in_place).collect();
-    let decades = |f: &dyn Fn(&(f64, f64)) -> f64| {
-        let lo = all.iter().map(|q| f(q)).fold(f64::INFINITY, f64::min);
-        let hi = all.iter().map(|q| f(q)).fold(f64::NEG_INFINITY, f64::max);
-        if lo.is_finite() && hi.is_finite() {
-            let lo = lo.log10().floor();
-            (lo, hi.log10().ceil().max(lo + 1.0))
-        } else {
-            (0.0, 1.0)
-        }
-    };
-    let (xl, xh) = decades(&|q| q.0);
-    let (yl, yh) = decades(&|q| q.1);
-    let px = |x: f64| x0 + (x.log10() - xl) / (xh - xl) * pw;
-    let py = |y: f64| y0 + ph - (y.log10() - yl) / (yh - yl) * ph;
-    let _ = writeln!(
-        svg,
-        r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##
-    );
-    for e in xl as i32..=xh as i32 {
-        let x = px(10f64.powi(e));
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{x}" y1="{y0}" x2="{x}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
-            y0 + ph,
-            y0 + ph + 16.0,
-            human_decimal(10f64.powi(e), "B")
-        );
-    }
-    for e in yl as i32..=yh as i32 {
-        let y = py(10f64.powi(e));
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-            x0 + pw,
-            x0 - 6.0,
-            y + 4.0,
-            human_decimal(10f64.powi(e), "")
-        );
-    }
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="{}" text-anchor="middle">message size</text><text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        x0 + pw / 2.0,
-        y0 + ph + 34.0,
-        x0 - 52.0,
-        y0 + ph / 2.0,
-        escape(p.label)
-    );
-    for (points, color, dash) in [
-        (&p.out_of_place, "#1f77b4", ""),
-        (&p.in_place, "#ff7f0e", r#" stroke-dasharray="5,3""#),
-    ] {
-        if points.is_empty() {
-            continue;
-        }
-        let path: Vec<String> = points
-            .iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-            .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
-            path.join(" ")
-        );
-        for &(x, y) in points {
-            let _ = writeln!(
-                svg,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"/>"#,
-                px(x),
-                py(y)
-            );
-        }
-    }
-}
-
-/// `1`, `10`, `1k`, `1M`, `0.01` with an optional unit.
-fn human_decimal(v: f64, unit: &str) -> String {
-    let (v, prefix) = if v >= 1e9 {
-        (v / 1e9, "G")
-    } else if v >= 1e6 {
-        (v / 1e6, "M")
-    } else if v >= 1e3 {
-        (v / 1e3, "k")
-    } else {
-        (v, "")
-    };
-    let sep = if unit.is_empty() && prefix.is_empty() {
-        ""
-    } else {
-        " "
-    };
-    format!(
-        "{}{sep}{prefix}{unit}",
-        format!("{v}").trim_end_matches(".0")
-    )
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    svg(&title, &panels)
 }
 
 #[cfg(test)]
@@ -603,8 +446,6 @@ mod tests {
         assert_eq!(human(64 << 10), "64 KiB");
         assert_eq!(human(33_554_432), "32 MiB");
         assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human_decimal(1e6, "B"), "1 MB");
-        assert_eq!(human_decimal(0.01, ""), "0.01");
     }
 
     #[test]

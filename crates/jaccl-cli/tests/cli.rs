@@ -395,6 +395,69 @@ fn bench_writes_json_lines_and_a_plot() {
 }
 
 #[test]
+fn plan_times_every_algorithm_at_4096_ranks_and_marks_the_choice() {
+    let svg = temp("plan.svg");
+    let out = jaccl(&[
+        "plan",
+        "-n",
+        "4096",
+        "--link",
+        "100Gb/s,2us",
+        "-b",
+        "16K",
+        "-e",
+        "1G",
+        "-f",
+        "32",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    let algorithms = [
+        "recursive doubling",
+        "ring",
+        "gather and reduce",
+        "Rabenseifner",
+    ];
+    // 16 KiB, 512 KiB, 16 MiB, 512 MiB: a row per algorithm each, one chosen, one least.
+    assert_eq!(rows.len(), 4 * algorithms.len(), "{stdout}");
+    for size in rows.chunks(algorithms.len()) {
+        for (row, name) in size.iter().zip(algorithms) {
+            assert!(row.contains(name), "{row}");
+        }
+        assert_eq!(size.iter().filter(|r| r.contains("chosen")).count(), 1);
+        assert_eq!(size.iter().filter(|r| r.contains("least")).count(), 1);
+    }
+    // At 16 KiB among 4096 ranks recursive doubling's 12 rounds are the least.
+    assert!(rows[0].contains(" 12 ") && rows[0].contains("chosen, least"));
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(svg_text.matches("<polyline").count(), 2 * algorithms.len());
+    let _ = std::fs::remove_file(svg);
+    // This machine's figures, another operation.
+    let out = jaccl(&["plan", "-n", "17", "--op", "all-to-all", "-e", "1M"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("this machine's TCP") && stdout.contains("Bruck"));
+    for (args, says) in [
+        (&["plan", "--link", "fast"][..], "BANDWIDTH,LATENCY"),
+        (&["plan", "--link", "10Gb/s,5"][..], "unit"),
+        (&["plan", "-n", "8", "--hosts", "9"][..], "more hosts"),
+        (&["plan", "-n", "8", "-b", "1M", "-e", "1K"][..], "no sizes"),
+        (&["plan", "--op", "broadcast"][..], "plan knows"),
+    ] {
+        let out = jaccl(args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn bench_fails_when_values_are_wrong() {
     let out = bench(&["-n", "2", "-b", "64", "-e", "64", "--inject-fault"]);
     assert!(!out.status.success());

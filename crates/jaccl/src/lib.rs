@@ -89,6 +89,7 @@ mod group;
 mod liveness;
 mod op_header;
 mod os;
+pub mod planner;
 mod reduce;
 mod token;
 mod transport;

@@ -229,18 +229,11 @@ pub(crate) fn all_reduce(
     }
 }
 
-/// Gathers every rank's block of `block` bytes into `output` (`size` blocks), whose own block
-/// the caller has filled: step k swaps the aligned group of 2^k blocks each partner holds (2
-/// messages per rank at 4 ranks, against 3 for the both-ways gather).
-pub(crate) fn all_gather(
-    net: &mut Network,
-    g: &Geometry,
-    output: &mut [u8],
-    block: usize,
-    call: &Call,
-    partners: &[usize],
-) -> Result<()> {
-    let plans: Vec<Plan> = (0..partners.len())
+/// The steps of a recursive-doubling all-gather of `block` bytes per rank with `partners`:
+/// step k swaps the aligned group of 2^k blocks each partner holds (2 messages per rank at 4
+/// ranks, against 3 for the both-ways gather).
+pub(crate) fn all_gather_plans(g: &Geometry, block: usize, partners: &[usize]) -> Vec<Plan> {
+    (0..partners.len())
         .map(|k| {
             // Before step k each rank holds the aligned group of 2^k blocks around its own
             // (partners differ in bit k; the ring's pairs 0-1 and 2-3 are such groups).
@@ -250,7 +243,20 @@ pub(crate) fn all_gather(
             };
             swap_with(g, partners, k, span(g.rank), span(partners[k]))
         })
-        .collect();
+        .collect()
+}
+
+/// Gathers every rank's block of `block` bytes into `output` (`size` blocks), whose own block
+/// the caller has filled ([`all_gather_plans`]).
+pub(crate) fn all_gather(
+    net: &mut Network,
+    g: &Geometry,
+    output: &mut [u8],
+    block: usize,
+    call: &Call,
+    partners: &[usize],
+) -> Result<()> {
+    let plans = all_gather_plans(g, block, partners);
     let mut steps = Rounds {
         net,
         plans: &plans,

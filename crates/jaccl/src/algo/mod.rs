@@ -11,7 +11,8 @@
 //!   doubling and halving), [`rabenseifner`] (halving then doubling), [`bruck`] (all-gather in ⌈log2 N⌉ rounds), [`p2p`] (send and receive), [`shared_memory`] (the direct
 //!   collectives: every rank of the group on this host reads the others' memory), `any_source` (whose message a receive from any rank
 //!   takes);
-//! - [`select`]: the one place that decides which algorithm runs for a call;
+//! - [`select`]: the one place that decides which algorithm runs for a call; [`cost`]: what a
+//!   rank's plans cost (rounds, bytes, reductions; the α–β–γ model of `crate::planner`);
 //! - [`collectives`]: a group's collectives, run as [`select`] decides.
 
 mod any_source;
@@ -19,6 +20,7 @@ pub(crate) mod bruck;
 pub(crate) mod call;
 pub(crate) mod channel;
 pub(crate) mod collectives;
+pub(crate) mod cost;
 pub(crate) mod doubling;
 pub(crate) mod engine;
 #[cfg(test)]

@@ -1,0 +1,446 @@
+//! What a collective will cost on a cluster you may not have: the plans jaccl would run there,
+//! every algorithm it has for the collective, built for real and counted (rounds, bytes per
+//! rank, bytes reduced), then timed with the latency–bandwidth–reduction model (α, β, γ). This
+//! is `jaccl plan`.
+//!
+//! Every link is alike (one kind, given by [`Link`]): the flat algorithms of today, not yet
+//! the two-level ones that reduce inside a host first. Each rank's plans are tallied as it
+//! runs them: a message costs the latency, a byte sent or received (whichever is more: one port
+//! each way) the inverse bandwidth, a byte reduced the inverse reduction rate; the slowest rank
+//! sets the time (every rank where there are at most 64, else those of every role). Where more
+//! ranks share a host than it has cores, they take turns: each round also waits for the others
+//! on its core, and bytes cost as many times more ([`Cluster::cpu_per_message`]).
+//!
+//! ```
+//! use jaccl::planner::{Cluster, Collective, Link, predict};
+//! let cluster = Cluster::new(1024, Link { latency: 2e-6, bandwidth: 12.5e9 });
+//! let choices = predict(Collective::AllReduce, 64 << 20, &cluster);
+//! let chosen = choices.iter().find(|p| p.chosen).unwrap();
+//! assert!(chosen.seconds > 0.0);
+//! ```
+
+use crate::algo::cost::{Rates, Tally};
+use crate::algo::geometry::{DoublingRole, Geometry};
+use crate::algo::plan::{Plan, Span};
+use crate::algo::select::{AllGather, AllReduce, AllToAll};
+use crate::algo::{bruck, doubling, mesh, rabenseifner, ring};
+
+/// One kind of link between any two ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    /// Seconds from a message's send to its arrival, software included (α).
+    pub latency: f64,
+    /// Bytes per second each way (1/β).
+    pub bandwidth: f64,
+}
+
+/// The cluster a plan is for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cluster {
+    /// Ranks in the job.
+    pub ranks: usize,
+    /// Hosts, the ranks spread evenly over them in rank order (a rank each by default).
+    pub hosts: usize,
+    /// Cores of each host, when its ranks may outnumber them (`None`: never).
+    pub cores: Option<usize>,
+    /// Seconds of a core that one message costs a rank (system calls, waking up): where a
+    /// host's ranks outnumber its cores, each round waits for the other ranks sharing a core
+    /// to make theirs.
+    pub cpu_per_message: f64,
+    /// Every link between two ranks.
+    pub link: Link,
+    /// Bytes per second one rank reduces (1/γ), for f32 sums.
+    pub reduce_rate: f64,
+    /// Wires (connections) per ring neighbour, as [`crate::Config::wires`].
+    pub wires: usize,
+}
+
+impl Cluster {
+    /// `ranks` ranks on hosts of their own over `link`, reducing at
+    /// [`Cluster::DEFAULT_REDUCE_RATE`], with the default wires.
+    pub fn new(ranks: usize, link: Link) -> Cluster {
+        Cluster {
+            ranks,
+            hosts: ranks,
+            cores: None,
+            cpu_per_message: Cluster::DEFAULT_CPU_PER_MESSAGE,
+            link,
+            reduce_rate: Cluster::DEFAULT_REDUCE_RATE,
+            wires: crate::Config::DEFAULT_WIRES,
+        }
+    }
+
+    /// f32 sums per second of one core of this machine (bytes of input reduced: 18–25 GB/s
+    /// over 8 MiB, 35–45 GB/s within the cache).
+    pub const DEFAULT_REDUCE_RATE: f64 = 20e9;
+
+    /// A core's time per message on this machine when ranks share cores
+    /// (docs/algorithms.md, "The cost model").
+    pub const DEFAULT_CPU_PER_MESSAGE: f64 = 12e-6;
+
+    /// Ranks per core, where a host's ranks outnumber its cores (else 1).
+    fn crowding(&self) -> f64 {
+        let per_host = self.ranks.div_ceil(self.hosts.max(1));
+        match self.cores {
+            Some(cores) if per_host > cores => per_host as f64 / cores.max(1) as f64,
+            _ => 1.0,
+        }
+    }
+
+    /// The model's rates here: with `c` ranks per core, a round waits for the `c − 1` others
+    /// on its core besides the link's latency, and every byte moved or reduced costs `c`
+    /// times (the ranks take turns on the core that copies and reduces).
+    fn rates(&self) -> Rates {
+        let c = self.crowding();
+        Rates {
+            latency: self.link.latency + (c - 1.0) * self.cpu_per_message,
+            per_byte: c / self.link.bandwidth,
+            per_reduced_byte: c / self.reduce_rate,
+        }
+    }
+
+    /// Whether start-up builds the mesh here (`Topology::Auto`: 4 to 16 ranks, a host each).
+    fn mesh(&self) -> bool {
+        (4..=16).contains(&self.ranks) && self.hosts >= self.ranks
+    }
+
+    fn geometry(&self, rank: usize) -> Geometry {
+        Geometry {
+            rank,
+            size: self.ranks,
+            wires: self.wires.max(1),
+            mesh: self.mesh(),
+        }
+    }
+}
+
+/// A collective `jaccl plan` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// Bytes: the message on each rank (f32).
+    AllReduce,
+    /// Bytes: the gathered output.
+    AllGather,
+    /// Bytes: each rank's input.
+    AllToAll,
+}
+
+/// One algorithm's predicted cost for a call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    /// The algorithm's name.
+    pub algorithm: &'static str,
+    /// Messages in sequence on the slowest rank.
+    pub rounds: usize,
+    /// Bytes the slowest rank sends or receives, whichever is more.
+    pub bytes_per_rank: usize,
+    /// Bytes the slowest rank reduces.
+    pub bytes_reduced: usize,
+    /// Predicted time of one call.
+    pub seconds: f64,
+    /// The algorithm jaccl chooses for this call on this cluster.
+    pub chosen: bool,
+}
+
+/// Elements of the all-reduce the planner times (f32).
+const ELEM: usize = 4;
+
+/// Every algorithm jaccl has for `op` of `bytes` on `cluster`, the one it chooses marked.
+/// Fewer than 2 ranks: nothing moves, so no algorithm.
+pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Prediction> {
+    let n = cluster.ranks;
+    if n < 2 {
+        return Vec::new();
+    }
+    let shape = cluster.geometry(0).shape(false, false);
+    let block = bytes / n;
+    let candidates: Vec<(&'static str, bool, Algorithm)> = match op {
+        Collective::AllReduce => {
+            let count = bytes / ELEM;
+            let chosen = shape.all_reduce(count * ELEM);
+            let mut list = vec![
+                (
+                    "recursive doubling",
+                    chosen == AllReduce::Doubling,
+                    Algorithm::Doubling(count * ELEM),
+                ),
+                (
+                    "ring",
+                    chosen == AllReduce::Ring,
+                    Algorithm::RingAllReduce(count),
+                ),
+                (
+                    "gather and reduce",
+                    matches!(chosen, AllReduce::Gather(_)),
+                    Algorithm::Gather {
+                        block: count * ELEM,
+                        reduce: true,
+                    },
+                ),
+            ];
+            if n > 2 {
+                list.push((
+                    "Rabenseifner",
+                    chosen == AllReduce::Rabenseifner,
+                    Algorithm::Rabenseifner(count),
+                ));
+            }
+            list
+        }
+        Collective::AllGather => {
+            let chosen = shape.all_gather(block);
+            let mut list = vec![
+                (
+                    "Bruck",
+                    chosen == AllGather::Bruck,
+                    Algorithm::BruckAllGather(block),
+                ),
+                (
+                    "ring",
+                    chosen == AllGather::Ring,
+                    Algorithm::RingAllGather(block),
+                ),
+                (
+                    "gather",
+                    matches!(chosen, AllGather::Small(_)),
+                    Algorithm::Gather {
+                        block,
+                        reduce: false,
+                    },
+                ),
+            ];
+            if shape.pairs {
+                list.push((
+                    "recursive doubling",
+                    chosen == AllGather::Doubling,
+                    Algorithm::DoublingAllGather(block),
+                ));
+            }
+            list
+        }
+        Collective::AllToAll => {
+            let chosen = shape.all_to_all(block);
+            vec![
+                (
+                    "Bruck",
+                    chosen == AllToAll::Bruck,
+                    Algorithm::BruckAllToAll(block),
+                ),
+                (
+                    "pairwise",
+                    chosen == AllToAll::Pairwise,
+                    Algorithm::Pairwise(block),
+                ),
+            ]
+        }
+    };
+    let rates = cluster.rates();
+    candidates
+        .into_iter()
+        .map(|(algorithm, chosen, how)| {
+            let slowest = ranks_to_time(n)
+                .map(|rank| Tally::total(&how.tallies(&cluster.geometry(rank))))
+                .max_by(|a, b| a.seconds(&rates).total_cmp(&b.seconds(&rates)))
+                .unwrap_or_default();
+            Prediction {
+                algorithm,
+                rounds: slowest.rounds,
+                bytes_per_rank: slowest.sent.max(slowest.received),
+                bytes_reduced: slowest.reduced,
+                seconds: slowest.seconds(&rates),
+                chosen,
+            }
+        })
+        .collect()
+}
+
+/// The ranks whose plans are timed: all of up to 64; else the first and last few and those
+/// around the end of recursive doubling's hand-overs (`2·(n − p)`), one of each role.
+fn ranks_to_time(n: usize) -> impl Iterator<Item = usize> {
+    let mut ranks: Vec<usize> = if n <= 64 {
+        (0..n).collect()
+    } else {
+        let p = 1 << n.ilog2();
+        let paired = 2 * (n - p);
+        [0, 1, 2, 3, n / 2, n - 2, n - 1]
+            .into_iter()
+            .chain(paired.saturating_sub(2)..paired + 2)
+            .filter(|&r| r < n)
+            .collect()
+    };
+    ranks.sort_unstable();
+    ranks.dedup();
+    ranks.into_iter()
+}
+
+/// An algorithm and its size, whose plans a rank's geometry gives.
+#[derive(Debug, Clone, Copy)]
+enum Algorithm {
+    /// Bytes per rank.
+    Doubling(usize),
+    /// Elements per rank.
+    Rabenseifner(usize),
+    /// Elements per rank.
+    RingAllReduce(usize),
+    /// Every rank's block both ways around the ring (or in one step over the mesh), then,
+    /// for an all-reduce, all of them reduced on every rank.
+    Gather {
+        block: usize,
+        reduce: bool,
+    },
+    BruckAllGather(usize),
+    RingAllGather(usize),
+    /// Where the ranks pair up ([`Geometry::doubling_partners`]).
+    DoublingAllGather(usize),
+    BruckAllToAll(usize),
+    Pairwise(usize),
+}
+
+impl Algorithm {
+    /// What a rank in geometry `g` does, plan by plan.
+    fn tallies(self, g: &Geometry) -> Vec<Tally> {
+        let one = |plan: Plan| Tally::of_plans(&[plan], g.wires, 0);
+        match self {
+            Algorithm::Doubling(bytes) => {
+                let role = g.doubling_role();
+                let plans = doubling::all_reduce_plans(g, &role, bytes);
+                Tally::of_plans(&plans, g.wires, reducing_plans(&role, None))
+            }
+            Algorithm::Rabenseifner(count) => {
+                let role = g.doubling_role();
+                let plans = rabenseifner::all_reduce_plans(g, &role, count, ELEM);
+                let halving = match &role {
+                    DoublingRole::Double { partners, .. } => partners.len(),
+                    DoublingRole::HandOver { .. } => 0,
+                };
+                Tally::of_plans(&plans, g.wires, reducing_plans(&role, Some(halving)))
+            }
+            Algorithm::RingAllReduce(count) => one(ring::all_reduce(g, count, ELEM, false)),
+            Algorithm::Gather { block, reduce } => {
+                let plan = match g.mesh {
+                    true => mesh::gather(g, block),
+                    false => ring::gather_both_ways(g, block),
+                };
+                let mut tallies = one(plan);
+                if reduce {
+                    tallies.push(Tally {
+                        reduced: (g.size - 1) * block,
+                        ..Tally::default()
+                    });
+                }
+                tallies
+            }
+            Algorithm::BruckAllGather(block) => {
+                Tally::of_plans(&bruck::all_gather_plans(g, block), g.wires, 0)
+            }
+            Algorithm::RingAllGather(block) => one(ring::all_gather(g, block)),
+            Algorithm::DoublingAllGather(block) => {
+                let partners = g.doubling_partners().unwrap_or_default();
+                let plans = doubling::all_gather_plans(g, block, &partners);
+                Tally::of_plans(&plans, g.wires, 0)
+            }
+            Algorithm::BruckAllToAll(block) => {
+                Tally::of_plans(&bruck::all_to_all_plans(g, block), g.wires, 0)
+            }
+            Algorithm::Pairwise(block) => one(mesh::exchange(
+                g,
+                |p| Span::input(p * block, block),
+                |p| Span::output(p * block, block),
+            )),
+        }
+    }
+}
+
+/// How many of a doubling rank's first plans reduce what they receive: taking in its extra
+/// rank's vector, then `steps` of them (`None`: all, recursive doubling; Rabenseifner's: the
+/// halving ones). A rank that hands its vector over reduces nothing.
+fn reducing_plans(role: &DoublingRole, steps: Option<usize>) -> usize {
+    match (role, steps) {
+        (DoublingRole::Double { extra, .. }, Some(steps)) => usize::from(extra.is_some()) + steps,
+        (DoublingRole::Double { .. }, None) => usize::MAX,
+        (DoublingRole::HandOver { .. }, _) => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link_100g() -> Link {
+        Link {
+            latency: 2e-6,
+            bandwidth: 12.5e9,
+        }
+    }
+
+    /// The textbook costs of a power-of-two number of ranks (`lg` rounds), per algorithm.
+    fn textbook(name: &str, n: usize, s: f64, c: &Cluster) -> f64 {
+        let (a, b, g) = (c.link.latency, 1.0 / c.link.bandwidth, 1.0 / c.reduce_rate);
+        let (lg, n) = (n.ilog2() as f64, n as f64);
+        match name {
+            "recursive doubling" => lg * (a + s * b + s * g),
+            "Rabenseifner" => 2.0 * lg * a + 2.0 * (n - 1.0) / n * s * b + (n - 1.0) / n * s * g,
+            "ring" => 2.0 * (n - 1.0) * a + 2.0 * (n - 1.0) / n * s * b + (n - 1.0) / n * s * g,
+            _ => f64::NAN,
+        }
+    }
+
+    #[test]
+    fn all_reduce_plans_cost_their_textbook_terms_at_a_power_of_two() {
+        let cluster = Cluster::new(64, link_100g());
+        for bytes in [64 << 10, 16 << 20] {
+            for p in predict(Collective::AllReduce, bytes, &cluster) {
+                let expect = textbook(p.algorithm, 64, bytes as f64, &cluster);
+                if expect.is_nan() {
+                    continue;
+                }
+                let ratio = p.seconds / expect;
+                assert!(
+                    (0.99..1.01).contains(&ratio),
+                    "{} of {bytes}: {} s against {expect} s",
+                    p.algorithm,
+                    p.seconds
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_least_of_1024_ranks_is_the_cheapest_textbook_cost() {
+        // The cheapest of the textbook costs (recursive doubling, Rabenseifner, ring) at every
+        // size: jaccl has each algorithm, so the least of its plans is as cheap.
+        let cluster = Cluster::new(1024, link_100g());
+        for bytes in (3..=30).map(|k| 1usize << k) {
+            let predictions = predict(Collective::AllReduce, bytes, &cluster);
+            let least = predictions
+                .iter()
+                .map(|p| p.seconds)
+                .fold(f64::MAX, f64::min);
+            let cheapest = ["recursive doubling", "Rabenseifner", "ring"]
+                .map(|name| textbook(name, 1024, bytes as f64, &cluster))
+                .into_iter()
+                .fold(f64::MAX, f64::min);
+            let ratio = least / cheapest;
+            assert!((0.99..1.01).contains(&ratio), "{bytes} B: {ratio}");
+        }
+    }
+
+    #[test]
+    fn every_rank_count_gets_a_prediction_for_every_algorithm_and_one_choice() {
+        for n in [2, 3, 5, 17, 100, 1000] {
+            let cluster = Cluster::new(n, link_100g());
+            for op in [
+                Collective::AllReduce,
+                Collective::AllGather,
+                Collective::AllToAll,
+            ] {
+                for bytes in [8, 4096 * n, 64 << 20] {
+                    let predictions = predict(op, bytes, &cluster);
+                    assert!(predictions.iter().all(|p| p.seconds.is_finite()));
+                    let chosen = predictions.iter().filter(|p| p.chosen).count();
+                    assert!(chosen <= 1, "{op:?} {bytes} among {n}: {predictions:?}");
+                }
+            }
+        }
+    }
+}

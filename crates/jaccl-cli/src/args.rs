@@ -296,9 +296,9 @@ pub(crate) struct BenchArgs {
 /// Options of `jaccl plan`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct PlanArgs {
-    /// Ranks in the job.
+    /// Ranks in the job (2 to 65536).
     #[arg(short = 'n', long = "ranks", default_value_t = 1024,
-          value_parser = clap::value_parser!(u32).range(2..=1 << 20))]
+          value_parser = clap::value_parser!(u32).range(2..=1 << 16))]
     pub(crate) ranks: u32,
     /// Hosts the ranks are spread over, evenly in rank order [default: a host per rank; with
     /// `--link here`, one].
@@ -404,6 +404,9 @@ pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
 /// Parses a latency (`2us`, `1.5µs`, `800ns`, `0.1ms`) as seconds.
 pub(crate) fn parse_latency(s: &str) -> Result<f64, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("'{s}': a latency must not be negative"));
+    }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
@@ -488,6 +491,7 @@ mod tests {
         assert_eq!(parse_latency("2us"), Ok(2e-6));
         assert_eq!(parse_latency("1.5µs"), Ok(1.5e-6));
         assert!(parse_latency("2").is_err());
+        assert!(parse_latency("-1us").unwrap_err().contains("negative"));
         let link = parse_link("100Gb/s, 2us").unwrap();
         let expect = jaccl::planner::Link {
             bandwidth: 12.5e9,

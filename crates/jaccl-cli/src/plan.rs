@@ -7,14 +7,6 @@ use crate::args::{BenchOp, PlanArgs, PlanLink, sweep};
 use crate::plot::{Panel, Series, svg};
 use crate::report::{gbs, human};
 
-/// TCP between the ranks of this machine (loopback), per rank: the latency of a message (an
-/// 8-byte all-reduce between 2 ranks, one swap: 6.5–8 µs) and the bandwidth of copies through
-/// the kernel that fits the all-reduces of 4–64 ranks (docs/algorithms.md, "The cost model").
-const HERE: Link = Link {
-    latency: 7e-6,
-    bandwidth: 2.2e9,
-};
-
 /// Runs `jaccl plan`: prints the table, writes the plot if asked.
 pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
     let ranks = args.ranks as usize;
@@ -38,7 +30,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
             .map_or(if here { 1 } else { ranks }, |h| h as usize),
         cores: args.cores.map(|c| c as usize).or(here.then_some(cores)),
         link: match args.link {
-            PlanLink::Here => HERE,
+            PlanLink::Here => Link::MEASURED_LOOPBACK,
             PlanLink::Given(link) => link,
         },
         reduce_rate: args.reduce_rate.unwrap_or(Cluster::DEFAULT_REDUCE_RATE),

@@ -19,10 +19,11 @@
 //! assert!(chosen.seconds > 0.0);
 //! ```
 
+use crate::algo::collectives::small_gather;
 use crate::algo::cost::{Rates, Tally};
 use crate::algo::geometry::{DoublingRole, Geometry};
 use crate::algo::plan::{Plan, Span};
-use crate::algo::select::{AllGather, AllReduce, AllToAll};
+use crate::algo::select::{AllGather, AllReduce, AllToAll, SmallGather};
 use crate::algo::{bruck, doubling, mesh, rabenseifner, ring};
 
 /// One kind of link between any two ranks.
@@ -32,6 +33,17 @@ pub struct Link {
     pub latency: f64,
     /// Bytes per second each way (1/β).
     pub bandwidth: f64,
+}
+
+impl Link {
+    /// TCP between the ranks of the 2-core machine jaccl is measured on (loopback), per rank:
+    /// the latency of a message (an 8-byte all-reduce between 2 ranks, one swap: 6.5–8 µs) and
+    /// the bandwidth of copies through the kernel that fits the all-reduces of 4–64 ranks
+    /// there (docs/algorithms.md, "The cost model").
+    pub const MEASURED_LOOPBACK: Link = Link {
+        latency: 7e-6,
+        bandwidth: 2.2e9,
+    };
 }
 
 /// The cluster a plan is for.
@@ -70,12 +82,12 @@ impl Cluster {
         }
     }
 
-    /// f32 sums per second of one core of this machine (bytes of input reduced: 18–25 GB/s
-    /// over 8 MiB, 35–45 GB/s within the cache).
+    /// f32 sums per second of one core of the machine jaccl is measured on (bytes of input
+    /// reduced: 18–25 GB/s over 8 MiB, 35–45 GB/s within the cache).
     pub const DEFAULT_REDUCE_RATE: f64 = 20e9;
 
-    /// A core's time per message on this machine when ranks share cores
-    /// (docs/algorithms.md, "The cost model").
+    /// A core's time per message there when ranks share cores (docs/algorithms.md, "The cost
+    /// model").
     pub const DEFAULT_CPU_PER_MESSAGE: f64 = 12e-6;
 
     /// Ranks per core, where a host's ranks outnumber its cores (else 1).
@@ -146,10 +158,16 @@ pub struct Prediction {
 const ELEM: usize = 4;
 
 /// Every algorithm jaccl has for `op` of `bytes` on `cluster`, the one it chooses marked.
-/// Fewer than 2 ranks: nothing moves, so no algorithm.
+/// Fewer than 2 ranks (nothing moves), or more bytes on all ranks together than an address
+/// space holds: no algorithm.
 pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Prediction> {
     let n = cluster.ranks;
-    if n < 2 {
+    if n < 2
+        || bytes
+            .checked_mul(n)
+            .and_then(|b| b.checked_mul(2))
+            .is_none()
+    {
         return Vec::new();
     }
     let shape = cluster.geometry(0).shape(false, false);
@@ -174,6 +192,7 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
                     matches!(chosen, AllReduce::Gather(_)),
                     Algorithm::Gather {
                         block: count * ELEM,
+                        how: shape.small_gather(count * ELEM * n),
                         reduce: true,
                     },
                 ),
@@ -205,6 +224,7 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
                     matches!(chosen, AllGather::Small(_)),
                     Algorithm::Gather {
                         block,
+                        how: shape.small_gather(block * n),
                         reduce: false,
                     },
                 ),
@@ -229,7 +249,10 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
                 (
                     "pairwise",
                     chosen == AllToAll::Pairwise,
-                    Algorithm::Pairwise(block),
+                    Algorithm::Pairwise {
+                        block,
+                        announces: shape.pairwise_announces(),
+                    },
                 ),
             ]
         }
@@ -239,13 +262,13 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
         .into_iter()
         .map(|(algorithm, chosen, how)| {
             let slowest = ranks_to_time(n)
-                .map(|rank| Tally::total(&how.tallies(&cluster.geometry(rank))))
+                .map(|rank| how.tally(&cluster.geometry(rank)))
                 .max_by(|a, b| a.seconds(&rates).total_cmp(&b.seconds(&rates)))
                 .unwrap_or_default();
             Prediction {
                 algorithm,
                 rounds: slowest.rounds,
-                bytes_per_rank: slowest.sent.max(slowest.received),
+                bytes_per_rank: slowest.bytes,
                 bytes_reduced: slowest.reduced,
                 seconds: slowest.seconds(&rates),
                 chosen,
@@ -282,10 +305,11 @@ enum Algorithm {
     Rabenseifner(usize),
     /// Elements per rank.
     RingAllReduce(usize),
-    /// Every rank's block both ways around the ring (or in one step over the mesh), then,
-    /// for an all-reduce, all of them reduced on every rank.
+    /// Every rank's block to every rank (`how`), then, for an all-reduce, all of them reduced
+    /// on every rank.
     Gather {
         block: usize,
+        how: SmallGather,
         reduce: bool,
     },
     BruckAllGather(usize),
@@ -293,13 +317,18 @@ enum Algorithm {
     /// Where the ranks pair up ([`Geometry::doubling_partners`]).
     DoublingAllGather(usize),
     BruckAllToAll(usize),
-    Pairwise(usize),
+    /// After a header exchange with the ring neighbours if it `announces`
+    /// ([`crate::algo::select::Shape::pairwise_announces`]).
+    Pairwise {
+        block: usize,
+        announces: bool,
+    },
 }
 
 impl Algorithm {
-    /// What a rank in geometry `g` does, plan by plan.
-    fn tallies(self, g: &Geometry) -> Vec<Tally> {
-        let one = |plan: Plan| Tally::of_plans(&[plan], g.wires, 0);
+    /// What a rank in geometry `g` does, its plans one after another.
+    fn tally(self, g: &Geometry) -> Tally {
+        let one = |plan: Plan| Tally::of_plan(&plan, g.wires, false);
         match self {
             Algorithm::Doubling(bytes) => {
                 let role = g.doubling_role();
@@ -316,19 +345,15 @@ impl Algorithm {
                 Tally::of_plans(&plans, g.wires, reducing_plans(&role, Some(halving)))
             }
             Algorithm::RingAllReduce(count) => one(ring::all_reduce(g, count, ELEM, false)),
-            Algorithm::Gather { block, reduce } => {
-                let plan = match g.mesh {
-                    true => mesh::gather(g, block),
-                    false => ring::gather_both_ways(g, block),
+            Algorithm::Gather { block, how, reduce } => {
+                let reduced = match reduce {
+                    true => (g.size - 1).saturating_mul(block),
+                    false => 0,
                 };
-                let mut tallies = one(plan);
-                if reduce {
-                    tallies.push(Tally {
-                        reduced: (g.size - 1) * block,
-                        ..Tally::default()
-                    });
-                }
-                tallies
+                one(small_gather(g, how, block)).then(Tally {
+                    reduced,
+                    ..Tally::default()
+                })
             }
             Algorithm::BruckAllGather(block) => {
                 Tally::of_plans(&bruck::all_gather_plans(g, block), g.wires, 0)
@@ -342,11 +367,17 @@ impl Algorithm {
             Algorithm::BruckAllToAll(block) => {
                 Tally::of_plans(&bruck::all_to_all_plans(g, block), g.wires, 0)
             }
-            Algorithm::Pairwise(block) => one(mesh::exchange(
-                g,
-                |p| Span::input(p * block, block),
-                |p| Span::output(p * block, block),
-            )),
+            Algorithm::Pairwise { block, announces } => {
+                let exchange = one(mesh::exchange(
+                    g,
+                    |p| Span::input(p * block, block),
+                    |p| Span::output(p * block, block),
+                ));
+                match announces {
+                    true => one(ring::neighbour_headers(g)).then(exchange),
+                    false => exchange,
+                }
+            }
         }
     }
 }
@@ -438,7 +469,7 @@ mod tests {
                     let predictions = predict(op, bytes, &cluster);
                     assert!(predictions.iter().all(|p| p.seconds.is_finite()));
                     let chosen = predictions.iter().filter(|p| p.chosen).count();
-                    assert!(chosen <= 1, "{op:?} {bytes} among {n}: {predictions:?}");
+                    assert_eq!(chosen, 1, "{op:?} {bytes} among {n}: {predictions:?}");
                 }
             }
         }

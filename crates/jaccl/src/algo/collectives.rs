@@ -553,10 +553,7 @@ impl Collectives {
             }
             AllToAll::Pairwise => {
                 if self.shape.pairwise_announces() {
-                    let neighbours = Plan {
-                        headers_both_ways: vec![g.left_channel(0), g.right_channel(0)],
-                        ..Plan::default()
-                    };
+                    let neighbours = ring::neighbour_headers(&g);
                     self.net.run(&neighbours, Buffers::none(), None, call)?;
                 }
                 let others = (0..g.size).filter(|&p| p != g.rank);
@@ -671,7 +668,7 @@ fn blocks_of(counts: &[usize], elem: usize) -> Vec<Range<usize>> {
 }
 
 /// The plan of a small gather of `block` bytes per rank.
-fn small_gather(g: &Geometry, how: SmallGather, block: usize) -> Plan {
+pub(crate) fn small_gather(g: &Geometry, how: SmallGather, block: usize) -> Plan {
     match how {
         SmallGather::Exchange => mesh::gather(g, block),
         SmallGather::BothWays => ring::gather_both_ways(g, block),

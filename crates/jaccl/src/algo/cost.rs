@@ -1,8 +1,9 @@
 //! What a rank's plans cost, counted from the plans themselves: the latency–bandwidth–reduction
 //! model (α, β, γ). A plan costs one latency per message a rank makes in sequence (the steps of
-//! its longest lane, or one message to each peer it sends to, whichever is more), the bytes it
-//! sends or receives (whichever is more: one port each way) at the link's bandwidth, and the
-//! bytes it reduces at the reduction rate.
+//! its longest lane, or one message to each peer it sends data to, whichever is more; a plan of
+//! headers alone is one; headers that travel beside data are free), the bytes it sends or
+//! receives (whichever is more: one port each way, both at once) at the link's bandwidth, and
+//! the bytes it reduces at the reduction rate. Plans run one after another add up.
 
 use super::plan::{Merge, Plan};
 
@@ -22,17 +23,17 @@ pub(crate) struct Rates {
 pub(crate) struct Tally {
     /// Messages in sequence: the α terms.
     pub(crate) rounds: usize,
-    pub(crate) sent: usize,
-    pub(crate) received: usize,
-    /// Bytes reduced into the result.
+    /// Bytes through the busier direction of the rank's port, plan by plan: the β terms.
+    pub(crate) bytes: usize,
+    /// Bytes reduced into the result: the γ terms.
     pub(crate) reduced: usize,
 }
 
 impl Tally {
-    /// One plan of a rank; with `reduces_received`, every byte it receives is reduced by the
+    /// One plan of a rank in a group of `wires` wires per ring neighbour (the channels to one
+    /// peer count once); with `reduces_received`, every byte it receives is reduced by the
     /// caller after the plan (recursive doubling and halving), besides the bytes its steps
     /// reduce as they arrive (the ring).
-    /// `wires` is the group's wires per ring neighbour: the channels to one peer count once.
     pub(crate) fn of_plan(plan: &Plan, wires: usize, reduces_received: bool) -> Tally {
         let longest_lane = plan.transfers.iter().map(|t| t.steps.len()).max();
         // The ring's channels are `wires` to the left, then `wires` to the right.
@@ -44,77 +45,93 @@ impl Tally {
             .collect();
         peers.sort_unstable();
         peers.dedup();
-        let header_only =
-            usize::from(plan.transfers.is_empty() && !plan.headers_both_ways.is_empty());
-        let mut tally = Tally {
-            rounds: longest_lane.unwrap_or(0).max(peers.len()).max(header_only),
-            ..Tally::default()
-        };
+        let headers_alone = plan.transfers.is_empty() && !plan.headers_both_ways.is_empty();
+        let (mut sent, mut received, mut reduced) = (0usize, 0usize, 0usize);
         for t in &plan.transfers {
             for step in &t.steps {
                 if t.tx.is_some() {
-                    tally.sent += step.send.len;
+                    sent = sent.saturating_add(step.send.len);
                 }
                 if t.rx.is_some() {
-                    tally.received += step.recv.len;
+                    received = received.saturating_add(step.recv.len);
                     if reduces_received || matches!(step.merge, Merge::Reduce { .. }) {
-                        tally.reduced += step.recv.len;
+                        reduced = reduced.saturating_add(step.recv.len);
                     }
                 }
             }
         }
-        tally
+        Tally {
+            rounds: longest_lane
+                .unwrap_or(0)
+                .max(peers.len())
+                .max(usize::from(headers_alone)),
+            bytes: sent.max(received),
+            reduced,
+        }
     }
 
-    /// A rank's plans run one after another; the first `reducing` of them have their received
-    /// bytes reduced by the caller ([`Tally::of_plan`]).
-    pub(crate) fn of_plans(plans: &[Plan], wires: usize, reducing: usize) -> Vec<Tally> {
+    /// A rank's plans, run one after another; the first `reducing` of them have their
+    /// received bytes reduced by the caller ([`Tally::of_plan`]).
+    pub(crate) fn of_plans(plans: &[Plan], wires: usize, reducing: usize) -> Tally {
         plans
             .iter()
             .enumerate()
             .map(|(i, plan)| Tally::of_plan(plan, wires, i < reducing))
-            .collect()
+            .fold(Tally::default(), Tally::then)
+    }
+
+    /// This, then `next`.
+    pub(crate) fn then(self, next: Tally) -> Tally {
+        Tally {
+            rounds: self.rounds.saturating_add(next.rounds),
+            bytes: self.bytes.saturating_add(next.bytes),
+            reduced: self.reduced.saturating_add(next.reduced),
+        }
     }
 
     /// Seconds this takes at `rates`.
     pub(crate) fn seconds(&self, rates: &Rates) -> f64 {
         self.rounds as f64 * rates.latency
-            + self.sent.max(self.received) as f64 * rates.per_byte
+            + self.bytes as f64 * rates.per_byte
             + self.reduced as f64 * rates.per_reduced_byte
-    }
-
-    /// The tallies of plans run one after another, as one.
-    pub(crate) fn total(tallies: &[Tally]) -> Tally {
-        tallies.iter().fold(Tally::default(), |a, b| Tally {
-            rounds: a.rounds + b.rounds,
-            sent: a.sent + b.sent,
-            received: a.received + b.received,
-            reduced: a.reduced + b.reduced,
-        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::doubling;
     use crate::algo::geometry::Geometry;
     use crate::algo::ring;
+
+    fn rank(rank: usize, size: usize) -> Geometry {
+        Geometry {
+            rank,
+            size,
+            wires: 1,
+            mesh: false,
+        }
+    }
 
     #[test]
     fn the_ring_all_reduce_costs_its_textbook_terms() {
         // 2(N − 1) steps per lane, 2(N − 1)/N · S sent and received, (N − 1)/N · S reduced.
         let (n, count, elem) = (8, 8 * 1024, 4);
-        let g = Geometry {
-            rank: 3,
-            size: n,
-            wires: 1,
-            mesh: false,
-        };
-        let tally = Tally::of_plan(&ring::all_reduce(&g, count, elem, false), 1, false);
+        let tally = Tally::of_plan(&ring::all_reduce(&rank(3, n), count, elem, false), 1, false);
         let bytes = count * elem;
         assert_eq!(tally.rounds, 2 * (n - 1));
-        assert_eq!(tally.sent, 2 * (n - 1) * bytes / n);
-        assert_eq!(tally.received, tally.sent);
+        assert_eq!(tally.bytes, 2 * (n - 1) * bytes / n);
         assert_eq!(tally.reduced, (n - 1) * bytes / n);
+    }
+
+    #[test]
+    fn a_hand_over_costs_its_bytes_both_ways() {
+        // Among 3 ranks rank 1 takes rank 0's vector in, doubles with rank 2, hands the result
+        // back: 3 messages, 3 vectors through its port (one way each time), 2 reduced.
+        let g = rank(1, 3);
+        let plans = doubling::all_reduce_plans(&g, &g.doubling_role(), 64);
+        let tally = Tally::of_plans(&plans, 1, usize::MAX);
+        assert_eq!((tally.rounds, tally.bytes), (3, 3 * 64));
+        assert_eq!(tally.reduced, 2 * 64);
     }
 }

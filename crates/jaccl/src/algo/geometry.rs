@@ -88,7 +88,12 @@ impl Geometry {
             _ if self.size == 2 => self.left_channel(w),
             p if p == self.left() => self.left_channel(w),
             p if p == self.right() => self.right_channel(w),
-            _ => 2 * self.wires + self.non_neighbours().take_while(|&p| p < peer).count(),
+            // Off the ring: its place among the ranks other than this one and its neighbours
+            // (three distinct ranks from 3 ranks up).
+            _ => {
+                let skipped = [self.rank, self.left(), self.right()];
+                2 * self.wires + peer - skipped.iter().filter(|&&r| r < peer).count()
+            }
         }
     }
 
@@ -245,6 +250,25 @@ mod tests {
                     next = s.end.max(next);
                 }
                 assert_eq!(next, block, "block {block} lanes {lanes}");
+            }
+        }
+    }
+
+    #[test]
+    fn channels_off_the_ring_follow_rank_order() {
+        for size in 3..=20 {
+            for wires in [1, 2] {
+                for rank in 0..size {
+                    let g = Geometry {
+                        rank,
+                        size,
+                        wires,
+                        mesh: true,
+                    };
+                    for (i, peer) in g.non_neighbours().enumerate() {
+                        assert_eq!(g.channel_to(peer, 0), 2 * wires + i, "{rank} of {size}");
+                    }
+                }
             }
         }
     }

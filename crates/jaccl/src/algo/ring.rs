@@ -157,6 +157,15 @@ pub(crate) fn reduce_scatter(g: &Geometry, count: usize, elem: usize) -> Plan {
     plan
 }
 
+/// This call's header swapped with both ring neighbours, nothing else: so that a neighbour
+/// that called something else is named before a call waits on links made on first use.
+pub(crate) fn neighbour_headers(g: &Geometry) -> Plan {
+    Plan {
+        headers_both_ways: vec![g.left_channel(0), g.right_channel(0)],
+        ..Plan::default()
+    }
+}
+
 /// Whole blocks forwarded in both directions at once, for small messages: after step `s` a
 /// rank holds the blocks of the `s + 1` nearest ranks on each side, so ⌈(n − 1)/2⌉ steps
 /// (instead of the ring's n − 1, or 2(n − 1) for an all-reduce) gather all. The output holds

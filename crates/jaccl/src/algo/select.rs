@@ -327,7 +327,8 @@ impl Shape {
         }
     }
 
-    fn small_gather(&self, total: usize) -> SmallGather {
+    /// How a small gather of `total` bytes in all moves.
+    pub(crate) fn small_gather(&self, total: usize) -> SmallGather {
         if self.size <= 2 || self.in_one_step(total) {
             SmallGather::Exchange
         } else {

@@ -5,7 +5,7 @@ use jaccl::planner::{Cluster, Collective, Link, Prediction, predict};
 
 use crate::args::{BenchOp, PlanArgs, PlanLink, sweep};
 use crate::plot::{Panel, Series, svg};
-use crate::report::{gbs, human};
+use crate::report::{gbs, human, print_line};
 
 /// Runs `jaccl plan`: prints the table, writes the plot if asked.
 pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
@@ -53,11 +53,11 @@ pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
     }
     let op = args.op;
     let factor = op.bus_factor(ranks);
-    println!("{}", heading(&cluster, op.name(), here));
-    println!(
+    print_line(&heading(&cluster, op.name(), here));
+    print_line(&format!(
         "# {:>10}  {:<20} {:>7} {:>12} {:>13} {:>12}",
         "size", "algorithm", "rounds", "bytes/rank", "time (us)", "busbw (GB/s)"
-    );
+    ));
     let mut rows = Vec::new();
     for &bytes in &sizes {
         let predictions = predict(collective, bytes, &cluster);
@@ -72,7 +72,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
                 (false, true) => "  least",
                 (false, false) => "",
             };
-            println!(
+            print_line(&format!(
                 "  {:>10}  {:<20} {:>7} {:>12} {:>13.1} {:>12.2}{mark}",
                 human(bytes),
                 p.algorithm,
@@ -80,11 +80,11 @@ pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
                 human(p.bytes_per_rank),
                 p.seconds * 1e6,
                 gbs(bytes, p.seconds * 1e6) * factor
-            );
+            ));
         }
         rows.push((bytes, predictions));
     }
-    println!("# chosen: what jaccl runs for this call; least: the least predicted time");
+    print_line("# chosen: what jaccl runs for this call; least: the least predicted time");
     if let Some(path) = &args.plot {
         let title = format!("jaccl plan: {} among {ranks} ranks", op.name());
         std::fs::write(path, plot(&title, &rows, factor))
@@ -105,7 +105,7 @@ fn heading(cluster: &Cluster, op: &str, here: bool) -> String {
         ""
     };
     format!(
-        "# jaccl plan: {op} among {} ranks on {} hosts{cores}; links {:.3} GB/s and {:.2} us{source}; \
+        "# jaccl plan: {op} among {} ranks on {} host(s){cores}; links {:.3} GB/s and {:.2} us{source}; \
          reductions {:.2} GB/s per rank",
         cluster.ranks,
         cluster.hosts,

@@ -309,12 +309,14 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) cores: Option<u32>,
     /// The link between any two ranks: `BANDWIDTH,LATENCY` (`100Gb/s,2us`, `10GB/s,1.5us`;
-    /// bandwidth each way, in bits (b) or bytes (B) per second), or `here`: TCP between the
-    /// ranks of this machine, as measured (docs/algorithms.md, "The cost model").
+    /// bandwidth each way, in bits (b) or bytes (B) per second), where jobs set `JACCL_LINK`
+    /// to the same and jaccl chooses the all-reduce by this model; or `here`: TCP between the
+    /// ranks of this machine, as measured (docs/algorithms.md, "The cost model"), jaccl
+    /// choosing by its measured thresholds.
     #[arg(long, default_value = "here", value_parser = parse_link)]
     pub(crate) link: PlanLink,
     /// How fast one rank reduces f32 sums (bytes of input per second: `4GB/s`).
-    #[arg(long, value_parser = parse_rate)]
+    #[arg(long, value_parser = jaccl::config::parse_rate)]
     pub(crate) reduce_rate: Option<f64>,
     /// Operation to plan: all-reduce (f32), all-gather or all-to-all (sizes as `bench`'s).
     #[arg(long, value_enum, default_value_t = BenchOp::AllReduce)]
@@ -342,7 +344,7 @@ pub(crate) struct PlanArgs {
 pub(crate) enum PlanLink {
     /// TCP between the ranks of this machine, as measured.
     Here,
-    Given(jaccl::planner::Link),
+    Given(jaccl::config::LinkSpeed),
 }
 
 /// Parses `here` or `BANDWIDTH,LATENCY` (`100Gb/s,2us`).
@@ -350,85 +352,9 @@ pub(crate) fn parse_link(s: &str) -> Result<PlanLink, String> {
     if s.trim().eq_ignore_ascii_case("here") {
         return Ok(PlanLink::Here);
     }
-    let (rate, latency) = s
-        .split_once(',')
-        .ok_or_else(|| format!("'{s}' is not BANDWIDTH,LATENCY (example: 100Gb/s,2us) or here"))?;
-    Ok(PlanLink::Given(jaccl::planner::Link {
-        bandwidth: parse_rate(rate)?,
-        latency: parse_latency(latency)?,
-    }))
-}
-
-/// Parses a rate in bits (`100Gb/s`, `10Gbit`) or bytes (`12.5GB/s`, `4GiB/s`) per second,
-/// as bytes per second.
-pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("/s")
-        .or_else(|| t.strip_suffix("ps"))
-        .unwrap_or(t);
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let bits = matches!(unit.trim().chars().last(), Some('b')) || unit.trim().ends_with("bit");
-    let unit = unit
-        .trim()
-        .trim_end_matches("it")
-        .trim_end_matches(['b', 'B']);
-    let scale = match unit {
-        "" => 1.0,
-        "k" | "K" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        _ => {
-            return Err(format!(
-                "'{s}': unknown unit (examples: 100Gb/s, 12.5GB/s, 4GiB/s)"
-            ));
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{s}' is not a rate (examples: 100Gb/s, 12.5GB/s)"))?;
-    let rate = value * scale / if bits { 8.0 } else { 1.0 };
-    match rate.is_finite() && rate > 0.0 {
-        true => Ok(rate),
-        false => Err(format!("'{s}': a rate must be positive")),
-    }
-}
-
-/// Parses a latency (`2us`, `1.5µs`, `800ns`, `0.1ms`) as seconds.
-pub(crate) fn parse_latency(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    if t.starts_with('-') {
-        return Err(format!("'{s}': a latency must not be negative"));
-    }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let scale = match unit.trim() {
-        "ns" => 1e-9,
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        _ => {
-            return Err(format!(
-                "'{s}': a latency needs a unit (examples: 2us, 800ns)"
-            ));
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{s}' is not a latency (examples: 2us, 800ns)"))?;
-    match value.is_finite() && value >= 0.0 {
-        true => Ok(value * scale),
-        false => Err(format!("'{s}': a latency must not be negative")),
-    }
+    s.parse()
+        .map(PlanLink::Given)
+        .map_err(|why| format!("{why}, or here"))
 }
 
 /// The sizes `first`, × `factor`, ... up to `last`.
@@ -482,20 +408,10 @@ mod tests {
 
     #[test]
     fn links_parse_in_bits_or_bytes() {
-        assert_eq!(parse_rate("100Gb/s"), Ok(12.5e9));
-        assert_eq!(parse_rate("10Gbit"), Ok(1.25e9));
-        assert_eq!(parse_rate("12.5GB/s"), Ok(12.5e9));
-        assert_eq!(parse_rate("1GiB/s"), Ok(1073741824.0));
-        assert!(parse_rate("fast").is_err());
-        assert!(parse_rate("0Gb/s").is_err());
-        assert_eq!(parse_latency("2us"), Ok(2e-6));
-        assert_eq!(parse_latency("1.5µs"), Ok(1.5e-6));
-        assert!(parse_latency("2").is_err());
-        assert!(parse_latency("-1us").unwrap_err().contains("negative"));
         let link = parse_link("100Gb/s, 2us").unwrap();
-        let expect = jaccl::planner::Link {
-            bandwidth: 12.5e9,
-            latency: 2e-6,
+        let expect = jaccl::config::LinkSpeed {
+            bandwidth: 12_500_000_000,
+            latency: Duration::from_micros(2),
         };
         assert_eq!(link, PlanLink::Given(expect));
         assert_eq!(parse_link("here"), Ok(PlanLink::Here));

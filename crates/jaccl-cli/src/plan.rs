@@ -1,7 +1,7 @@
 //! `jaccl plan`: what a collective would cost on a cluster, per algorithm and size, from the
 //! plans jaccl would run there ([`jaccl::planner`]); a table, and optionally an SVG plot.
 
-use jaccl::planner::{Cluster, Collective, Link, Prediction, predict};
+use jaccl::planner::{Cluster, Collective, LinkSpeed, Prediction, predict};
 
 use crate::args::{BenchOp, PlanArgs, PlanLink, sweep};
 use crate::plot::{Panel, Series, svg};
@@ -30,9 +30,10 @@ pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
             .map_or(if here { 1 } else { ranks }, |h| h as usize),
         cores: args.cores.map(|c| c as usize).or(here.then_some(cores)),
         link: match args.link {
-            PlanLink::Here => Link::MEASURED_LOOPBACK,
+            PlanLink::Here => LinkSpeed::MEASURED_LOOPBACK,
             PlanLink::Given(link) => link,
         },
+        chooses_by_model: !here,
         reduce_rate: args.reduce_rate.unwrap_or(Cluster::DEFAULT_REDUCE_RATE),
         cpu_per_message: Cluster::DEFAULT_CPU_PER_MESSAGE,
         wires: usize::from(args.wires),
@@ -84,7 +85,16 @@ pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
         }
         rows.push((bytes, predictions));
     }
-    print_line("# chosen: what jaccl runs for this call; least: the least predicted time");
+    print_line(&match here {
+        true => {
+            "# chosen: what jaccl runs for this call here; least: the least predicted time".into()
+        }
+        false => format!(
+            "# chosen: what jaccl runs for this call with JACCL_LINK={}; least: the least \
+             predicted time",
+            cluster.link
+        ),
+    });
     if let Some(path) = &args.plot {
         let title = format!("jaccl plan: {} among {ranks} ranks", op.name());
         std::fs::write(path, plot(&title, &rows, factor))
@@ -109,8 +119,8 @@ fn heading(cluster: &Cluster, op: &str, here: bool) -> String {
          reductions {:.2} GB/s per rank",
         cluster.ranks,
         cluster.hosts,
-        link.bandwidth / 1e9,
-        link.latency * 1e6,
+        link.bytes_per_second() / 1e9,
+        link.latency_seconds() * 1e6,
         cluster.reduce_rate / 1e9
     )
 }

@@ -321,15 +321,20 @@ def test_init_settings_and_properties(run):
     results = run(
         3,
         """
-g = jaccl.init(wires=2, transport="tcp", timeout="30s")
+g = jaccl.init(wires=2, transport="tcp", timeout="30s", link="10Gb/s,20us")
 report([g.rank, g.size, g.topology, g.transport, repr(g)])
 try:
     jaccl.init(wires="lots")
 except jaccl.ConfigError as e:
     report(str(e))
+try:
+    jaccl.init(link="fast")
+except jaccl.ConfigError as e:
+    report(str(e))
 """,
     )
-    for rank, (props, error) in enumerate(results):
+    for rank, (props, error, link_error) in enumerate(results):
+        assert "JACCL_LINK" in link_error and "fast" in link_error
         assert props[:3] == [rank, 3, "ring"]
         assert props[3] == [[(rank - 1) % 3, "tcp"], [(rank + 1) % 3, "tcp"]]
         assert "JACCL_WIRES" in error and "lots" in error

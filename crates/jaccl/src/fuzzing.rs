@@ -256,7 +256,7 @@ pub fn engine(bytes: &[u8]) {
     let Ok(liveness) = Liveness::new(rank) else {
         return;
     };
-    let mut collectives = Collectives::new(geometry, channels, liveness, false, None, None);
+    let mut collectives = Collectives::new(geometry, channels, liveness, false, None, None, None);
     let elem = dtype.size();
     let call = Call {
         rank,

@@ -10,7 +10,7 @@ use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Op;
 
 /// Protocol version of data connections and the side channel. Bumped on any format change.
-pub(crate) const PROTOCOL_VERSION: u16 = 6;
+pub(crate) const PROTOCOL_VERSION: u16 = 7;
 
 const HEADER_MAGIC: [u8; 4] = *b"JCOP";
 

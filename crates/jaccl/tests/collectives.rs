@@ -96,6 +96,38 @@ fn collectives_at_every_size_up_to_17() {
     }
 }
 
+/// Given its links' figures (`Config::link`), a group chooses its all-reduces by the cost
+/// model: recursive doubling, Rabenseifner's and the ring at sizes and rank counts the measured
+/// thresholds do not give them (1 Gb/s with 50 µs: the ring from some hundred KiB among 6 or
+/// 9 ranks; 100 Gb/s with 2 µs: Rabenseifner's from a few KiB), and sub-groups choose alike.
+/// Against the reference and across ranks.
+#[test]
+fn all_reduces_chosen_by_the_cost_model_for_given_links() {
+    for link in ["1Gb/s,50us", "100Gb/s,2us"] {
+        for size in [3, 6, 9] {
+            let make = || {
+                configs(Net::Tcp, size, 1, Duration::from_secs(60))
+                    .into_iter()
+                    .map(|c| c.link(link.parse().unwrap()))
+                    .collect()
+            };
+            let digests = with_configs(make, |g| {
+                let lengths = [1, 7, 13, 1000, 4099, 16_411, 100_003, 300_001];
+                let mut d = all_reduce_case::<f32>(g, &lengths);
+                d.extend(all_reduce_case::<i16>(g, &[5, 70_001]));
+                let mut sub = g.split(Some(u32::from(g.rank() % 2 == 0)), 0).unwrap();
+                if let Some(sub) = sub.as_mut() {
+                    all_reduce_case::<f64>(sub, &[3, 9000]);
+                }
+                d
+            });
+            for (rank, d) in digests.iter().enumerate() {
+                assert_eq!(d, &digests[0], "{link}: rank {rank} of {size}");
+            }
+        }
+    }
+}
+
 /// 64 ranks over TCP: every collective, the rooted ones from every root, uneven blocks
 /// (some empty), against references and a float sum bit-identical on every rank.
 #[test]

@@ -274,6 +274,23 @@ fn ranks_that_disagree_on_wires_fail_at_start_up() {
     }
 }
 
+#[test]
+fn ranks_that_disagree_on_the_link_speed_fail_at_start_up() {
+    let mut cfgs = configs(Net::Tcp, 3, 1, Duration::from_secs(30));
+    cfgs[1] = cfgs[1].clone().link("100Gb/s,2us".parse().unwrap());
+    for r in init_all(cfgs) {
+        match r {
+            Err(Error::Bootstrap(msg)) => {
+                assert!(
+                    msg.contains("link speed") && msg.contains("100Gb/s,2us"),
+                    "{msg}"
+                );
+            }
+            other => panic!("expected Bootstrap, got {other:?}"),
+        }
+    }
+}
+
 /// Starts a group from `cfgs`, one thread per rank, and returns how each start-up ended.
 fn init_all(cfgs: Vec<Config>) -> Vec<jaccl::Result<()>> {
     std::thread::scope(|s| {

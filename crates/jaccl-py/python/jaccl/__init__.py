@@ -36,6 +36,7 @@ _SETTINGS = (
     "transport",
     "topology",
     "wires",
+    "link",
     "timeout",
     "startup_timeout",
     "liveness",
@@ -73,8 +74,9 @@ def init(**settings: Any) -> "Group":
     """Joins the group of this process and returns it.
 
     Settings are keyword arguments named like the ``JACCL_*`` variables, without the prefix
-    (``rank``, ``size``, ``coordinator``, ``transport``, ``topology``, ``wires``, ``timeout``,
-    ``startup_timeout``, ``liveness``, ``job_token``, ``wait``, ``host_id``, ``ibv_devices``);
+    (``rank``, ``size``, ``coordinator``, ``transport``, ``topology``, ``wires``, ``link``
+    (``"100Gb/s,2us"``), ``timeout``, ``startup_timeout``, ``liveness``, ``job_token``,
+    ``wait``, ``host_id``, ``ibv_devices``);
     they take precedence over the environment, which gives the rest (``jaccl launch``,
     torchrun, mpirun, srun). Durations are a ``datetime.timedelta``, seconds (``30``,
     ``2.5``), or a string as the variables take (``"500ms"``, ``"5m"``, ``"off"``). With nothing

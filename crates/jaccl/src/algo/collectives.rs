@@ -6,15 +6,18 @@ use std::sync::Arc;
 
 use super::call::{Buffers, Call};
 use super::channel::Channel;
+use super::cost::{DEFAULT_REDUCE_RATE, Rates};
 use super::engine::{LateLinks, Network, Rounds, Scratch};
 use super::geometry::{DoublingRole, Geometry};
-use super::plan::{Plan, Span};
+use super::plan::Span;
+use super::pricing::ByModel;
 use super::select::{
     AllGather, AllGatherV, AllReduce, AllToAll, Barrier, Broadcast, ReduceScatter, ReduceScatterV,
-    Rooted, Shape, SmallGather,
+    Rooted, Shape,
 };
 use super::shared_memory::{Direct, equal_blocks};
 use super::{bruck, doubling, mesh, p2p, rabenseifner, ring};
+use crate::config::LinkSpeed;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
@@ -37,6 +40,8 @@ type AmongAnyNumber = fn(
 pub(crate) struct Collectives {
     geometry: Geometry,
     shape: Shape,
+    /// With the links' figures (`Config::link`), the all-reduce the cost model prices least.
+    by_model: Option<ByModel>,
     net: Network,
     /// The direct collectives, when every rank shares memory with this one.
     direct: Option<Direct>,
@@ -50,7 +55,8 @@ pub(crate) struct Collectives {
 impl Collectives {
     /// The collectives over `channels` (laid out as [`Geometry`] says). `rdma` says whether any
     /// pair of ring neighbours in the group uses RDMA, `board` gives every rank's shared memory
-    /// when all are on this host: every rank must pass the same, so that all choose alike.
+    /// when all are on this host, `link` the links' figures: every rank must pass the same,
+    /// so that all choose alike.
     pub(crate) fn new(
         geometry: Geometry,
         mut channels: Vec<Channel>,
@@ -58,6 +64,7 @@ impl Collectives {
         rdma: bool,
         board: Option<Arc<Board>>,
         late: Option<Box<dyn LateLinks>>,
+        link: Option<LinkSpeed>,
     ) -> Collectives {
         let direct =
             board.map(|b| Direct::new(geometry.rank, geometry.size, b, Arc::clone(&liveness)));
@@ -70,6 +77,7 @@ impl Collectives {
         Collectives {
             geometry,
             shape: geometry.shape(rdma, direct.is_some()),
+            by_model: link.map(|l| ByModel::new(Rates::of_link(&l, DEFAULT_REDUCE_RATE))),
             net: Network {
                 channels,
                 liveness,
@@ -103,7 +111,11 @@ impl Collectives {
     ) -> Result<()> {
         let g = self.geometry;
         let bytes = output.len();
-        match self.shape.all_reduce(bytes) {
+        let choice = match &mut self.by_model {
+            Some(model) => model.all_reduce(&self.shape, &g, bytes, reducer.elem_size()),
+            None => self.shape.all_reduce(bytes),
+        };
+        match choice {
             AllReduce::Direct => {
                 let shape = self.shape;
                 let direct = direct(&mut self.direct, call)?;
@@ -130,7 +142,7 @@ impl Collectives {
                 );
                 let bufs = Buffers::new(None, all);
                 self.net
-                    .run(&small_gather(&g, how, bytes), bufs, None, call)?;
+                    .run(&ring::small_gather(&g, how, bytes), bufs, None, call)?;
                 fold_in_rank_order(output, all, reducer);
                 Ok(())
             }
@@ -221,7 +233,7 @@ impl Collectives {
                 let scratch = &mut self.scratch;
                 return bruck::all_gather(&mut self.net, &g, scratch, output, block, call);
             }
-            AllGather::Small(how) => small_gather(&g, how, block),
+            AllGather::Small(how) => ring::small_gather(&g, how, block),
             AllGather::Ring | AllGather::Direct => ring::all_gather(&g, block),
         };
         let bufs = Buffers::new(None, output);
@@ -665,14 +677,6 @@ fn blocks_of(counts: &[usize], elem: usize) -> Vec<Range<usize>> {
             block
         })
         .collect()
-}
-
-/// The plan of a small gather of `block` bytes per rank.
-pub(crate) fn small_gather(g: &Geometry, how: SmallGather, block: usize) -> Plan {
-    match how {
-        SmallGather::Exchange => mesh::gather(g, block),
-        SmallGather::BothWays => ring::gather_both_ways(g, block),
-    }
 }
 
 /// The direct collectives that [`Shape::direct`] promised.

@@ -6,6 +6,11 @@
 //! the bytes it reduces at the reduction rate. Plans run one after another add up.
 
 use super::plan::{Merge, Plan};
+use crate::config::LinkSpeed;
+
+/// f32 sums per second of one core of the machine jaccl is measured on (bytes of input
+/// reduced: 18–25 GB/s over 8 MiB, 35–45 GB/s within the cache).
+pub(crate) const DEFAULT_REDUCE_RATE: f64 = 20e9;
 
 /// The cost of a link and of reducing, per message and per byte, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -16,6 +21,17 @@ pub(crate) struct Rates {
     pub(crate) per_byte: f64,
     /// γ: seconds per byte reduced.
     pub(crate) per_reduced_byte: f64,
+}
+
+impl Rates {
+    /// A link's figures, reductions at `reduce_rate` bytes per second.
+    pub(crate) fn of_link(link: &LinkSpeed, reduce_rate: f64) -> Rates {
+        Rates {
+            latency: link.latency_seconds(),
+            per_byte: 1.0 / link.bytes_per_second(),
+            per_reduced_byte: 1.0 / reduce_rate,
+        }
+    }
 }
 
 /// What one rank does in a call (or in one plan of it).

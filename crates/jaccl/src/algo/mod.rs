@@ -11,8 +11,10 @@
 //!   doubling and halving), [`rabenseifner`] (halving then doubling), [`bruck`] (all-gather in ⌈log2 N⌉ rounds), [`p2p`] (send and receive), [`shared_memory`] (the direct
 //!   collectives: every rank of the group on this host reads the others' memory), `any_source` (whose message a receive from any rank
 //!   takes);
-//! - [`select`]: the one place that decides which algorithm runs for a call; [`cost`]: what a
-//!   rank's plans cost (rounds, bytes, reductions; the α–β–γ model of `crate::planner`);
+//! - [`select`]: the one place that decides which algorithm runs for a call, by sizes measured
+//!   here, or, for the all-reduce of a group given its link's figures, by the cost model
+//!   ([`pricing`]: what each algorithm's plans cost the slowest rank; [`cost`]: what a rank's
+//!   plans cost, rounds, bytes and reductions, the α–β–γ model of `crate::planner`);
 //! - [`collectives`]: a group's collectives, run as [`select`] decides.
 
 mod any_source;
@@ -29,6 +31,7 @@ pub(crate) mod geometry;
 pub(crate) mod mesh;
 pub(crate) mod p2p;
 pub(crate) mod plan;
+pub(crate) mod pricing;
 pub(crate) mod rabenseifner;
 pub(crate) mod ring;
 pub(crate) mod select;

@@ -6,8 +6,9 @@
 use std::ops::Range;
 
 use super::geometry::{Geometry, frame_bytes, lane_slice};
+use super::mesh;
 use super::plan::{Buf, Merge, Plan, Span, Step, Transfer};
-use super::select;
+use super::select::{self, SmallGather};
 
 /// An empty plan for a collective: headers go both ways to both neighbours on wire 0, so that
 /// a neighbour that called something else notices.
@@ -187,6 +188,15 @@ pub(crate) fn gather_both_ways(g: &Geometry, block: usize) -> Plan {
     Plan {
         transfers,
         ..collective_plan(g)
+    }
+}
+
+/// The plan of a small gather of `block` bytes per rank: in one step (the mesh, two ranks), or
+/// both ways around the ring.
+pub(crate) fn small_gather(g: &Geometry, how: SmallGather, block: usize) -> Plan {
+    match how {
+        SmallGather::Exchange => mesh::gather(g, block),
+        SmallGather::BothWays => gather_both_ways(g, block),
     }
 }
 

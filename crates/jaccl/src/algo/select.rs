@@ -2,7 +2,10 @@
 //! group's [`Shape`], which every rank knows alike (so every rank chooses alike, and the
 //! plans of one call match). Every threshold is named and measured here; the plans
 //! themselves (`super::ring`, `super::mesh`, `super::doubling`, `super::rabenseifner`,
-//! `super::bruck`, `super::shared_memory`) choose nothing.
+//! `super::bruck`, `super::shared_memory`) choose nothing. The one exception: a group given
+//! its links' figures (`Config::link`) takes the all-reduce the cost model prices least
+//! (`super::pricing::ByModel`), over the network where these thresholds would pick among
+//! doubling, Rabenseifner's, the ring and the gather.
 //!
 //! Adding a collective: its plan in the file of its family, one function here that picks
 //! among its algorithms, the [`crate::Group`] method, tests.
@@ -305,7 +308,7 @@ impl Shape {
     /// Whether a collective whose vectors together take `total` bytes goes to every rank in
     /// one step. Two ranks instead swap their vectors (doubling): the same messages, without
     /// copying both vectors into one buffer first.
-    fn in_one_step(&self, total: usize) -> bool {
+    pub(crate) fn in_one_step(&self, total: usize) -> bool {
         self.mesh && self.size > 2 && total <= MESH_LIMIT
     }
 
@@ -317,7 +320,7 @@ impl Shape {
     /// against 189; 5 ranks 8 KiB 46 against 89. Where the ring uses RDMA (unmeasured), only
     /// where it takes fewer rounds than the gather takes hops (8 ranks, 12 or more): its links
     /// beyond the ring are TCP.
-    fn doubles(&self) -> bool {
+    pub(crate) fn doubles(&self) -> bool {
         let n = self.size;
         let rounds =
             n.checked_ilog2().unwrap_or(0) as usize + 2 * usize::from(!n.is_power_of_two());
@@ -325,6 +328,12 @@ impl Shape {
             false => self.pairs || n >= 5,
             true => self.pairs || rounds < n.saturating_sub(1).div_ceil(2),
         }
+    }
+
+    /// Whether the gather of whole vectors may carry `total` bytes in all (every rank holds
+    /// all of them).
+    pub(crate) fn gathers(&self, total: usize) -> bool {
+        total <= GATHER_LIMIT
     }
 
     /// How a small gather of `total` bytes in all moves.
@@ -355,7 +364,7 @@ impl Shape {
             AllReduce::Doubling
         } else if halving && bytes > RABENSEIFNER_MIN && bytes <= rabenseifner_max(self.size) {
             AllReduce::Rabenseifner
-        } else if total > GATHER_LIMIT {
+        } else if !self.gathers(total) {
             AllReduce::Ring
         } else {
             AllReduce::Gather(self.small_gather(total))

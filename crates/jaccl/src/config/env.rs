@@ -114,6 +114,9 @@ impl Config {
             }
             cfg.wires = Some(wires);
         }
+        if let Some(value) = env.get("JACCL_LINK")? {
+            cfg.link = Some(parse_with("JACCL_LINK", &value)?);
+        }
         for (var, field) in [
             ("JACCL_TIMEOUT", &mut cfg.timeout),
             ("JACCL_STARTUP_TIMEOUT", &mut cfg.startup_timeout),
@@ -262,7 +265,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::Transport;
+    use crate::config::{LinkSpeed, Transport};
     use crate::wait::WaitPolicy;
 
     fn from(vars: &[(&str, &str)]) -> Result<Config> {
@@ -389,6 +392,8 @@ mod tests {
         assert!(msg.contains("MASTER_PORT"), "{msg}");
         let msg = config_error(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "x")]);
         assert!(msg.contains("MASTER_PORT=x"), "{msg}");
+        let msg = config_error(&[("JACCL_LINK", "100Gb/s")]);
+        assert!(msg.contains("JACCL_LINK=100Gb/s"), "{msg}");
         let msg = config_error(&[("JACCL_WAIT", "fast")]);
         assert!(msg.contains("JACCL_WAIT=fast"), "{msg}");
         let msg = config_error(&[("JACCL_JOB_TOKEN", "0xzz")]);
@@ -414,8 +419,16 @@ mod tests {
             ("JACCL_LIVENESS", "off"),
             ("JACCL_WAIT", "spin=5us,yield=1ms"),
             ("JACCL_HOST_ID", "node-b"),
+            ("JACCL_LINK", "10Gbit/s,5us"),
         ])
         .unwrap();
+        assert_eq!(
+            cfg.link,
+            Some(LinkSpeed {
+                latency: Duration::from_micros(5),
+                bandwidth: 1_250_000_000
+            })
+        );
         assert_eq!(
             cfg.wait,
             Some(WaitPolicy {

@@ -19,6 +19,7 @@
 //! | waiting for peers | `JACCL_WAIT` (`auto`, `sleep`, `spin=50us,yield=2ms`) | `auto`: [`WaitPolicy::auto`] |
 //! | host identity | `JACCL_HOST_ID` (any string; ranks with different ones never share memory, so one machine can play several hosts in tests) | unset |
 //! | wires | `JACCL_WIRES` (1 to 4) | measured default, [`Config::DEFAULT_WIRES`] |
+//! | link speed | `JACCL_LINK` (`BANDWIDTH,LATENCY`: `100Gb/s,2us`; [`LinkSpeed`]): the all-reduce is chosen by the cost model for these figures | unset: thresholds measured on loopback |
 //! | operation timeout | `JACCL_TIMEOUT` (seconds, `2.5`, with a unit: `500ms`, `30s`, `5m`, or `off`) | [`Config::DEFAULT_TIMEOUT`] |
 //! | start-up timeout | `JACCL_STARTUP_TIMEOUT` (as above) | [`Config::DEFAULT_STARTUP_TIMEOUT`] |
 //! | liveness window | `JACCL_LIVENESS` (as above) | [`Config::DEFAULT_LIVENESS`] |
@@ -32,10 +33,12 @@
 
 mod devices;
 mod env;
+mod link_speed;
 mod parse;
 
 pub use devices::DeviceMatrix;
 pub use env::{JOB_ID_VARIABLES, RANK_VARIABLES, SIZE_VARIABLES};
+pub use link_speed::{LinkSpeed, parse_latency, parse_rate};
 pub use parse::parse_duration;
 pub(crate) use parse::split_host_port;
 
@@ -174,6 +177,12 @@ pub struct Config {
     /// Parallel connections to each ring neighbour, 1 to 4; `None` means
     /// [`Config::DEFAULT_WIRES`].
     pub wires: Option<usize>,
+    /// The speed of the links between hosts. Set, the all-reduce over the network (not the
+    /// one among ranks that all share memory, nor over RDMA) is the algorithm the cost model
+    /// predicts fastest for these figures (`jaccl plan --link` shows its predictions).
+    /// `None`: the choices measured on loopback at 2–64 ranks ([`LinkSpeed::MEASURED_LOOPBACK`]).
+    /// Every rank must set the same.
+    pub link: Option<LinkSpeed>,
     /// How long an operation may wait without progress before it fails with
     /// [`Error::Timeout`]. Long by default: a peer that is stopped, hung or gone is found by
     /// liveness ([`Config::liveness`](#structfield.liveness)) instead, and a peer that is only
@@ -237,6 +246,7 @@ impl Config {
             transport: Transport::Auto,
             topology: Topology::Auto,
             wires: None,
+            link: None,
             timeout: Config::DEFAULT_TIMEOUT,
             startup_timeout: Config::DEFAULT_STARTUP_TIMEOUT,
             liveness: Config::DEFAULT_LIVENESS,
@@ -270,6 +280,12 @@ impl Config {
     /// Sets the number of wires (parallel connections) per ring neighbour, 1 to 4.
     pub fn wires(mut self, wires: usize) -> Config {
         self.wires = Some(wires);
+        self
+    }
+
+    /// Sets the speed of the links between hosts (see [`Config::link`](#structfield.link)).
+    pub fn link(mut self, link: LinkSpeed) -> Config {
+        self.link = Some(link);
         self
     }
 

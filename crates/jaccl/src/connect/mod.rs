@@ -49,6 +49,8 @@ struct PeerInfo {
     wires: usize,
     transport: String,
     topology: String,
+    /// `Config::link`, exactly (whole bytes per second and nanoseconds).
+    link: Option<String>,
     /// What each transport's connector published, by transport name (opaque here).
     links: BTreeMap<String, Value>,
 }
@@ -164,6 +166,7 @@ fn set_up(
         wires,
         transport: config.transport.to_string(),
         topology: config.topology.to_string(),
+        link: config.link.map(|l| l.to_string()),
         links,
     };
     let mut exchange = SideExchange {
@@ -304,6 +307,7 @@ fn set_up(
         choice.any_rdma,
         board.and_then(|s| Board::new(size, s)).map(Arc::new),
         Some(Box::new(late)),
+        config.link,
     );
     side.barrier(deadline)?;
     let heartbeat = (config.liveness != std::time::Duration::MAX)
@@ -419,6 +423,15 @@ fn agree(rank: usize, me: &PeerInfo, infos: &[PeerInfo]) -> Result<()> {
                 "ranks disagree on the transport: rank {rank} uses {}, rank {r} uses {}; set \
                  JACCL_TRANSPORT (or Config::transport) the same on every rank",
                 me.transport, info.transport
+            )));
+        }
+        if info.link != me.link {
+            let name = |link: &Option<String>| link.clone().unwrap_or_else(|| "none".into());
+            return Err(Error::Bootstrap(format!(
+                "ranks disagree on the link speed: rank {rank} uses {}, rank {r} uses {}; set \
+                 JACCL_LINK (or Config::link) the same on every rank",
+                name(&me.link),
+                name(&info.link)
             )));
         }
     }

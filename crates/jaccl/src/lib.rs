@@ -32,7 +32,9 @@
 //!   later call comes, not at all.
 //! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
 //!   inputs give the same output on every run: each element's values are combined in an order
-//!   the algorithm fixes (which every rank picks alike from the size and the group's shape),
+//!   the algorithm fixes (which every rank picks alike from the size, the group's shape and,
+//!   with [`Config::link`](config::Config#structfield.link), the element size and the links'
+//!   figures: setting `JACCL_LINK` may change the algorithm, and so a float sum's last bits),
 //!   and every rank either builds that same expression or receives its result. The ring:
 //!   around the ring from the rank after the one that completes the chunk, reduced once and
 //!   copied; the small gathers: `((a0 ⊕ a1) ⊕ a2) ⊕ …`; recursive doubling: pairs, then pairs

@@ -43,8 +43,9 @@ pub struct Cluster {
     /// Every link between two ranks.
     pub link: LinkSpeed,
     /// Whether the job gives jaccl the links' figures (`JACCL_LINK`, [`crate::Config::link`]),
-    /// so that it chooses the all-reduce by this model; else by the thresholds measured on
-    /// loopback.
+    /// so that it chooses the all-reduce by this model (with the link alone: the job knows
+    /// neither [`Cluster::cores`] nor [`Cluster::reduce_rate`], and prices reductions at
+    /// [`Cluster::DEFAULT_REDUCE_RATE`]); else by the thresholds measured on loopback.
     pub chooses_by_model: bool,
     /// Bytes per second one rank reduces (1/γ), for f32 sums.
     pub reduce_rate: f64,
@@ -165,8 +166,11 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
     let candidates: Vec<(&'static str, bool, Algorithm)> = match op {
         Collective::AllReduce => {
             let count = bytes / ELEM;
+            // What a job given the link's figures runs: it knows neither the crowding nor
+            // another reduction rate.
+            let job_rates = Rates::of_link(&cluster.link, cost::DEFAULT_REDUCE_RATE);
             let chosen = match cluster.chooses_by_model {
-                true => ByModel::new(rates).all_reduce(&shape, &g, count * ELEM, ELEM),
+                true => ByModel::new(job_rates).all_reduce(&shape, &g, count * ELEM, ELEM),
                 false => shape.all_reduce(count * ELEM),
             };
             let total = count * ELEM * n;

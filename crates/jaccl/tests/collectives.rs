@@ -76,8 +76,9 @@ fn all_reduce_every_dtype_op_size_and_wires() {
 /// among any number of ranks (5 or more; the ranks beyond a power of two hand over their
 /// vectors before and take the result after), the both-ways gather, Rabenseifner's halving
 /// then doubling (64 KiB, in blocks of uneven length) and the ring past it. All-gather:
-/// Bruck's rounds (6 ranks or more), the gathers and the ring. The barrier. Against the
-/// reference and across ranks.
+/// Bruck's rounds (6 ranks or more), the gathers and the ring. The barrier. Then every other
+/// collective once, the rooted ones from every root, with uneven counts (some empty). Against
+/// the reference and across ranks.
 #[test]
 fn collectives_at_every_size_up_to_17() {
     for size in 1..=17 {
@@ -88,6 +89,10 @@ fn collectives_at_every_size_up_to_17() {
             d.extend(all_gather_case::<u8>(g, &[5]));
             g.barrier()
                 .unwrap_or_else(|e| panic!("barrier among {size}: {e}"));
+            let roots: Vec<usize> = (0..size).collect();
+            let wrong = every_collective_once(g, &roots)
+                .unwrap_or_else(|e| panic!("rank {} of {size}: {e}", g.rank()));
+            assert_eq!(wrong, None, "rank {} of {size}", g.rank());
             d
         });
         for (rank, d) in digests.iter().enumerate() {
@@ -97,10 +102,10 @@ fn collectives_at_every_size_up_to_17() {
 }
 
 /// Given its links' figures (`Config::link`), a group chooses its all-reduces by the cost
-/// model: recursive doubling, Rabenseifner's and the ring at sizes and rank counts the measured
-/// thresholds do not give them (1 Gb/s with 50 µs: the ring from some hundred KiB among 6 or
-/// 9 ranks; 100 Gb/s with 2 µs: Rabenseifner's from a few KiB), and sub-groups choose alike.
-/// Against the reference and across ranks.
+/// model, at sizes and rank counts where the measured thresholds choose otherwise (over TCP
+/// without the mesh, 1 Gb/s with 50 µs: the ring from 16 KiB among 6 ranks; 100 Gb/s with
+/// 2 µs: recursive doubling at 16 KiB, Rabenseifner's among 9 from 64 KiB), and sub-groups
+/// choose alike. Against the reference and across ranks.
 #[test]
 fn all_reduces_chosen_by_the_cost_model_for_given_links() {
     for link in ["1Gb/s,50us", "100Gb/s,2us"] {
@@ -125,6 +130,33 @@ fn all_reduces_chosen_by_the_cost_model_for_given_links() {
                 assert_eq!(d, &digests[0], "{link}: rank {rank} of {size}");
             }
         }
+    }
+}
+
+/// The model's choice is the one that runs: links that cost only latency (1 s a message, 1 TB/s)
+/// make recursive doubling the cheapest among 6 ranks at 4 MiB, where the measured thresholds
+/// take the ring, and links that cost only bytes (1 B/s, no latency) make the ring the cheapest
+/// at 64 KiB, where they take Rabenseifner's. Doubling and Rabenseifner's connect to ranks off
+/// the ring on first use; the ring does not.
+#[test]
+fn the_cost_models_choice_is_the_one_that_runs() {
+    for (link, len, off_the_ring) in [("1TB/s,1s", 1 << 20, true), ("1B/s,0ns", 16 << 10, false)] {
+        let make = || {
+            configs(Net::Tcp, 6, 1, Duration::from_secs(60))
+                .into_iter()
+                .map(|c| c.link(link.parse().unwrap()))
+                .collect()
+        };
+        let peers = with_configs(make, |g| {
+            let before = g.transport().len();
+            let mut data = vec![1.0f32; len];
+            g.all_reduce_in_place(&mut data, ReduceOp::Sum).unwrap();
+            assert!(data.iter().all(|&v| v == 6.0), "{link}");
+            (before, g.transport().len())
+        });
+        assert!(peers.iter().all(|&(before, _)| before == 2), "{peers:?}");
+        let opened = peers.iter().any(|&(_, after)| after > 2);
+        assert_eq!(opened, off_the_ring, "{link}: {peers:?}");
     }
 }
 

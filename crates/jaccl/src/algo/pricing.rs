@@ -170,41 +170,40 @@ pub(crate) fn all_reduce_algorithm(
 /// the order that breaks ties: recursive doubling where the shape doubles, Rabenseifner's
 /// among 3 or more ranks with an element for every rank, the ring, and the gather where every
 /// rank's vector fits the gather's buffer ([`Shape::gathers`]) and recursive doubling does
-/// not double. That last is the model corrected by measurement: doubling beat the both-ways
-/// gather at every size from 5 ranks ([`Shape::doubles`]), where the model, which counts the
-/// gather's hops and not its two messages per hop, prefers the gather (6 ranks up to 4 KiB).
-fn all_reduce_candidates(shape: &Shape, count: usize, elem: usize) -> Vec<AllReduce> {
+/// not double (3 ranks). That last is the model corrected by measurement: doubling beat the
+/// both-ways gather at every size from 5 ranks ([`Shape::doubles`]), where the model, which
+/// counts the gather's hops and not its two messages per hop, prefers the gather (6 ranks up
+/// to 4 KiB). Each with whether it is one.
+fn all_reduce_candidates(shape: &Shape, count: usize, elem: usize) -> [(AllReduce, bool); 4] {
     let (n, bytes) = (shape.size, count * elem);
     let total = bytes.saturating_mul(n);
-    let doubles = shape.doubles() && bytes > 0;
+    let doubles = shape.doubles();
     [
         (AllReduce::Doubling, doubles),
         (AllReduce::Rabenseifner, n > 2 && count >= n),
-        (AllReduce::Ring, bytes > 0),
+        (AllReduce::Ring, true),
         (
             AllReduce::Gather(shape.small_gather(total)),
-            (shape.gathers(total) && !doubles) || bytes == 0,
+            shape.gathers(total) && !doubles,
         ),
     ]
-    .into_iter()
-    .filter_map(|(choice, candidate)| candidate.then_some(choice))
-    .collect()
 }
 
 /// The all-reduce chosen by the cost model for a link's figures: the least predicted time
 /// among [`all_reduce_candidates`], on the same figures and plans on every rank, so every rank
 /// chooses alike. Where the model has nothing to weigh (every rank shares memory, RDMA rings,
-/// the mesh's one step), the measured choice of [`Shape::all_reduce`] stands. Each size is
-/// priced once (pricing builds the plans of several ranks: under half a millisecond among 1024
-/// ranks, 13 ms among 16384).
+/// the mesh's one step, no data), the measured choice of [`Shape::all_reduce`] stands.
+///
+/// Sizes are priced by class, an eighth of an octave (the four leading bits of the size), at
+/// the smallest size of the class, each class once per group: pricing builds the plans of
+/// several ranks (0.5–0.8 ms among 64 to 1024 ranks over one wire, 17 ms among 16384; with
+/// four wires 1.3, 3.8 and 78 ms), and the classes are few (8 per octave and element size).
 #[derive(Debug)]
 pub(crate) struct ByModel {
     rates: Rates,
-    chosen: HashMap<(usize, usize), AllReduce>,
+    /// By size class, element size and which candidates the size allows.
+    chosen: HashMap<(usize, usize, [bool; 4]), AllReduce>,
 }
-
-/// Sizes remembered per group before the memory starts again.
-const REMEMBERED: usize = 1024;
 
 impl ByModel {
     pub(crate) fn new(rates: Rates) -> ByModel {
@@ -224,38 +223,41 @@ impl ByModel {
         elem: usize,
     ) -> AllReduce {
         let total = bytes.saturating_mul(shape.size);
-        if shape.direct || shape.rdma || shape.in_one_step(total) || elem == 0 || bytes == 0 {
+        if shape.direct || shape.rdma || shape.in_one_step(total) || bytes < elem.max(1) {
             return shape.all_reduce(bytes);
         }
-        if let Some(&choice) = self.chosen.get(&(bytes, elem)) {
+        let candidates = all_reduce_candidates(shape, bytes / elem, elem);
+        let class = size_class(bytes).max(elem);
+        let key = (class, elem, candidates.map(|(_, allowed)| allowed));
+        if let Some(&choice) = self.chosen.get(&key) {
             return choice;
         }
-        if self.chosen.len() >= REMEMBERED {
-            self.chosen.clear();
+        let priced = candidates
+            .into_iter()
+            .filter(|&(_, allowed)| allowed)
+            .filter_map(|(choice, _)| {
+                let algorithm = all_reduce_algorithm(choice, class / elem, elem)?;
+                Some((
+                    choice,
+                    algorithm.slowest(g, &self.rates).seconds(&self.rates),
+                ))
+            });
+        // The least time, the first of equals (the ring is always a candidate).
+        let mut best = (AllReduce::Ring, f64::INFINITY);
+        for (choice, seconds) in priced {
+            if seconds < best.1 {
+                best = (choice, seconds);
+            }
         }
-        let choice = cheapest(shape, g, bytes / elem, elem, &self.rates);
-        self.chosen.insert((bytes, elem), choice);
-        choice
+        self.chosen.insert(key, best.0);
+        best.0
     }
 }
 
-/// The candidate of least predicted time (the first of equals).
-fn cheapest(shape: &Shape, g: &Geometry, count: usize, elem: usize, rates: &Rates) -> AllReduce {
-    let priced = all_reduce_candidates(shape, count, elem)
-        .into_iter()
-        .filter_map(|choice| {
-            let algorithm = all_reduce_algorithm(choice, count, elem)?;
-            Some((choice, algorithm.slowest(g, rates).seconds(rates)))
-        });
-    let mut best: Option<(AllReduce, f64)> = None;
-    for (choice, seconds) in priced {
-        if best.is_none_or(|(_, least)| seconds < least) {
-            best = Some((choice, seconds));
-        }
-    }
-    best.map_or(AllReduce::Gather(shape.small_gather(0)), |(choice, _)| {
-        choice
-    })
+/// The smallest size with the same four leading bits as `bytes`.
+fn size_class(bytes: usize) -> usize {
+    let shift = bytes.checked_ilog2().unwrap_or(0).saturating_sub(3);
+    bytes >> shift << shift
 }
 
 #[cfg(test)]
@@ -268,30 +270,43 @@ mod tests {
     }
 
     #[test]
-    fn every_rank_chooses_alike_and_shared_memory_keeps_its_choice() {
-        for size in 2..=20 {
-            for link in ["1Gb/s,50us", "100Gb/s,2us"] {
-                let g = |rank| Geometry {
-                    rank,
-                    size,
-                    wires: 1,
-                    mesh: false,
-                };
-                let shape = g(0).shape(false, false);
-                for bytes in [4, 400, 40_000, 4_000_000] {
-                    let choices: Vec<AllReduce> = (0..size)
-                        .map(|r| ByModel::new(rates(link)).all_reduce(&shape, &g(r), bytes, 4))
-                        .collect();
-                    assert!(choices.iter().all(|c| *c == choices[0]), "{size} {bytes}");
-                }
-                let direct = Shape {
-                    direct: true,
-                    ..shape
-                };
-                let mut model = ByModel::new(rates(link));
-                assert_eq!(model.all_reduce(&direct, &g(0), 64, 4), AllReduce::Direct);
+    fn shared_memory_rdma_and_empty_calls_keep_the_measured_choice() {
+        let g = Geometry {
+            rank: 0,
+            size: 6,
+            wires: 1,
+            mesh: false,
+        };
+        let shape = g.shape(false, false);
+        let mut model = ByModel::new(rates("1Gb/s,50us"));
+        for other in [
+            Shape {
+                direct: true,
+                ..shape
+            },
+            Shape {
+                rdma: true,
+                ..shape
+            },
+        ] {
+            for bytes in [8, 1 << 20] {
+                let measured = other.all_reduce(bytes);
+                assert_eq!(model.all_reduce(&other, &g, bytes, 4), measured);
             }
         }
+        assert_eq!(model.all_reduce(&shape, &g, 0, 4), shape.all_reduce(0));
+        assert!(model.chosen.is_empty());
+    }
+
+    #[test]
+    fn sizes_are_priced_by_eighths_of_an_octave() {
+        assert_eq!(size_class(7), 7);
+        assert_eq!(size_class(15), 15);
+        assert_eq!(size_class(16), 16);
+        assert_eq!(size_class(17), 16);
+        assert_eq!(size_class(19), 18);
+        assert_eq!(size_class((1 << 20) + 12345), 1 << 20);
+        assert_eq!(size_class(usize::MAX), 0b1111 << (usize::BITS - 4));
     }
 
     #[test]

@@ -61,7 +61,8 @@ impl FromStr for LinkSpeed {
     }
 }
 
-/// Written as it parses, exactly, in the largest unit that divides it (`100Gb/s,2us`).
+/// Written in the largest unit that divides each figure exactly (`100Gb/s,2us`); whatever
+/// [`LinkSpeed::from_str`] made parses back to the same figures.
 impl fmt::Display for LinkSpeed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let bits = u128::from(self.bandwidth) * 8;
@@ -93,11 +94,15 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let bits = matches!(unit.trim().chars().last(), Some('b')) || unit.trim().ends_with("bit");
-    let unit = unit
-        .trim()
-        .trim_end_matches("it")
-        .trim_end_matches(['b', 'B']);
+    // `b` is bits, `B` bytes; `bit` in any case is bits (`GBit/s`).
+    let unit = unit.trim();
+    let (unit, bits) = if unit.to_ascii_lowercase().ends_with("bit") {
+        (&unit[..unit.len() - 3], true)
+    } else if let Some(prefix) = unit.strip_suffix('b') {
+        (prefix, true)
+    } else {
+        (unit.strip_suffix('B').unwrap_or(unit), false)
+    };
     let scale = match unit {
         "" => 1.0,
         "k" | "K" => 1e3,
@@ -165,6 +170,10 @@ mod tests {
     fn links_parse_in_bits_or_bytes() {
         assert_eq!(parse_rate("100Gb/s"), Ok(12.5e9));
         assert_eq!(parse_rate("10Gbit"), Ok(1.25e9));
+        assert_eq!(parse_rate("10GBit/s"), Ok(1.25e9));
+        assert_eq!(parse_rate("10Gbps"), Ok(1.25e9));
+        assert_eq!(parse_rate("4GiB"), Ok(4.0 * 1073741824.0));
+        assert_eq!(parse_rate("2200000000"), Ok(2.2e9));
         assert_eq!(parse_rate("12.5GB/s"), Ok(12.5e9));
         assert_eq!(parse_rate("1GiB/s"), Ok(1073741824.0));
         assert!(parse_rate("fast").is_err());

@@ -180,8 +180,9 @@ pub struct Config {
     /// The speed of the links between hosts. Set, the all-reduce over the network (not the
     /// one among ranks that all share memory, nor over RDMA) is the algorithm the cost model
     /// predicts fastest for these figures (`jaccl plan --link` shows its predictions).
-    /// `None`: the choices measured on loopback at 2–64 ranks ([`LinkSpeed::MEASURED_LOOPBACK`]).
-    /// Every rank must set the same.
+    /// `None`: the thresholds measured on loopback at 2–64 ranks (setting
+    /// [`LinkSpeed::MEASURED_LOOPBACK`] does not give them: the model disagrees with them
+    /// there, see docs/algorithms.md). Every rank must set the same.
     pub link: Option<LinkSpeed>,
     /// How long an operation may wait without progress before it fails with
     /// [`Error::Timeout`]. Long by default: a peer that is stopped, hung or gone is found by

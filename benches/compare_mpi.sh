@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Broadcast, all-to-all and all-gather of jaccl against Open MPI, side by side on this
-# machine: shared memory (Open MPI's default, vader, against `jaccl bench --transport shm`) and
-# TCP over loopback (`mpirun --mca btl tcp,self` against `--transport tcp`).
+# Collectives of jaccl against Open MPI, side by side on this machine: shared memory (Open
+# MPI's default, vader, against `jaccl bench --transport shm`) and TCP over loopback (`mpirun
+# --mca btl tcp,self` against `--transport tcp`).
 #
 #   benches/compare_mpi.sh [-r REPS] [-n "2 4"] [-s 8,64K,4M,32M] [-O "broadcast all-to-all"]
 #                          [-t "shm tcp"] [-o FILE.jsonl]
@@ -9,10 +9,13 @@
 # Per repetition (default 3), rank count, operation and transport, Open MPI and jaccl run one
 # after the other, in an order that alternates between repetitions; the table shows each one's
 # best time per size (µs) and jaccl's speed-up (MPI's time / jaccl's: above 1 is faster).
-# Sizes are bytes of u8 elements: broadcast's message, all-to-all's input per rank (size / N to
-# every rank), all-gather's output (size / N from every rank), as `jaccl bench` and nccl-tests
-# count them. -O picks the operations (also all-gather), -t the transports. Every run checks
-# its results.
+# -O picks the operations: broadcast, all-to-all, all-gather, reduce-scatter, reduce, gather,
+# scatter, all-reduce (reductions sum, rooted ones from or to rank 0); -t the transports.
+# Sizes are bytes of u8 elements, as `jaccl bench` and nccl-tests count them: the message of
+# broadcast, reduce and all-reduce; each rank's input of all-to-all (size / N to every rank)
+# and reduce-scatter (size / N comes out); the output of all-gather and the root's of gather,
+# the root's input of scatter (size / N from or to every rank). Where an operation cuts a size
+# into N blocks, a size under N bytes becomes N. Every run checks its results.
 # Needs mpicc and mpirun (Debian: openmpi-bin libopenmpi-dev) and builds jaccl in release.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,8 +24,22 @@ while getopts "r:n:s:o:O:t:h" opt; do
   case "$opt" in
     r) reps=$OPTARG ;; n) ranks=$OPTARG ;; s) sizes=$OPTARG ;; o) out=$OPTARG ;;
     O) ops=$OPTARG ;; t) transports=$OPTARG ;;
-    *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
+done
+mpi_name() {  # jaccl bench's op name -> mpi_collectives' (empty: unknown)
+  case $1 in
+    broadcast) echo bcast ;; all-to-all) echo alltoall ;; all-gather) echo allgather ;;
+    reduce-scatter) echo reducescatter ;; reduce) echo reduce ;; gather) echo gather ;;
+    scatter) echo scatter ;; all-reduce) echo allreduce ;;
+  esac
+}
+for op in $ops; do
+  if [[ -z $(mpi_name "$op") ]]; then
+    echo "compare_mpi.sh: unknown operation $op (-O takes broadcast, all-to-all, all-gather," \
+      "reduce-scatter, reduce, gather, scatter, all-reduce)" >&2
+    exit 2
+  fi
 done
 work=$(mktemp -d /tmp/jaccl-compare.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -34,19 +51,48 @@ jaccl=$PWD/target/release/jaccl
 mpicc -O2 -o "$work/mpi_collectives" benches/mpi_collectives.c -lm
 IFS=, read -r -a size_list <<< "$sizes"
 
-mpi() {  # ranks op transport
-  local btl=()
-  [[ $3 == tcp ]] && btl=(--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo)
-  local op=bcast
-  [[ $2 == all-to-all ]] && op=alltoall
-  [[ $2 == all-gather ]] && op=allgather
-  mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" \
-    --mca oob_tcp_if_include lo "${btl[@]}" "$work/mpi_collectives" "$op" "$sizes" "$3" >> "$out"
+bytes() {  # a size (8, 64K, 4M...) in bytes, or as it is if not one
+  local v=${1%[KkMmGgBb]}
+  [[ $v =~ ^[0-9]+$ ]] || { echo "$1"; return; }
+  case $1 in
+    *[Kk]) echo $((v << 10)) ;; *[Mm]) echo $((v << 20)) ;; *[Gg]) echo $((v << 30)) ;;
+    *) echo "$v" ;;
+  esac
 }
 
-jaccl() {  # ranks op transport
+sizes_for() {  # ranks op: the sizes to run, a size under N bytes made N where op cuts N blocks
+  case $2 in
+    all-to-all | all-gather | reduce-scatter | gather | scatter) ;;
+    *) echo "${size_list[@]}"; return ;;
+  esac
+  local s b seen=" " list=()
   for s in "${size_list[@]}"; do
-    "$jaccl" bench -n "$1" --op "$2" --dtype u8 -b "$s" -e "$s" --transport "$3" \
+    b=$(bytes "$s")
+    if [[ $b =~ ^[0-9]+$ ]] && (( b < $1 )); then
+      echo "compare_mpi.sh: $2 on $1 ranks: $s bytes is under a byte per rank; $1 instead" >&2
+      s=$1
+    fi
+    [[ $seen == *" $s "* ]] || list+=("$s")
+    seen+="$s "
+  done
+  echo "${list[@]}"
+}
+
+mpi() {  # ranks op transport sizes...
+  local n=$1 op t=$3 btl=()
+  op=$(mpi_name "$2")
+  shift 3
+  [[ $t == tcp ]] && btl=(--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo)
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
+    --mca oob_tcp_if_include lo "${btl[@]}" "$work/mpi_collectives" "$op" "$(IFS=,; echo "$*")" \
+    "$t" >> "$out"
+}
+
+jaccl() {  # ranks op transport sizes...
+  local n=$1 op=$2 t=$3 s
+  shift 3
+  for s in "$@"; do
+    "$jaccl" bench -n "$n" --op "$op" --dtype u8 -b "$s" -e "$s" --transport "$t" \
       --json "$work/row.jsonl" > /dev/null
     cat "$work/row.jsonl" >> "$out"
   done
@@ -57,8 +103,12 @@ for ((rep = 0; rep < reps; rep++)); do
     for op in $ops; do
       for t in $transports; do
         echo "compare_mpi.sh: repetition $((rep + 1))/$reps: N=$n $op over $t" >&2
-        if (( rep % 2 == 0 )); then mpi "$n" "$op" "$t"; jaccl "$n" "$op" "$t"
-        else jaccl "$n" "$op" "$t"; mpi "$n" "$op" "$t"; fi
+        read -r -a run_sizes <<< "$(sizes_for "$n" "$op")"
+        if (( rep % 2 == 0 )); then
+          mpi "$n" "$op" "$t" "${run_sizes[@]}"; jaccl "$n" "$op" "$t" "${run_sizes[@]}"
+        else
+          jaccl "$n" "$op" "$t" "${run_sizes[@]}"; mpi "$n" "$op" "$t" "${run_sizes[@]}"
+        fi
       done
     done
   done

@@ -16,7 +16,7 @@ use super::select::{
     Rooted, Shape,
 };
 use super::shared_memory::{Direct, equal_blocks};
-use super::{bruck, doubling, mesh, p2p, rabenseifner, ring};
+use super::{bruck, doubling, mesh, p2p, rabenseifner, ring, tree};
 use crate::config::LinkSpeed;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
@@ -336,7 +336,7 @@ impl Collectives {
                 direct.broadcast(data, root, call, &mut self.net.channels)
             }
             Broadcast::Tree => {
-                let plans = mesh::broadcast_tree(&g, root, data.len());
+                let plans = tree::broadcast(&g, root, data.len());
                 let mut rounds = Rounds {
                     net: &mut self.net,
                     plans: &plans,
@@ -367,6 +367,32 @@ impl Collectives {
                 let channels = &mut self.net.channels;
                 direct.reduce(input, output, root, reducer, call, channels, &shape)
             }
+            Rooted::Tree => {
+                let (g, bytes) = (self.geometry, input.len());
+                let plans = tree::reduce(&g, root, bytes);
+                let mut spare = std::mem::take(&mut self.spare);
+                // This rank's partial result: its input, then each child's reduced after it.
+                let partial = match g.rank == root {
+                    true => output,
+                    false => spare.bytes(bytes),
+                };
+                copy(partial, input);
+                let theirs = self.scratch.bytes(bytes);
+                let mut rounds = Rounds {
+                    net: &mut self.net,
+                    plans: &plans,
+                    call,
+                };
+                let result = (0..plans.len()).try_for_each(|k| {
+                    rounds.run(k, &mut *theirs, Some(&*partial))?;
+                    if tree::reduce_receives(&g, root, k) {
+                        reducer.accumulate(partial, theirs);
+                    }
+                    Ok(())
+                });
+                self.spare = spare;
+                result
+            }
             Rooted::ViaAll | Rooted::Chain => {
                 if self.geometry.rank == root {
                     return self.all_reduce(Some(input), output, reducer, call);
@@ -389,6 +415,24 @@ impl Collectives {
                 let blocks = equal_blocks(g.size, block);
                 let channels = &mut self.net.channels;
                 direct.gather_blocks(input, output, &blocks, Some(root), call, channels)
+            }
+            Rooted::Tree => {
+                let plans = tree::gather(&g, root, block);
+                let held = self.scratch.bytes(tree::subtree_blocks(&g, root) * block);
+                copy(&mut held[..block], input);
+                let mut rounds = Rounds {
+                    net: &mut self.net,
+                    plans: &plans,
+                    call,
+                };
+                (0..plans.len()).try_for_each(|k| rounds.run(k, &mut *held, None))?;
+                if is_root {
+                    // By distance from the root: the root's block first.
+                    let split = (g.size - root) * block;
+                    copy(&mut output[root * block..], &held[..split]);
+                    copy(&mut output[..root * block], &held[split..]);
+                }
+                Ok(())
             }
             Rooted::ViaAll => {
                 if is_root {
@@ -420,6 +464,24 @@ impl Collectives {
             Rooted::Direct => {
                 let direct = direct(&mut self.direct, call)?;
                 direct.scatter(input, output, root, call, &mut self.net.channels)
+            }
+            Rooted::Tree => {
+                let plans = tree::scatter(&g, root, block);
+                let held = self.scratch.bytes(tree::subtree_blocks(&g, root) * block);
+                if g.rank == root {
+                    // By distance from the root: the root's block first.
+                    let split = (g.size - root) * block;
+                    copy(&mut held[..split], &input[root * block..]);
+                    copy(&mut held[split..], &input[..root * block]);
+                }
+                let mut rounds = Rounds {
+                    net: &mut self.net,
+                    plans: &plans,
+                    call,
+                };
+                (0..plans.len()).try_for_each(|k| rounds.run(k, &mut *held, None))?;
+                copy(output, &held[..block]);
+                Ok(())
             }
             Rooted::ViaAll | Rooted::Chain => {
                 let plan = ring::scatter(&g, root, block);

@@ -38,39 +38,6 @@ pub(crate) fn exchange(
     }
 }
 
-/// The rounds of a binomial-tree broadcast of `bytes` from `root` over the mesh: in round k
-/// every rank that has the data (relative rank below 2^k) sends it to the rank 2^k above it,
-/// so ⌈log2 size⌉ rounds reach every rank. Headers travel with the data only, as in the
-/// ring's chains (`super::ring::broadcast`).
-pub(crate) fn broadcast_tree(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
-    let n = g.size;
-    let me = (g.rank + n - root) % n;
-    let rank_of = |v: usize| (v + root) % n;
-    let data = Span::output(0, bytes);
-    let rounds = usize::BITS - (n - 1).leading_zeros();
-    (0..rounds as usize)
-        .map(|k| {
-            let step = 1 << k;
-            let mut plan = Plan::default();
-            let transfer = if me < step && me + step < n {
-                let channel = g.channel_to(rank_of(me + step), 0);
-                Some((Some(channel), None, data, Span::EMPTY))
-            } else if (step..2 * step).contains(&me) {
-                let channel = g.channel_to(rank_of(me - step), 0);
-                Some((None, Some(channel), Span::EMPTY, data))
-            } else {
-                None
-            };
-            if let Some((tx, rx, send, recv)) = transfer {
-                let steps = vec![Step::copy(send, recv)];
-                plan.transfers
-                    .push(Transfer::new(tx, rx, steps, whole_frame(bytes)));
-            }
-            plan
-        })
-        .collect()
-}
-
 /// A broadcast of `bytes` in one step: the root sends them to every other rank over its
 /// channel to it; headers travel with the data, so the root returns once it has handed them
 /// over (over shared memory, rings deep enough to run many calls ahead of slow receivers).
@@ -147,52 +114,6 @@ mod tests {
                 let outs = simulate(size, wires, mesh, |g| gather(g, block), &init, false);
                 for out in &outs {
                     assert_eq!(out, &expect, "size {size} mesh {mesh} wires {wires}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_broadcast_tree_reaches_every_rank() {
-        for size in 2..=9 {
-            for root in 0..size {
-                let bytes = 6;
-                let init = |r: usize| {
-                    let out = match r == root {
-                        true => (0..bytes as i64).collect(),
-                        false => vec![-1; bytes],
-                    };
-                    (Vec::<i64>::new(), out)
-                };
-                // The rounds in turn, each on every rank.
-                let mut state: Vec<Vec<i64>> = (0..size).map(|r| init(r).1).collect();
-                let rounds = broadcast_tree(
-                    &Geometry {
-                        rank: 0,
-                        size,
-                        wires: 1,
-                        mesh: true,
-                    },
-                    root,
-                    bytes,
-                )
-                .len();
-                for k in 0..rounds {
-                    let before = state.clone();
-                    state = crate::algo::simulate::simulate_by_rounds(
-                        size,
-                        1,
-                        true,
-                        |g| broadcast_tree(g, root, bytes).swap_remove(k),
-                        |r| (vec![], before[r].clone()),
-                    );
-                }
-                for (r, out) in state.iter().enumerate() {
-                    assert_eq!(
-                        out,
-                        &(0..bytes as i64).collect::<Vec<_>>(),
-                        "size {size} root {root} rank {r}"
-                    );
                 }
             }
         }

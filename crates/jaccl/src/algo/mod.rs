@@ -10,7 +10,7 @@
 //! - one file per family: [`ring`], [`mesh`] (one-step exchange), [`doubling`] (recursive
 //!   doubling and halving), [`rabenseifner`] (halving then doubling), [`bruck`] (all-gather in ⌈log2 N⌉ rounds), [`p2p`] (send and receive), [`shared_memory`] (the direct
 //!   collectives: every rank of the group on this host reads the others' memory), `any_source` (whose message a receive from any rank
-//!   takes);
+//!   takes), [`tree`] (binomial trees: the rooted collectives in ⌈log2 N⌉ rounds);
 //! - [`select`]: the one place that decides which algorithm runs for a call, by sizes measured
 //!   here, or, for the all-reduce of a group given its link's figures, by the cost model
 //!   ([`pricing`]: what each algorithm's plans cost the slowest rank; [`cost`]: what a rank's
@@ -38,4 +38,5 @@ pub(crate) mod select;
 pub(crate) mod shared_memory;
 #[cfg(test)]
 mod simulate;
+pub(crate) mod tree;
 pub(crate) mod waiting;

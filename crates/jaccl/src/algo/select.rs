@@ -60,6 +60,11 @@ const FLAT_BROADCAST_MAX: usize = 2048;
 /// that loopback does not show.
 const TREE_BROADCAST_MAX: usize = 256 * 1024;
 
+/// Reduces of at most this many bytes go up a binomial tree (`Rooted::Tree`) rather than
+/// through an all-reduce: ⌈log2 N⌉ rounds in which every other rank sends once and is done,
+/// where the all-reduce makes every rank wait for the result.
+const TREE_REDUCE_MAX: usize = 64 * 1024;
+
 /// All-reduce and all-gather gather whole blocks both ways while `size × block` is at most
 /// this: fewer hops beat fewer bytes up to there (measured on loopback at 2, 4 and 8 ranks:
 /// e.g. 64 KiB at 4 ranks took 290-350 µs gathered, 490 µs by the ring).
@@ -268,6 +273,9 @@ pub(crate) enum Rooted {
     /// The collective every rank takes part in (all-reduce, all-gather), its result kept on
     /// the root only: for small messages, the fast ways of those (doubling, gathers).
     ViaAll,
+    /// Rounds of a binomial tree (`super::tree`): ⌈log2 N⌉ deep, over the mesh's channels or
+    /// links made on first use; a rank that has handed its data up (or got its own) is done.
+    Tree,
     /// Along the ring towards (or from) the root, from both sides.
     Chain,
 }
@@ -430,20 +438,34 @@ impl Shape {
         }
     }
 
-    /// Reduce of `bytes` to a root: small ones as all-reduces (doubling, gathers: fewer hops
-    /// than a chain), large ones too (the ring's reduce-scatter and all-gather: twice the bytes
-    /// a reduce-scatter then gather would move; docs/algorithms.md, "Reduce").
-    pub(crate) fn reduce(&self, _bytes: usize) -> Rooted {
-        match self.direct {
-            true => Rooted::Direct,
-            false => Rooted::ViaAll,
+    /// Whether the rooted collectives may take a binomial tree: over links made on first use
+    /// or the mesh's, not where the ring uses RDMA (its links beyond the ring are TCP;
+    /// unmeasured).
+    fn trees(&self) -> bool {
+        !self.direct && (self.mesh || !self.rdma)
+    }
+
+    /// Reduce of `bytes` to a root: up a binomial tree up to [`TREE_REDUCE_MAX`], else as an
+    /// all-reduce (the ring's reduce-scatter and all-gather: twice the bytes a reduce-scatter
+    /// then gather would move; docs/algorithms.md, "Reduce").
+    pub(crate) fn reduce(&self, bytes: usize) -> Rooted {
+        if self.direct {
+            Rooted::Direct
+        } else if self.trees() && bytes <= TREE_REDUCE_MAX {
+            Rooted::Tree
+        } else {
+            Rooted::ViaAll
         }
     }
 
-    /// Gather of `block` bytes per rank to a root.
+    /// Gather of `block` bytes per rank to a root: up a binomial tree where it may take one
+    /// (the root receives every block once, in ⌈log2 N⌉ messages), else as an all-gather while
+    /// small, along the ring above.
     pub(crate) fn gather(&self, block: usize) -> Rooted {
         if self.direct {
             Rooted::Direct
+        } else if self.trees() {
+            Rooted::Tree
         } else if block.saturating_mul(self.size) <= GATHER_LIMIT {
             Rooted::ViaAll
         } else {
@@ -451,11 +473,15 @@ impl Shape {
         }
     }
 
-    /// Scatter of `block` bytes per rank from a root.
+    /// Scatter of `block` bytes per rank from a root: down a binomial tree where it may take
+    /// one, else along the ring.
     pub(crate) fn scatter(&self, _block: usize) -> Rooted {
-        match self.direct {
-            true => Rooted::Direct,
-            false => Rooted::Chain,
+        if self.direct {
+            Rooted::Direct
+        } else if self.trees() {
+            Rooted::Tree
+        } else {
+            Rooted::Chain
         }
     }
 

@@ -1,0 +1,298 @@
+//! The binomial-tree family: the rooted collectives in ⌈log2 N⌉ rounds, over the mesh's
+//! channels or links made on first use. Ranks are numbered by their distance from the root
+//! (`v = rank − root mod N`); in round k the ranks with `v mod 2^(k+1) = 2^k` talk to
+//! `v − 2^k`: they hand their subtree's data up (gather, reduce) or get it from there
+//! (broadcast, scatter). A rank that has handed its data up is done: in a loop of small
+//! reduces or gathers it runs ahead of the root as far as the links buffer, as an eager
+//! protocol does.
+//!
+//! Blocks of gather and scatter travel in a buffer of the blocks of the rank's subtree in order
+//! of distance from the root (the rank's own first, [`subtree_blocks`]; the root's holds all),
+//! so each subtree's blocks are one span.
+
+use super::geometry::{Geometry, whole_frame};
+use super::plan::{Plan, Span, Step, Transfer};
+
+/// A rank's place in the tree of `root`.
+#[derive(Debug, Clone, Copy)]
+struct Tree {
+    n: usize,
+    root: usize,
+    /// This rank's distance from the root.
+    me: usize,
+}
+
+impl Tree {
+    fn of(g: &Geometry, root: usize) -> Tree {
+        Tree {
+            n: g.size,
+            root,
+            me: (g.rank + g.size - root) % g.size,
+        }
+    }
+
+    /// ⌈log2 n⌉.
+    fn rounds(&self) -> usize {
+        (usize::BITS - (self.n - 1).leading_zeros()) as usize
+    }
+
+    fn rank_of(&self, v: usize) -> usize {
+        (v + self.root) % self.n
+    }
+
+    /// In round `k`: the rank (by distance) this one hands its subtree to, if it does.
+    fn parent(&self, k: usize) -> Option<usize> {
+        let step = 1 << k;
+        (self.me % (2 * step) == step).then(|| self.me - step)
+    }
+
+    /// In round `k`: the rank (by distance) that hands this one its subtree, if any.
+    fn child(&self, k: usize) -> Option<usize> {
+        let step = 1 << k;
+        (self.me.is_multiple_of(2 * step) && self.me + step < self.n).then(|| self.me + step)
+    }
+
+    /// The span of this rank's buffer holding the subtree that `v` heads in round `k`: `v`
+    /// and the `2^k − 1` after it, as far as there are ranks.
+    fn subtree(&self, v: usize, k: usize, block: usize) -> (usize, usize) {
+        ((v - self.me) * block, (1usize << k).min(self.n - v) * block)
+    }
+
+    /// One transfer with the rank at distance `v`: sending `send`, receiving into `recv`.
+    fn with(&self, g: &Geometry, v: usize, send: Span, recv: Span) -> Plan {
+        let channel = g.channel_to(self.rank_of(v), 0);
+        let len = send.len.max(recv.len);
+        Plan {
+            transfers: vec![Transfer::new(
+                (recv.len == 0 || send.len > 0).then_some(channel),
+                (send.len == 0 || recv.len > 0).then_some(channel),
+                vec![Step::copy(send, recv)],
+                whole_frame(len),
+            )],
+            ..Plan::default()
+        }
+    }
+}
+
+/// The rounds of a binomial-tree broadcast of `bytes` from `root`: in round k every rank that
+/// has the data (distance below 2^k) sends it to the rank 2^k further, so ⌈log2 size⌉ rounds
+/// reach every rank. Headers travel with the data only, as in the ring's chains
+/// (`super::ring::broadcast`).
+pub(crate) fn broadcast(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
+    let t = Tree::of(g, root);
+    let data = Span::output(0, bytes);
+    (0..t.rounds())
+        .map(|k| {
+            let step = 1 << k;
+            if t.me < step && t.me + step < t.n {
+                t.with(g, t.me + step, data, Span::EMPTY)
+            } else if (step..2 * step).contains(&t.me) {
+                t.with(g, t.me - step, Span::EMPTY, data)
+            } else {
+                Plan::default()
+            }
+        })
+        .collect()
+}
+
+/// The rounds of a binomial-tree gather of `block` bytes per rank to `root`, over a buffer of
+/// the rank's subtree ([`subtree_blocks`]) whose first block, its own, the caller has filled:
+/// each rank receives its children's subtrees, then sends its own subtree up.
+pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
+    let t = Tree::of(g, root);
+    (0..t.rounds())
+        .map(|k| {
+            if let Some(parent) = t.parent(k) {
+                let (off, len) = t.subtree(t.me, k, block);
+                t.with(g, parent, Span::output(off, len), Span::EMPTY)
+            } else if let Some(child) = t.child(k) {
+                let (off, len) = t.subtree(child, k, block);
+                t.with(g, child, Span::EMPTY, Span::output(off, len))
+            } else {
+                Plan::default()
+            }
+        })
+        .collect()
+}
+
+/// The rounds of a binomial-tree scatter of `block` bytes per rank from `root`, over a buffer
+/// of the rank's subtree ([`subtree_blocks`]; the root's filled by the caller, by distance):
+/// each rank receives its subtree's blocks, then hands its children theirs, the largest
+/// subtree first. A rank's own block ends first in its buffer.
+pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
+    let t = Tree::of(g, root);
+    (0..t.rounds())
+        .rev()
+        .map(|k| {
+            if let Some(parent) = t.parent(k) {
+                let (off, len) = t.subtree(t.me, k, block);
+                t.with(g, parent, Span::EMPTY, Span::output(off, len))
+            } else if let Some(child) = t.child(k) {
+                let (off, len) = t.subtree(child, k, block);
+                t.with(g, child, Span::output(off, len), Span::EMPTY)
+            } else {
+                Plan::default()
+            }
+        })
+        .collect()
+}
+
+/// The rounds of a binomial-tree reduce of `bytes` per rank to `root`: in each round a rank
+/// receives a child's partial result into its output (and the caller reduces it into its own,
+/// [`reduce_receives`]), or sends its partial result, from its input, to its parent. So the
+/// root's result is `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance from the root, the own partial
+/// first at every step.
+pub(crate) fn reduce(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
+    let t = Tree::of(g, root);
+    (0..t.rounds())
+        .map(|k| {
+            if let Some(parent) = t.parent(k) {
+                t.with(g, parent, Span::input(0, bytes), Span::EMPTY)
+            } else if let Some(child) = t.child(k) {
+                t.with(g, child, Span::EMPTY, Span::output(0, bytes))
+            } else {
+                Plan::default()
+            }
+        })
+        .collect()
+}
+
+/// The blocks of a rank's subtree in a gather or scatter from `root`: all for the root, else
+/// the rank and those it serves, `2^j` (its distance has `j` trailing zeros) as far as there
+/// are ranks.
+pub(crate) fn subtree_blocks(g: &Geometry, root: usize) -> usize {
+    let t = Tree::of(g, root);
+    match t.me {
+        0 => t.n,
+        me => (1usize << me.trailing_zeros()).min(t.n - me),
+    }
+}
+
+/// Whether this rank receives a child's partial result in round `k` of [`reduce`].
+pub(crate) fn reduce_receives(g: &Geometry, root: usize, k: usize) -> bool {
+    Tree::of(g, root).child(k).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::simulate::simulate_by_rounds;
+
+    /// Runs `plans(g)`'s rounds one after another over every rank, each from the buffers
+    /// `state` holds (input, output), with `between(rank, round, state)` after each round;
+    /// returns the outputs. Elements are blocks.
+    fn by_rounds(
+        size: usize,
+        plans: impl Fn(&Geometry) -> Vec<Plan>,
+        mut state: Vec<(Vec<i64>, Vec<i64>)>,
+        between: impl Fn(usize, usize, &mut (Vec<i64>, Vec<i64>)),
+    ) -> Vec<(Vec<i64>, Vec<i64>)> {
+        let any = Geometry {
+            rank: 0,
+            size,
+            wires: 1,
+            mesh: false,
+        };
+        for k in 0..plans(&any).len() {
+            let before = state.clone();
+            let outputs = simulate_by_rounds(
+                size,
+                1,
+                false,
+                |g| plans(g).swap_remove(k),
+                |r| before[r].clone(),
+            );
+            for (r, out) in outputs.into_iter().enumerate() {
+                state[r].1 = out;
+                between(r, k, &mut state[r]);
+            }
+        }
+        state
+    }
+
+    fn geometry(rank: usize, size: usize) -> Geometry {
+        Geometry {
+            rank,
+            size,
+            wires: 1,
+            mesh: false,
+        }
+    }
+
+    #[test]
+    fn every_rooted_tree_delivers_every_block() {
+        for size in 1..=20 {
+            for root in 0..size {
+                let at = format!("{size} ranks, root {root}");
+                let dist = |r: usize| (r + size - root) % size;
+                let held = |r: usize| subtree_blocks(&geometry(r, size), root);
+                // Broadcast: the root's six values everywhere.
+                let start = (0..size)
+                    .map(|r| {
+                        (
+                            vec![],
+                            if r == root {
+                                (0..6).collect()
+                            } else {
+                                vec![-1; 6]
+                            },
+                        )
+                    })
+                    .collect();
+                for (r, (_, out)) in by_rounds(size, |g| broadcast(g, root, 6), start, |_, _, _| {})
+                    .iter()
+                    .enumerate()
+                {
+                    assert_eq!(
+                        out,
+                        &(0..6).collect::<Vec<i64>>(),
+                        "broadcast, {at}, rank {r}"
+                    );
+                }
+                // Gather: each rank's block first in its buffer; the root's holds all, by
+                // distance.
+                let start = (0..size)
+                    .map(|r| {
+                        let mut buf = vec![-1; held(r)];
+                        buf[0] = 100 + r as i64;
+                        (vec![], buf)
+                    })
+                    .collect();
+                let gathered = by_rounds(size, |g| gather(g, root, 1), start, |_, _, _| {});
+                let expect: Vec<i64> = (0..size)
+                    .map(|v| 100 + ((v + root) % size) as i64)
+                    .collect();
+                assert_eq!(gathered[root].1, expect, "gather, {at}");
+                // Scatter: the root's buffer by distance; each rank's block first in its own.
+                let start = (0..size)
+                    .map(|r| match r == root {
+                        true => (vec![], expect.clone()),
+                        false => (vec![], vec![-1; held(r)]),
+                    })
+                    .collect();
+                let scattered = by_rounds(size, |g| scatter(g, root, 1), start, |_, _, _| {});
+                for (r, (_, buf)) in scattered.iter().enumerate() {
+                    assert_eq!(
+                        buf[0],
+                        100 + r as i64,
+                        "scatter, {at}, rank {r} ({})",
+                        dist(r)
+                    );
+                }
+                // Reduce: sums of 2^rank, so each rank's part shows once and only once.
+                let start = (0..size).map(|r| (vec![1i64 << r], vec![0])).collect();
+                let reduced = by_rounds(
+                    size,
+                    |g| reduce(g, root, 1),
+                    start,
+                    |r, k, state| {
+                        if reduce_receives(&geometry(r, size), root, k) {
+                            state.0[0] += state.1[0];
+                        }
+                    },
+                );
+                assert_eq!(reduced[root].0[0], (1i64 << size) - 1, "reduce, {at}");
+            }
+        }
+    }
+}

@@ -42,7 +42,8 @@
 //!   reduced once, on the rank that owns it, its own partial first in each halving step, and
 //!   copied (docs/algorithms.md, per algorithm). A reduce of up to 64 KiB over the network goes
 //!   up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root: the same
-//!   from run to run, not always the bits of an all-reduce of the same inputs.
+//!   from run to run for the same root, not always the bits of an all-reduce of the same
+//!   inputs.
 //! - **Integers** wrap on overflow. **`bool`** travels as one byte: sum and max are OR, min is
 //!   AND; received bytes are normalised, never turned into an invalid `bool`.
 //! - **Floats**: max and min propagate NaN (like `numpy.maximum`), and order `-0 < +0`, so the

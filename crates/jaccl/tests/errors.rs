@@ -291,6 +291,22 @@ fn ranks_that_disagree_on_the_link_speed_fail_at_start_up() {
     }
 }
 
+/// Reduces that go up binomial trees exchange headers both ways on every edge, so two ranks
+/// that each take the other for the root (both would only send) fail, and neither leaves its
+/// message unread for the next reduce to take as its own.
+#[test]
+fn ranks_that_take_each_other_for_a_reduces_root_fail() {
+    let swapped = with_group_timeout(Net::Tcp, 2, 1, Duration::from_secs(20), |g| {
+        let r = g.rank();
+        let mut out = [0u32; 1];
+        let first = g.reduce(&[100 + r as u32], &mut out, ReduceOp::Sum, 1 - r);
+        let mut out = [0u32; 1];
+        let next = g.reduce(&[r as u32], &mut out, ReduceOp::Sum, 0);
+        (first.is_err(), next.is_err() || (r == 0 && out == [1]))
+    });
+    assert!(swapped.iter().all(|&(a, b)| a && b), "{swapped:?}");
+}
+
 /// Starts a group from `cfgs`, one thread per rank, and returns how each start-up ended.
 fn init_all(cfgs: Vec<Config>) -> Vec<jaccl::Result<()>> {
     std::thread::scope(|s| {

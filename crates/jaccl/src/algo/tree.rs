@@ -2,9 +2,11 @@
 //! channels or links made on first use. Ranks are numbered by their distance from the root
 //! (`v = rank − root mod N`); in round k the ranks with `v mod 2^(k+1) = 2^k` talk to
 //! `v − 2^k`: they hand their subtree's data up (gather, reduce) or get it from there
-//! (broadcast, scatter). A rank that has handed its data up is done: in a loop of small
-//! reduces or gathers it runs ahead of the root as far as the links buffer, as an eager
-//! protocol does.
+//! (broadcast, scatter). On the edges of gather, scatter and reduce the call's header goes
+//! both ways, so a rank returns only once its partner has shown the same call: a rank that
+//! only sent could otherwise leave its message unread (ranks that disagree on the root), for
+//! a later call of the same kind to take as its own. The broadcast's headers travel with the
+//! data only, so its root runs ahead (docs/algorithms.md, "Broadcast", on what that leaves).
 //!
 //! Blocks of gather and scatter travel in a buffer of the blocks of the rank's subtree in order
 //! of distance from the root (the rank's own first, [`subtree_blocks`]; the root's holds all),
@@ -58,14 +60,20 @@ impl Tree {
         ((v - self.me) * block, (1usize << k).min(self.n - v) * block)
     }
 
-    /// One transfer with the rank at distance `v`: sending `send`, receiving into `recv`.
-    fn with(&self, g: &Geometry, v: usize, send: Span, recv: Span) -> Plan {
+    /// One transfer with the rank at distance `v`: sending `send`, receiving into `recv`; with
+    /// the call's header `both_ways`, so that each end checks the other's call (operation,
+    /// type, count, root) before it returns, else with the data only.
+    fn with(&self, g: &Geometry, v: usize, send: Span, recv: Span, both_ways: bool) -> Plan {
         let channel = g.channel_to(self.rank_of(v), 0);
         let len = send.len.max(recv.len);
+        let (tx, rx) = match both_ways {
+            true => (true, true),
+            false => (recv.len == 0 || send.len > 0, send.len == 0 || recv.len > 0),
+        };
         Plan {
             transfers: vec![Transfer::new(
-                (recv.len == 0 || send.len > 0).then_some(channel),
-                (send.len == 0 || recv.len > 0).then_some(channel),
+                tx.then_some(channel),
+                rx.then_some(channel),
                 vec![Step::copy(send, recv)],
                 whole_frame(len),
             )],
@@ -85,9 +93,9 @@ pub(crate) fn broadcast(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
         .map(|k| {
             let step = 1 << k;
             if t.me < step && t.me + step < t.n {
-                t.with(g, t.me + step, data, Span::EMPTY)
+                t.with(g, t.me + step, data, Span::EMPTY, false)
             } else if (step..2 * step).contains(&t.me) {
-                t.with(g, t.me - step, Span::EMPTY, data)
+                t.with(g, t.me - step, Span::EMPTY, data, false)
             } else {
                 Plan::default()
             }
@@ -104,10 +112,10 @@ pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
         .map(|k| {
             if let Some(parent) = t.parent(k) {
                 let (off, len) = t.subtree(t.me, k, block);
-                t.with(g, parent, Span::output(off, len), Span::EMPTY)
+                t.with(g, parent, Span::output(off, len), Span::EMPTY, true)
             } else if let Some(child) = t.child(k) {
                 let (off, len) = t.subtree(child, k, block);
-                t.with(g, child, Span::EMPTY, Span::output(off, len))
+                t.with(g, child, Span::EMPTY, Span::output(off, len), true)
             } else {
                 Plan::default()
             }
@@ -126,10 +134,10 @@ pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
         .map(|k| {
             if let Some(parent) = t.parent(k) {
                 let (off, len) = t.subtree(t.me, k, block);
-                t.with(g, parent, Span::EMPTY, Span::output(off, len))
+                t.with(g, parent, Span::EMPTY, Span::output(off, len), true)
             } else if let Some(child) = t.child(k) {
                 let (off, len) = t.subtree(child, k, block);
-                t.with(g, child, Span::output(off, len), Span::EMPTY)
+                t.with(g, child, Span::output(off, len), Span::EMPTY, true)
             } else {
                 Plan::default()
             }
@@ -147,9 +155,9 @@ pub(crate) fn reduce(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
     (0..t.rounds())
         .map(|k| {
             if let Some(parent) = t.parent(k) {
-                t.with(g, parent, Span::input(0, bytes), Span::EMPTY)
+                t.with(g, parent, Span::input(0, bytes), Span::EMPTY, true)
             } else if let Some(child) = t.child(k) {
-                t.with(g, child, Span::EMPTY, Span::output(0, bytes))
+                t.with(g, child, Span::EMPTY, Span::output(0, bytes), true)
             } else {
                 Plan::default()
             }

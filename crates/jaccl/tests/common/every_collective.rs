@@ -39,9 +39,15 @@ pub fn every_collective_once(g: &mut Group, roots: &[usize]) -> jaccl::Result<Op
         if data != (0..5).map(|k| value(root, k)).collect::<Vec<_>>() {
             wrong.push(format!("broadcast from {root}"));
         }
+        // Sums of 2^rank show a part missed or counted twice; the max, the last rank's.
+        let mut sum = vec![0u64; if r == root { 1 } else { 0 }];
+        g.reduce(&[1u64 << (r % 64)], &mut sum, ReduceOp::Sum, root)?;
+        let powers: u64 = (0..n).map(|s| 1u64 << (s % 64)).fold(0, u64::wrapping_add);
         let mut max = vec![0u64; if r == root { 4 } else { 0 }];
         g.reduce(&mine(4), &mut max, ReduceOp::Max, root)?;
-        if r == root && max != (0..4).map(|k| value(n - 1, k)).collect::<Vec<_>>() {
+        if r == root
+            && (sum != [powers] || max != (0..4).map(|k| value(n - 1, k)).collect::<Vec<_>>())
+        {
             wrong.push(format!("reduce to {root}"));
         }
         let mut gathered = vec![0u64; if r == root { 2 * n } else { 0 }];

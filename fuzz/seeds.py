@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of the fuzz targets whose inputs follow jaccl's byte formats (the
-hello and operation headers, the engine's input, a shared-memory offer) into corpus/: inputs
+hello and operation headers, the engine's input, a shared-memory offer, start-up's entries
+and table) into corpus/: inputs
 that get past the parsers, so fuzzing starts deep. Run it after changing one of those formats
-(the constants below mirror crates/jaccl/src/{auth,wire,fuzzing}.rs and transport/shm)."""
+(the constants below mirror crates/jaccl/src/{auth,wire,fuzzing}.rs, transport/shm and
+connect/published.rs)."""
 
+import json
 import struct
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 HEADER_LEN = 64
 # Kind ids (op_header.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
 KIND = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "send_recv": 4, "barrier": 5,
@@ -46,6 +49,30 @@ def engine(size, rank, wires, mesh, dtype, op, root, count, chunk, room, pieces,
     return head + b"".join(piece(p) for p in pieces) + tail
 
 
+def peer_info(host, port, link=None):
+    """What a rank publishes at start-up (connect/published.rs `PeerInfo`), as JSON."""
+    return {"host": host, "wires": 1, "transport": "auto", "topology": "auto", "link": link,
+            "links": {"tcp": f"127.0.0.1:{port}", "shm": f"jaccl-{port}",
+                      "rdma": {"No": "no device"}}}
+
+
+def table(infos):
+    """Rank 0's reply to what every rank published (connect/published.rs `Table`): the
+    distinct hosts and each rank's index among them, then the same of each transport's blobs
+    (tcp, shm, rdma)."""
+    def indexed(values):
+        distinct = list(dict.fromkeys(values))
+        return (struct.pack("<I", len(distinct))
+                + b"".join(struct.pack("<I", len(v)) + v for v in distinct)
+                + b"".join(struct.pack("<I", distinct.index(v)) for v in values))
+
+    out = b"\x00" + indexed([i["host"].encode() for i in infos])
+    for name in ["tcp", "shm", "rdma"]:
+        out += indexed([json.dumps(i["links"][name], separators=(",", ":")).encode()
+                        for i in infos])
+    return out
+
+
 def main():
     seeds = {
         "wire/hello-and-header": hello(2, 1, 4, 0, 0) + header(3, "all_reduce", F32, SUM, 1, 1024),
@@ -68,6 +95,12 @@ def main():
         # A segment offer for one wire in a group of 4 (fuzzing.rs `shared_memory`): rings
         # 2 × 1 + 4, 256 KiB each, 1 MiB areas, no asymmetric fences.
         "shared_memory/offer": b"JCSM" + struct.pack("<QQQQ", 6, 1, 256 << 10, 1 << 20) + b"\x00",
+        # What three ranks publish (rank 0 reads them; they disagree on the link), and rank
+        # 0's table for three ranks on two hosts (a member reads it).
+        "startup/peers": json.dumps([peer_info("a", 4000), peer_info("a", 4001),
+                                     peer_info("b", 4002, "100Gb/s,2us")]).encode(),
+        "startup/table": table([peer_info("a", 4000), peer_info("a", 4001),
+                                peer_info("b", 4002)]),
     }
     for name, data in seeds.items():
         path = CORPUS / name

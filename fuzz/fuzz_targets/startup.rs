@@ -1,4 +1,4 @@
-//! Start-up data every rank publishes (JSON): settings, each transport's blob, RDMA offers and outcomes.
+//! Start-up data: what every rank publishes (JSON), rank 0's table of it, RDMA offers and outcomes.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| jaccl::fuzzing::startup(data));

@@ -6,8 +6,9 @@
 //! token, which never crosses the network); the coordinator serves those handshakes
 //! concurrently, so strangers cannot stall it, and tells an authenticated member whether it is
 //! admitted. After that every message is a frame (a little-endian `u32` length, then the
-//! payload): all-gathers, where each member sends its bytes and receives everyone's, in rank
-//! order. Every read and write has a deadline.
+//! payload): each member sends its bytes and receives rank 0's reply, everyone's in rank order
+//! (an all-gather) or what rank 0 made of them (`SideChannel::gather_reply`). Every read and
+//! write has a deadline.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
@@ -141,6 +142,32 @@ impl SideChannel {
     /// Every rank's `data`, in rank order.
     pub(crate) fn all_gather(&mut self, data: &[u8], deadline: Instant) -> Result<Vec<Vec<u8>>> {
         let (rank, size) = (self.rank, self.size);
+        let mut gathered = None;
+        let reply = self.gather_reply(data, deadline, |all| {
+            let reply = encode_list(&all);
+            gathered = Some(all);
+            reply
+        })?;
+        match gathered {
+            Some(all) => Ok(all),
+            None => decode_list(&reply, size).map_err(|why| {
+                Error::Bootstrap(format!(
+                    "rank {rank}: bad reply from the coordinator: {why}"
+                ))
+            }),
+        }
+    }
+
+    /// Rank 0 receives every rank's `data` and makes of them (in rank order) with `reply`,
+    /// called on rank 0 only, the bytes every rank returns. So rank 0 works on everyone's data
+    /// once and each member reads only what it needs, not every rank's data.
+    pub(crate) fn gather_reply(
+        &mut self,
+        data: &[u8],
+        deadline: Instant,
+        reply: impl FnOnce(Vec<Vec<u8>>) -> Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let (rank, size) = (self.rank, self.size);
         match &mut self.role {
             Role::Coordinator { members } => {
                 let mut all = Vec::with_capacity(size);
@@ -155,7 +182,7 @@ impl SideChannel {
                     })?;
                     all.push(bytes);
                 }
-                let reply = encode_list(&all);
+                let reply = reply(all);
                 for (i, stream) in members.iter_mut().enumerate() {
                     write_frame(stream, &reply, deadline).map_err(|e| {
                         Error::Bootstrap(format!(
@@ -164,7 +191,7 @@ impl SideChannel {
                         ))
                     })?;
                 }
-                Ok(all)
+                Ok(reply)
             }
             Role::Member { stream } => {
                 let lost = |e: io::Error| {
@@ -175,19 +202,14 @@ impl SideChannel {
                 };
                 write_frame(stream, data, deadline).map_err(lost)?;
                 let most = size.saturating_mul(MAX_FRAME + 4).saturating_add(4);
-                let reply = read_frame(stream, deadline, most).map_err(lost)?;
-                decode_list(&reply, size).map_err(|why| {
-                    Error::Bootstrap(format!(
-                        "rank {rank}: bad reply from the coordinator: {why}"
-                    ))
-                })
+                read_frame(stream, deadline, most).map_err(lost)
             }
         }
     }
 
     /// Returns once every rank has called it.
     pub(crate) fn barrier(&mut self, deadline: Instant) -> Result<()> {
-        self.all_gather(&[], deadline).map(drop)
+        self.gather_reply(&[], deadline, |_| Vec::new()).map(drop)
     }
 
     /// Hands the connections to the heartbeat (`crate::liveness`) after start-up.

@@ -91,8 +91,9 @@ pub fn side_channel(bytes: &[u8]) {
     let _ = crate::liveness::decode(&mut bytes.to_vec());
 }
 
-/// What ranks publish at start-up (JSON): every rank's settings and each transport's blob, as
-/// the connectors read them, and RDMA's endpoint offers and outcomes.
+/// What ranks publish at start-up: every rank's settings and each transport's blob (JSON) as
+/// rank 0 reads them, rank 0's table of them as a member reads it and the connectors read its
+/// entries, and RDMA's endpoint offers and outcomes.
 pub fn startup(bytes: &[u8]) {
     crate::connect::check_published(bytes);
     crate::transport::rdma::check_offers(bytes);

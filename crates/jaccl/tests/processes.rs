@@ -412,7 +412,16 @@ fn a_job_of_256_ranks_checks_every_collective_and_names_a_killed_rank_everywhere
         values.sort_unstable();
         values
     };
-    for key in ["init_ms=", "checked_ms=", "fds=", "threads=", "rss_kb="] {
+    let cpu: u64 = figure("cpu_us=").iter().sum();
+    eprintln!("{size} ranks: CPU of all ranks in init: {} ms", cpu / 1000);
+    for key in [
+        "init_ms=",
+        "cpu_us=",
+        "checked_ms=",
+        "fds=",
+        "threads=",
+        "rss_kb=",
+    ] {
         let v = figure(key);
         eprintln!(
             "{size} ranks: {key} min {} median {} max {}",
@@ -421,8 +430,13 @@ fn a_job_of_256_ranks_checks_every_collective_and_names_a_killed_rank_everywhere
             v[v.len() - 1]
         );
     }
+    // jaccl's own share of start-up: from the last rank's call of `init` (once every process
+    // has started) to the last return from it.
+    let (called, returned) = (figure("called_us="), figure("returned_us="));
     eprintln!(
-        "{size} ranks: every rank checked every collective {all_ready:?} after the first was started"
+        "{size} ranks: from the last call of init to the last return: {} ms; \
+         every rank checked every collective {all_ready:?} after the first was started",
+        returned[size - 1].saturating_sub(called[size - 1]) / 1000
     );
     eprintln!(
         "{size} ranks: rank 0: {}",
@@ -704,15 +718,19 @@ fn child() {
         // until one fails.
         "scale" => {
             let started = Instant::now();
+            let called_at = unix_micros();
+            let cpu_at_call = process_cpu_micros();
             jaccl::init().and_then(|mut g| {
                 let init = started.elapsed();
+                let returned_at = unix_micros();
+                let cpu_us = process_cpu_micros() - cpu_at_call;
                 let n = g.size();
                 let roots = [n - 1, n / 2, 1 % n, 0];
                 if let Some(wrong) = every_collective_once(&mut g, &roots)? {
                     return Ok(format!("wrong: {wrong}"));
                 }
                 println!(
-                    "STATS init_ms={} checked_ms={} {} READY",
+                    "STATS init_ms={} checked_ms={} called_us={called_at} returned_us={returned_at} cpu_us={cpu_us} {} READY",
                     init.as_millis(),
                     started.elapsed().as_millis(),
                     own_resources()
@@ -770,6 +788,19 @@ fn child() {
         Ok(line) => println!("RESULT {line}"),
         Err(e) => println!("RESULT {e:?}"),
     }
+}
+
+/// Microseconds since the Unix epoch: a clock all the test's processes share.
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+/// The CPU time this process has used, in microseconds.
+fn process_cpu_micros() -> i64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec * 1_000_000 + t.tv_nsec / 1000
 }
 
 /// This process's open file descriptors, threads and resident memory, as `key=value` words.

@@ -15,7 +15,7 @@
 
 use super::call::Call;
 use super::engine::{Network, Rounds, Scratch};
-use super::geometry::{Geometry, ring_index, whole_frame};
+use super::geometry::{Geometry, blocks_by_rank, ring_index, whole_frame};
 use super::plan::{Plan, Span, Step, Transfer};
 use crate::error::Result;
 use crate::reduce::copy;
@@ -70,18 +70,8 @@ pub(crate) fn all_gather(
     let (n, own) = (g.size, g.rank * block);
     let rotated = scratch.bytes(n * block);
     copy(&mut rotated[..block], &output[own..own + block]);
-    let mut rounds = Rounds {
-        net,
-        plans: &plans,
-        call,
-    };
-    for k in 0..plans.len() {
-        rounds.run(k, &mut *rotated, None)?;
-    }
-    // Blocks r .. N − 1, then 0 .. r − 1.
-    let (upper, lower) = rotated.split_at((n - g.rank) * block);
-    copy(&mut output[own..], upper);
-    copy(&mut output[..own], lower);
+    Rounds::new(net, &plans, call).run_all(rotated)?;
+    blocks_by_rank(output, rotated, g.rank, block);
     Ok(())
 }
 
@@ -139,11 +129,7 @@ pub(crate) fn all_to_all(
     for i in 0..n {
         copy(&mut buf[at(i)], &input[at((r + i) % n)]);
     }
-    let mut rounds = Rounds {
-        net,
-        plans: &plans,
-        call,
-    };
+    let mut rounds = Rounds::new(net, &plans, call);
     for (k, d) in distances(n).enumerate() {
         for (j, i) in moved(n, d).enumerate() {
             buf.copy_within(at(i), outbox + j * block);

@@ -8,7 +8,7 @@ use super::call::{Buffers, Call};
 use super::channel::Channel;
 use super::cost::{DEFAULT_REDUCE_RATE, Rates};
 use super::engine::{LateLinks, Network, Rounds, Scratch};
-use super::geometry::{DoublingRole, Geometry};
+use super::geometry::{DoublingRole, Geometry, blocks_by_distance, blocks_by_rank};
 use super::plan::Span;
 use super::pricing::ByModel;
 use super::select::{
@@ -337,12 +337,7 @@ impl Collectives {
             }
             Broadcast::Tree => {
                 let plans = tree::broadcast(&g, root, data.len());
-                let mut rounds = Rounds {
-                    net: &mut self.net,
-                    plans: &plans,
-                    call,
-                };
-                (0..plans.len()).try_for_each(|k| rounds.run(k, &mut *data, None))
+                Rounds::new(&mut self.net, &plans, call).run_all(data)
             }
             Broadcast::Chain => {
                 let plan = ring::broadcast(&g, root, &ring::broadcast_lanes(&g, data.len()));
@@ -378,11 +373,7 @@ impl Collectives {
                 };
                 copy(partial, input);
                 let theirs = self.scratch.bytes(bytes);
-                let mut rounds = Rounds {
-                    net: &mut self.net,
-                    plans: &plans,
-                    call,
-                };
+                let mut rounds = Rounds::new(&mut self.net, &plans, call);
                 let result = (0..plans.len()).try_for_each(|k| {
                     rounds.run(k, &mut *theirs, Some(&*partial))?;
                     if tree::reduce_receives(&g, root, k) {
@@ -420,17 +411,9 @@ impl Collectives {
                 let plans = tree::gather(&g, root, block);
                 let held = self.scratch.bytes(tree::subtree_blocks(&g, root) * block);
                 copy(&mut held[..block], input);
-                let mut rounds = Rounds {
-                    net: &mut self.net,
-                    plans: &plans,
-                    call,
-                };
-                (0..plans.len()).try_for_each(|k| rounds.run(k, &mut *held, None))?;
+                Rounds::new(&mut self.net, &plans, call).run_all(held)?;
                 if is_root {
-                    // By distance from the root: the root's block first.
-                    let split = (g.size - root) * block;
-                    copy(&mut output[root * block..], &held[..split]);
-                    copy(&mut output[..root * block], &held[split..]);
+                    blocks_by_rank(output, held, root, block);
                 }
                 Ok(())
             }
@@ -469,17 +452,9 @@ impl Collectives {
                 let plans = tree::scatter(&g, root, block);
                 let held = self.scratch.bytes(tree::subtree_blocks(&g, root) * block);
                 if g.rank == root {
-                    // By distance from the root: the root's block first.
-                    let split = (g.size - root) * block;
-                    copy(&mut held[..split], &input[root * block..]);
-                    copy(&mut held[split..], &input[..root * block]);
+                    blocks_by_distance(held, input, root, block);
                 }
-                let mut rounds = Rounds {
-                    net: &mut self.net,
-                    plans: &plans,
-                    call,
-                };
-                (0..plans.len()).try_for_each(|k| rounds.run(k, &mut *held, None))?;
+                Rounds::new(&mut self.net, &plans, call).run_all(held)?;
                 copy(output, &held[..block]);
                 Ok(())
             }

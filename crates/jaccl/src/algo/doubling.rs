@@ -170,11 +170,7 @@ pub(crate) fn all_reduce(
 ) -> Result<()> {
     let bytes = output.len();
     let plans = all_reduce_plans(g, role, bytes);
-    let mut rounds = Rounds {
-        net,
-        plans: &plans,
-        call,
-    };
+    let mut rounds = Rounds::new(net, &plans, call);
     let (extra, partners) = match role {
         DoublingRole::HandOver { .. } => return hand_over(&mut rounds, input, output),
         DoublingRole::Double { extra, partners } => (*extra, partners.as_slice()),
@@ -257,15 +253,7 @@ pub(crate) fn all_gather(
     partners: &[usize],
 ) -> Result<()> {
     let plans = all_gather_plans(g, block, partners);
-    let mut steps = Rounds {
-        net,
-        plans: &plans,
-        call,
-    };
-    for k in 0..plans.len() {
-        steps.run(k, &mut *output, None)?;
-    }
-    Ok(())
+    Rounds::new(net, &plans, call).run_all(output)
 }
 
 /// Reduce-scatter by recursive halving, the doubling partners in reverse order: before the
@@ -301,11 +289,7 @@ pub(crate) fn reduce_scatter(
         .collect();
     let all = scratch.bytes(2 * g.size * bytes);
     let (theirs, partial) = all.split_at_mut(g.size * bytes);
-    let mut steps = Rounds {
-        net,
-        plans: &plans,
-        call,
-    };
+    let mut steps = Rounds::new(net, &plans, call);
     for (i, &k) in order.iter().enumerate() {
         let mine = group(g.rank, k);
         let source: &[u8] = if i == 0 { input } else { partial };

@@ -382,7 +382,16 @@ pub(crate) struct Rounds<'a> {
     pub(crate) call: &'a Call,
 }
 
-impl Rounds<'_> {
+impl<'a> Rounds<'a> {
+    pub(crate) fn new(net: &'a mut Network, plans: &'a [Plan], call: &'a Call) -> Rounds<'a> {
+        Rounds { net, plans, call }
+    }
+
+    /// Runs every round in turn over `output`.
+    pub(crate) fn run_all(&mut self, output: &mut [u8]) -> Result<()> {
+        (0..self.plans.len()).try_for_each(|k| self.run(k, &mut *output, None))
+    }
+
     /// Runs round `k` over `output` (and `input`, where its plan sends from the input). On a
     /// `Mismatch` the peers of the later rounds, which expect this rank's header with those
     /// rounds, get it alone ([`Plan::announcement`]), so they see the mismatch too; that waits

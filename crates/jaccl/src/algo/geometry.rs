@@ -234,6 +234,30 @@ pub(crate) enum DoublingRole {
     HandOver { to: usize },
 }
 
+/// Blocks of `block` bytes, one per rank, from rank order (`ranked`) into the order of their
+/// distance from rank `origin` (`by_distance`: the origin's block first), as the binomial
+/// trees and Bruck's rounds hold them.
+pub(crate) fn blocks_by_distance(
+    by_distance: &mut [u8],
+    ranked: &[u8],
+    origin: usize,
+    block: usize,
+) {
+    rotate_into(by_distance, ranked, origin * block);
+}
+
+/// The inverse of [`blocks_by_distance`], for every rank's block (`ranked` holds them all).
+pub(crate) fn blocks_by_rank(ranked: &mut [u8], by_distance: &[u8], origin: usize, block: usize) {
+    rotate_into(ranked, by_distance, ranked.len() - origin * block);
+}
+
+/// `to` = `from[at..]`, then `from[..at]`.
+fn rotate_into(to: &mut [u8], from: &[u8], at: usize) {
+    let (head, tail) = from.split_at(at);
+    to[..tail.len()].copy_from_slice(tail);
+    to[tail.len()..tail.len() + head.len()].copy_from_slice(head);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

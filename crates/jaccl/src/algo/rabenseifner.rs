@@ -111,11 +111,7 @@ pub(crate) fn all_reduce(
     let (bytes, elem) = (output.len(), reducer.elem_size());
     let count = bytes / elem;
     let plans = all_reduce_plans(g, role, count, elem);
-    let mut rounds = Rounds {
-        net,
-        plans: &plans,
-        call,
-    };
+    let mut rounds = Rounds::new(net, &plans, call);
     let (extra, partners) = match role {
         DoublingRole::HandOver { .. } => return hand_over(&mut rounds, input, output),
         DoublingRole::Double { extra, partners } => (*extra, partners.as_slice()),

@@ -19,8 +19,10 @@ pub(crate) struct Facts {
     /// The transport the configuration asks for (`Auto` or one forced).
     pub(crate) transport: Transport,
     pub(crate) topology: Topology,
-    /// Each rank's host identity.
+    /// The distinct host identities.
     pub(crate) hosts: Vec<String>,
+    /// Each rank's host, an index into `hosts`.
+    pub(crate) host_of: Vec<usize>,
     /// Whether ranks `p` and `p + 1` (ring pair `p`) share memory.
     pub(crate) ring_shares_memory: Vec<bool>,
     /// Whether this rank shares memory with each rank.
@@ -66,8 +68,8 @@ impl Facts {
 
     /// How many ranks share this rank's host.
     pub(crate) fn ranks_here(&self) -> usize {
-        let mine = &self.hosts[self.rank];
-        self.hosts.iter().filter(|h| *h == mine).count()
+        let mine = self.host_of[self.rank];
+        self.host_of.iter().filter(|&&h| h == mine).count()
     }
 
     /// The choice, or an error when the transport forced cannot serve every ring pair: every
@@ -76,13 +78,13 @@ impl Facts {
     pub(crate) fn choose(&self) -> Result<Choice> {
         let (rank, size) = (self.rank, self.size);
         if self.transport == Transport::Shm
-            && let Some(r) = (0..size).find(|&r| self.hosts[r] != self.hosts[(r + 1) % size])
+            && let Some(r) = (0..size).find(|&r| self.host_of[r] != self.host_of[(r + 1) % size])
         {
             let next = (r + 1) % size;
             return Err(Error::Unsupported(format!(
                 "rank {rank}: the shm transport needs all ranks on one host, but ring neighbours \
                  {r} ({}) and {next} ({}) are not; use auto or tcp",
-                self.hosts[r], self.hosts[next]
+                self.hosts[self.host_of[r]], self.hosts[self.host_of[next]]
             )));
         }
         if self.transport == Transport::Rdma
@@ -119,10 +121,7 @@ impl Facts {
             end,
         })
         .collect();
-        let mut distinct = self.hosts.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        geometry.mesh = uses_mesh(self.topology, size, distinct.len() == size, any_rdma);
+        geometry.mesh = uses_mesh(self.topology, size, self.hosts.len() == size, any_rdma);
         Ok(Choice {
             geometry,
             any_rdma,
@@ -193,13 +192,15 @@ mod tests {
     /// host), with RDMA on the ring pairs `rdma` names.
     fn facts(rank: usize, hosts: &[&str], rdma: &[bool], transport: Transport) -> Facts {
         let size = hosts.len();
+        let (distinct, host_of) = crate::connect::published::distinct(hosts.to_vec());
         Facts {
             rank,
             size,
             wires: 2,
             transport,
             topology: Topology::Auto,
-            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            hosts: distinct.iter().map(|h| (*h).to_owned()).collect(),
+            host_of,
             ring_shares_memory: (0..size)
                 .map(|p| hosts[p] == hosts[(p + 1) % size])
                 .collect(),

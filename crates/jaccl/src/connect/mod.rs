@@ -1,6 +1,7 @@
-//! Start-up of a group: every rank joins the side channel, publishes what its peers need (its
+//! Start-up of a group: every rank joins the side channel and publishes what its peers need (its
 //! host, the settings all ranks must agree on, and what each transport's connector publishes,
-//! `crate::transport::connector`), and the ranks check that they agree. Then each ring
+//! `crate::transport::connector`); rank 0 checks that they agree and sends every rank a
+//! compact table of it ([`published`]), whose entries a rank reads only as it needs. Then each ring
 //! neighbour gets its own transport, by the same rule on every rank ([`choice`]): shared
 //! memory when both ranks are on one host, RDMA when both have a device that reaches the
 //! other, TCP otherwise (unless `Config::transport` forces one); so 2 hosts × 4 ranks use
@@ -14,7 +15,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::algo::channel::Channel;
@@ -27,9 +27,7 @@ use crate::error::{Error, Result};
 use crate::liveness::{Heartbeat, Liveness};
 use crate::os::deadline_after;
 use crate::transport::Link;
-use crate::transport::connector::{
-    Connector, End, Exchange, Opened, Published, Request, Want, exchange_json,
-};
+use crate::transport::connector::{Connector, End, Exchange, Opened, Request, Want};
 use crate::transport::listener::JobListener;
 use crate::transport::rdma::{DeviceNames, RdmaConnector};
 use crate::transport::shm::{self, Board, Shm, ShmConnector};
@@ -37,32 +35,11 @@ use crate::transport::tcp::connector::TcpConnector;
 use crate::wait::{GoOn, WaitPolicy};
 
 use choice::Facts;
+use published::{PeerInfo, Table, Unread};
 
 mod choice;
 pub(crate) mod late;
-
-/// What each rank publishes at start-up.
-#[derive(Debug, Serialize, Deserialize)]
-struct PeerInfo {
-    /// Ranks with the same host may share memory ([`shm::host_identity`]).
-    host: String,
-    wires: usize,
-    transport: String,
-    topology: String,
-    /// `Config::link`, exactly (whole bytes per second and nanoseconds).
-    link: Option<String>,
-    /// What each transport's connector published, by transport name (opaque here).
-    links: BTreeMap<String, Value>,
-}
-
-impl PeerInfo {
-    fn published<'a>(&'a self, transport: Transport) -> Published<'a> {
-        Published {
-            host: &self.host,
-            blob: self.links.get(transport.name()).unwrap_or(&Value::Null),
-        }
-    }
-}
+mod published;
 
 /// A group's connections, ready for collectives.
 pub(crate) struct Connected {
@@ -169,18 +146,26 @@ fn set_up(
         link: config.link.map(|l| l.to_string()),
         links,
     };
+    let mine = serde_json::to_vec(&me).map_err(|e| fail(e.to_string()))?;
+    let reply = side.gather_reply(&mine, deadline, |all| Table::reply(&all))?;
+    let mut table = Table::read(&reply, size).map_err(|unread| match unread {
+        Unread::Refused(why) => fail(why),
+        Unread::Bad(why) => fail(format!("bad start-up table from rank 0: {why}")),
+    })?;
+    drop(reply);
     let mut exchange = SideExchange {
         side: &mut side,
         deadline,
     };
-    let infos: Vec<PeerInfo> = exchange_json(&mut exchange, rank, &me)?;
-    agree(rank, &me, &infos)?;
 
     // Which transport each link uses: every rank works it out alike (`choice`).
+    let pairs = |connector: &dyn Connector, transport: Transport, a: usize, b: usize| {
+        connector.pairs(table.published(a, transport), table.published(b, transport))
+    };
+    // Only ranks of one host can share memory: a rank reads only its own host's entries.
     let shares_memory = |a: usize, b: usize| {
-        let (a, b) = (&infos[a], &infos[b]);
-        shm.as_ref()
-            .is_some_and(|c| c.pairs(a.published(Transport::Shm), b.published(Transport::Shm)))
+        table.host_of()[a] == table.host_of()[b]
+            && shm.as_ref().is_some_and(|c| pairs(c, Transport::Shm, a, b))
     };
     let facts = Facts {
         rank,
@@ -188,19 +173,17 @@ fn set_up(
         wires,
         transport: config.transport,
         topology: config.topology,
-        hosts: infos.iter().map(|i| i.host.clone()).collect(),
+        hosts: table.hosts().to_vec(),
+        host_of: table.host_of().to_vec(),
         ring_shares_memory: (0..size)
             .map(|p| shares_memory(p, (p + 1) % size))
             .collect(),
         local: (0..size).map(|p| shares_memory(rank, p)).collect(),
         ring_rdma: (0..size)
-            .map(|p| {
-                let (a, b) = (&infos[p], &infos[(p + 1) % size]);
-                rdma.pairs(a.published(Transport::Rdma), b.published(Transport::Rdma))
-            })
+            .map(|p| pairs(&rdma, Transport::Rdma, p, (p + 1) % size))
             .collect(),
         rdma_unusable: (0..size).find_map(|r| {
-            rdma.unusable(infos[r].published(Transport::Rdma).blob)
+            rdma.unusable(table.published(r, Transport::Rdma).blob)
                 .map(|why| (r, why))
         }),
     };
@@ -214,14 +197,10 @@ fn set_up(
                 wants: &[Want],
                 transport: Transport,
                 exchange: &mut SideExchange<'_>| {
-        let published: Vec<Value> = infos
-            .iter()
-            .map(|i| i.published(transport).blob.clone())
-            .collect();
         connector.open(Request {
             me: &identity,
             wants,
-            published: &published,
+            published: table.blobs(transport),
             exchange,
             required: config.transport == transport,
             deadline,
@@ -282,13 +261,13 @@ fn set_up(
             None => channels_all.push(Channel::unopened(p)),
         }
     }
-    let tcp_published: Vec<Value> = infos
-        .iter()
-        .map(|i| i.published(Transport::Tcp).blob.clone())
-        .collect();
     let opened_late = late::Opened::default();
     let job = tcp
-        .into_late(identity.clone(), &tcp_published, config.startup_timeout)
+        .into_late(
+            identity.clone(),
+            table.take_blobs(Transport::Tcp),
+            config.startup_timeout,
+        )
         .map_err(|e| Error::io(rank, "accepting data connections", e))?;
     let late = late::Late {
         tcp: Arc::clone(&job),
@@ -326,29 +305,39 @@ fn set_up(
     Ok((connected, job))
 }
 
-/// Reads what ranks published at start-up as every rank would: the settings, and each
-/// transport's blob as its connector reads it (the fuzz target `startup`).
+/// Reads start-up data as rank 0 reads what the ranks published (`bytes` as a JSON list,
+/// each element one rank's entry), and as a member reads rank 0's reply (`bytes` as the table
+/// of a group of 1 to 4 ranks, each transport's entries read by its connector): the fuzz
+/// target `startup`.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn check_published(bytes: &[u8]) {
-    let Ok(infos) = serde_json::from_slice::<Vec<PeerInfo>>(bytes) else {
-        return;
-    };
-    let Some(me) = infos.first() else {
-        return;
-    };
-    let _ = agree(0, me, &infos);
+    if let Ok(entries) = serde_json::from_slice::<Vec<Value>>(bytes) {
+        let all: Vec<Vec<u8>> = entries
+            .iter()
+            .filter_map(|e| serde_json::to_vec(e).ok())
+            .collect();
+        let _ = Table::read(&Table::reply(&all), all.len());
+    }
     let made = fuzz_connectors();
     let rdma = RdmaConnector::off();
-    let some = &infos[..infos.len().min(8)];
-    for a in some {
-        for b in some {
-            let pairs = |c: &dyn Connector, t: Transport| c.pairs(a.published(t), b.published(t));
-            if let Some(tcp) = &made.tcp {
-                let _ = pairs(tcp, Transport::Tcp);
+    for size in 1..=4 {
+        let Ok(table) = Table::read(bytes, size) else {
+            continue;
+        };
+        let check = |connector: &dyn Connector, transport: Transport| {
+            for a in 0..size {
+                let _ = connector.unusable(table.published(a, transport).blob);
+                for b in 0..size {
+                    let _ = connector
+                        .pairs(table.published(a, transport), table.published(b, transport));
+                }
             }
-            let _ = pairs(&made.shm, Transport::Shm);
-            let _ = pairs(&rdma, Transport::Rdma);
+        };
+        if let Some(tcp) = &made.tcp {
+            check(tcp, Transport::Tcp);
         }
+        check(&made.shm, Transport::Shm);
+        check(&rdma, Transport::Rdma);
     }
 }
 
@@ -399,41 +388,4 @@ fn channels(links: Option<Vec<Box<dyn Link>>>, peer: usize, wires: usize) -> Res
         )));
     }
     Ok(links.into_iter().map(|l| Channel::new(l, peer)).collect())
-}
-
-/// Checks that every rank uses the same settings.
-fn agree(rank: usize, me: &PeerInfo, infos: &[PeerInfo]) -> Result<()> {
-    for (r, info) in infos.iter().enumerate() {
-        if info.wires != me.wires {
-            return Err(Error::Bootstrap(format!(
-                "ranks disagree on the number of wires: rank {rank} uses {}, rank {r} uses {}; \
-                 set JACCL_WIRES (or Config::wires) the same on every rank",
-                me.wires, info.wires
-            )));
-        }
-        if info.topology != me.topology {
-            return Err(Error::Bootstrap(format!(
-                "ranks disagree on the topology: rank {rank} uses {}, rank {r} uses {}; set \
-                 JACCL_TOPOLOGY (or Config::topology) the same on every rank",
-                me.topology, info.topology
-            )));
-        }
-        if info.transport != me.transport {
-            return Err(Error::Bootstrap(format!(
-                "ranks disagree on the transport: rank {rank} uses {}, rank {r} uses {}; set \
-                 JACCL_TRANSPORT (or Config::transport) the same on every rank",
-                me.transport, info.transport
-            )));
-        }
-        if info.link != me.link {
-            let name = |link: &Option<String>| link.clone().unwrap_or_else(|| "none".into());
-            return Err(Error::Bootstrap(format!(
-                "ranks disagree on the link speed: rank {rank} uses {}, rank {r} uses {}; set \
-                 JACCL_LINK (or Config::link) the same on every rank",
-                name(&me.link),
-                name(&info.link)
-            )));
-        }
-    }
-    Ok(())
 }

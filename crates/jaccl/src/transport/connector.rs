@@ -4,6 +4,7 @@
 //! `crate::connect` orchestrates: the side channel, which transport each peer gets, the order,
 //! the errors; it knows no transport's fields.
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -79,13 +80,74 @@ pub(crate) struct Published<'a> {
     pub(crate) blob: &'a Value,
 }
 
+/// What every rank's connector of one transport published, by rank: the distinct entries
+/// (many ranks publish the same, such as "no RDMA device"), each read as JSON once, when
+/// first asked, so a rank reads only those it needs.
+#[derive(Debug)]
+pub(crate) struct Blobs {
+    /// The distinct entries' JSON, one after another: entry `i` ends at `ends[i]`.
+    json: Vec<u8>,
+    ends: Vec<usize>,
+    /// Each rank's entry, an index into the distinct ones.
+    of: Vec<usize>,
+    /// Each distinct entry, once read (`Null` if unreadable).
+    read: Vec<OnceLock<Value>>,
+}
+
+impl Blobs {
+    /// No rank's: what a transport nobody published has.
+    pub(crate) const fn none() -> Blobs {
+        Blobs {
+            json: Vec::new(),
+            ends: Vec::new(),
+            of: Vec::new(),
+            read: Vec::new(),
+        }
+    }
+
+    /// The `distinct` entries' JSON, and each rank's (`of`, in rank order, indices into them).
+    ///
+    /// # Errors
+    /// An index names no entry.
+    pub(crate) fn new<'a>(
+        distinct: impl IntoIterator<Item = &'a [u8]>,
+        of: Vec<usize>,
+    ) -> std::result::Result<Blobs, String> {
+        let mut blobs = Blobs {
+            of,
+            ..Blobs::none()
+        };
+        for json in distinct {
+            blobs.json.extend_from_slice(json);
+            blobs.ends.push(blobs.json.len());
+            blobs.read.push(OnceLock::new());
+        }
+        match blobs.of.iter().find(|&&i| i >= blobs.ends.len()) {
+            Some(i) => Err(format!("entry {i} of {}", blobs.ends.len())),
+            None => Ok(blobs),
+        }
+    }
+
+    /// What rank `rank` published: `Null` if nothing, or nothing readable.
+    pub(crate) fn get(&self, rank: usize) -> &Value {
+        static NULL: Value = Value::Null;
+        let Some(&i) = self.of.get(rank) else {
+            return &NULL;
+        };
+        self.read[i].get_or_init(|| {
+            let start = i.checked_sub(1).map_or(0, |j| self.ends[j]);
+            serde_json::from_slice(&self.json[start..self.ends[i]]).unwrap_or(Value::Null)
+        })
+    }
+}
+
 /// What [`Connector::open`] is asked.
 pub(crate) struct Request<'a> {
     pub(crate) me: &'a Identity,
     /// This rank's wants of this transport (maybe none: every rank of the group takes part).
     pub(crate) wants: &'a [Want],
     /// What every rank's connector of this transport published, by rank.
-    pub(crate) published: &'a [Value],
+    pub(crate) published: &'a Blobs,
     pub(crate) exchange: &'a mut dyn Exchange,
     /// Whether the transport was asked for by name: then a pair that cannot connect fails
     /// every rank instead of falling back to TCP.

@@ -27,10 +27,13 @@ pub(crate) struct JobListener {
     /// This rank in the job.
     me: Identity,
     /// Every rank's listener, as it published it.
-    addresses: Vec<Option<SocketAddr>>,
+    addresses: Addresses,
     parked: Arc<Parked>,
     stop: Arc<AtomicBool>,
 }
+
+/// Each job rank's listener, as it published it (read when first dialled).
+pub(crate) type Addresses = Box<dyn Fn(usize) -> Option<SocketAddr> + Send + Sync>;
 
 /// Connections accepted and authenticated, by what their claims say, and when they came.
 /// Lock order: `streams`, then `live`.
@@ -109,7 +112,7 @@ impl JobListener {
     pub(crate) fn start(
         listener: TcpListener,
         me: Identity,
-        addresses: Vec<Option<SocketAddr>>,
+        addresses: Addresses,
         kept_for: Duration,
     ) -> io::Result<Arc<JobListener>> {
         let parked = Arc::new(Parked {
@@ -201,10 +204,8 @@ impl JobListener {
         deadline: Instant,
         go_on: &mut dyn FnMut() -> Result<()>,
     ) -> std::result::Result<TcpStream, DialError> {
-        let addr =
-            self.addresses.get(peer).copied().flatten().ok_or_else(|| {
-                DialError::Failed(format!("rank {peer} published no TCP address"))
-            })?;
+        let addr = (self.addresses)(peer)
+            .ok_or_else(|| DialError::Failed(format!("rank {peer} published no TCP address")))?;
         let claim = Claim {
             purpose,
             rank: self.me.rank,
@@ -347,7 +348,7 @@ impl JobListener {
 
     /// This rank's address, as it published it.
     pub(crate) fn own_address(&self) -> Option<SocketAddr> {
-        self.addresses.get(self.me.rank).copied().flatten()
+        (self.addresses)(self.me.rank)
     }
 
     /// Readable when a connection may have arrived (see [`JobListener::take`]).
@@ -569,7 +570,9 @@ mod tests {
                 token: token.clone(),
             };
             rank += 1;
-            JobListener::start(listener, me, addresses.clone(), kept_for).unwrap()
+            let addresses = addresses.clone();
+            let addresses = Box::new(move |r: usize| addresses.get(r).copied().flatten());
+            JobListener::start(listener, me, addresses, kept_for).unwrap()
         })
     }
 

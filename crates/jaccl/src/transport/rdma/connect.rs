@@ -109,7 +109,7 @@ impl Connector for RdmaConnector {
     }
 
     fn unusable(&self, blob: &Value) -> Option<String> {
-        match serde_json::from_value::<Availability>(blob.clone()) {
+        match Availability::deserialize(blob) {
             Ok(Availability::Yes) => None,
             Ok(Availability::No(why)) => Some(why),
             Ok(Availability::Off) => Some("its transport is neither auto nor rdma".into()),

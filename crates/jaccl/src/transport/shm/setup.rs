@@ -450,7 +450,7 @@ impl Connector for ShmConnector {
         };
         let mut specs: Vec<PeerSpec> = Vec::new();
         for want in request.wants {
-            let name = request.published.get(want.peer).and_then(Value::as_str);
+            let name = request.published.get(want.peer).as_str();
             let spec = match specs.iter_mut().position(|s| s.rank == want.peer) {
                 Some(i) => &mut specs[i],
                 None => {

@@ -16,7 +16,7 @@ use crate::auth::{self, Admission, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
 use crate::os::{accept_tcp, deadline_after};
 use crate::transport::Link;
-use crate::transport::connector::{Connector, End, Opened, Request};
+use crate::transport::connector::{Blobs, Connector, End, Opened, Request};
 use crate::transport::listener::{Established, JobListener, dial, links};
 use crate::wait::GoOn;
 
@@ -104,8 +104,7 @@ impl Connector for TcpConnector {
         let mut accept_from = Vec::new();
         for want in request.wants {
             if opens(want.end, want.peer) {
-                let published = request.published.get(want.peer).unwrap_or(&Value::Null);
-                let addr = address(published).map_err(|why| {
+                let addr = address(request.published.get(want.peer)).map_err(|why| {
                     Error::Bootstrap(format!("rank {}: rank {}: {why}", me.rank, want.peer))
                 })?;
                 connect_to.push((want.peer, addr, want.wires));
@@ -151,22 +150,22 @@ impl Connector for TcpConnector {
 
 impl TcpConnector {
     /// The job's listener, for connections made after start-up ([`JobListener`]): this one's
-    /// own, kept (`published` is what every rank's TCP connector published), or the one it
-    /// made its connections through.
+    /// own, kept (`published` is what every rank's TCP connector published, each read when
+    /// first dialled), or the one it made its connections through.
     ///
     /// # Errors
     /// The thread that accepts them cannot start.
     pub(crate) fn into_late(
         self,
         me: Identity,
-        published: &[Value],
+        published: Blobs,
         startup_timeout: Duration,
     ) -> io::Result<Arc<JobListener>> {
         let listener = match self.how {
             How::Listening(listener) => listener,
             How::Through { job, .. } => return Ok(job),
         };
-        let addresses = published.iter().map(|b| address(b).ok()).collect();
+        let addresses = Box::new(move |rank| address(published.get(rank)).ok());
         JobListener::start(listener, me, addresses, startup_timeout)
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::hostfile::{self, Parsed};
+use crate::hostfile::{self, Parsed, Place};
 
 /// `println!` that ignores a closed standard output (`jaccl doctor | head`), where `println!`
 /// would panic.
@@ -130,8 +130,8 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
             say!("  hostfile with {} host(s)", h.hosts.len());
             for (i, entry) in h.hosts.iter().enumerate() {
                 say!(
-                    "  host {i}: ssh {}, ips [{}]",
-                    entry.ssh,
+                    "  host {i}: {}, ips [{}]",
+                    entry.place,
                     entry.ips.join(", ")
                 );
             }
@@ -142,13 +142,19 @@ pub(crate) fn run(file: Option<&Path>, check_ssh: bool) -> u8 {
             if h.hosts.len() > 1 && h.hosts[0].ips.is_empty() {
                 say!(
                     "  note: host 0 has no \"ips\"; the others will reach the coordinator at \"{}\"",
-                    crate::ssh_host_name(&h.hosts[0].ssh)
+                    crate::coordinator_host(&h.hosts[0])
                 );
             }
             if check_ssh {
-                for (host, result) in
-                    ssh_reachable(&h.hosts.iter().map(|e| e.ssh.clone()).collect::<Vec<_>>())
-                {
+                let by_ssh: Vec<String> = h
+                    .hosts
+                    .iter()
+                    .filter_map(|e| match &e.place {
+                        Place::Ssh(dest) => Some(dest.clone()),
+                        Place::Netns(_) => None,
+                    })
+                    .collect();
+                for (host, result) in ssh_reachable(&by_ssh) {
                     match result {
                         Ok(()) => say!("  ssh {host}: ok"),
                         Err(why) => {

@@ -3,7 +3,9 @@
 //! A hostfile is a JSON list of hosts, or an object `{"backend": ..., "envs": [...], "hosts":
 //! [...]}`. A host is `{"ssh": "name", "ips": ["10.0.0.1"], "rdma": [null, "rdma_en5", ...]}`
 //! (`ips` and `rdma` optional); `rdma[j]` names the local RDMA device cabled to rank j (a list
-//! for several wires), `null` where there is none and at the host's own index.
+//! for several wires), `null` where there is none and at the host's own index. Instead of
+//! `ssh`, `"netns": "name"` runs the host's ranks on this machine inside that network namespace
+//! (a pretend host, as `scripts/pretend-hosts.sh` makes them).
 //!
 //! A device file (`MLX_IBV_DEVICES`) is the N × N matrix of those `rdma` lists
 //! ([`DeviceMatrix`], which also checks the hosts' lists).
@@ -18,10 +20,28 @@ use serde_json::Value;
 /// One host of a hostfile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HostEntry {
-    /// What `ssh` connects to.
-    pub(crate) ssh: String,
+    /// How its ranks are started.
+    pub(crate) place: Place,
     /// Addresses of this host; the first is where other hosts reach it.
     pub(crate) ips: Vec<String>,
+}
+
+/// Where a host's ranks run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Over `ssh` to this destination (`host` or `user@host`).
+    Ssh(String),
+    /// On this machine, inside this network namespace (`ip netns exec`).
+    Netns(String),
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Ssh(dest) => write!(f, "ssh {dest}"),
+            Place::Netns(name) => write!(f, "netns {name}"),
+        }
+    }
 }
 
 /// A parsed hostfile.
@@ -155,28 +175,41 @@ fn hostfile(name: &str, value: &Value) -> Result<Hostfile, Vec<String>> {
             continue;
         };
         for key in obj.keys() {
-            if !["ssh", "ips", "rdma"].contains(&key.as_str()) {
+            if !["ssh", "netns", "ips", "rdma"].contains(&key.as_str()) {
                 errors.push(format!(
-                    "{at}: unknown key \"{key}\" (expected ssh, ips, rdma)"
+                    "{at}: unknown key \"{key}\" (expected ssh or netns, ips, rdma)"
                 ));
             }
         }
-        let ssh = match obj.get("ssh") {
-            Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        let mut name_of = |key: &str| match obj.get(key) {
+            Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_string()),
             Some(Value::String(_)) => {
-                errors.push(format!("{at}: \"ssh\" is empty"));
-                String::new()
+                errors.push(format!("{at}: \"{key}\" is empty"));
+                Some(String::new())
             }
             Some(other) => {
                 errors.push(format!(
-                    "{at}: \"ssh\" must be a string, found {}",
+                    "{at}: \"{key}\" must be a string, found {}",
                     kind(other)
                 ));
-                String::new()
+                Some(String::new())
             }
-            None => {
-                errors.push(format!("{at}: \"ssh\" is missing"));
-                String::new()
+            None => None,
+        };
+        let place = match (name_of("ssh"), name_of("netns")) {
+            (Some(dest), None) => Place::Ssh(dest),
+            (None, Some(name)) => Place::Netns(name),
+            (Some(dest), Some(_)) => {
+                errors.push(format!(
+                    "{at}: \"ssh\" and \"netns\" both given: one host, one place"
+                ));
+                Place::Ssh(dest)
+            }
+            (None, None) => {
+                errors.push(format!(
+                    "{at}: \"ssh\" is missing (or \"netns\", for a pretend host)"
+                ));
+                Place::Ssh(String::new())
             }
         };
         let ips = match obj.get("ips") {
@@ -207,8 +240,13 @@ fn hostfile(name: &str, value: &Value) -> Result<Hostfile, Vec<String>> {
                 Vec::new()
             }
         };
+        if matches!(place, Place::Netns(_)) && ips.is_empty() {
+            errors.push(format!(
+                "{at}: a \"netns\" host needs \"ips\": where the other hosts reach it"
+            ));
+        }
         rdma_rows.push(obj.get("rdma").cloned().unwrap_or(Value::Null));
-        file.hosts.push(HostEntry { ssh, ips });
+        file.hosts.push(HostEntry { place, ips });
     }
     if rdma_rows.iter().any(|r| !r.is_null()) {
         match DeviceMatrix::from_value(&Value::Array(rdma_rows)) {
@@ -281,6 +319,11 @@ mod tests {
         };
         assert_eq!(h.hosts.len(), 2);
         assert_eq!(h.hosts[0].ips, ["10.0.0.1"]);
+        assert_eq!(h.hosts[1].place, Place::Ssh("b".into()));
+        let Ok(Parsed::Hostfile(h)) = parse(r#"[{"netns": "h0", "ips": ["10.7.0.1"]}]"#) else {
+            panic!()
+        };
+        assert_eq!(h.hosts[0].place, Place::Netns("h0".into()));
         let Ok(Parsed::Hostfile(h)) = parse(
             r#"{"backend": "jaccl-ring", "envs": ["A=1", "B"], "hosts": [
                 {"ssh": "a", "ips": ["10.0.0.1"], "rdma": [null, ["rdma_en5", "rdma_en6"]]},
@@ -306,6 +349,14 @@ mod tests {
             e.contains("host 1: ips[0] \"x\" is not an IP address"),
             "{e}"
         );
+        let e = errors(r#"[{"ssh": "a", "netns": "b"}, {"netns": 3}]"#);
+        assert!(
+            e.contains("host 0: \"ssh\" and \"netns\" both given"),
+            "{e}"
+        );
+        assert!(e.contains("host 1: \"netns\" must be a string"), "{e}");
+        let e = errors(r#"[{"netns": "h0"}]"#);
+        assert!(e.contains("host 0: a \"netns\" host needs \"ips\""), "{e}");
         let e = errors(r#"{"hosts": [{"ssh": "a", "rdma": ["rdma_en1"]}]}"#);
         assert!(
             e.contains("the hosts' \"rdma\" lists as a device matrix: [0][0]: a rank has no device to itself"),

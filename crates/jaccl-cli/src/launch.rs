@@ -1,4 +1,5 @@
-//! Starting ranks: locally as child processes, or on other hosts over `ssh`.
+//! Starting ranks: locally as child processes (in a network namespace for a pretend host), or
+//! on other hosts over `ssh`.
 //!
 //! Each local rank runs in its own process group, so stopping it also stops what it started,
 //! and dies with the launcher however the launcher ends: it is started through `jaccl
@@ -36,14 +37,21 @@ pub(crate) enum Host {
     Local,
     /// Over `ssh` to this destination (`host` or `user@host`).
     Ssh(String),
+    /// A child process of the launcher inside this network namespace (a pretend host).
+    Netns(String),
 }
 
 impl Host {
     fn name(&self) -> &str {
         match self {
             Host::Local => "local",
-            Host::Ssh(h) => h,
+            Host::Ssh(h) | Host::Netns(h) => h,
         }
+    }
+
+    /// Whether the rank is a child process of the launcher (stopped through its process group).
+    fn is_child(&self) -> bool {
+        !matches!(self, Host::Ssh(_))
     }
 }
 
@@ -158,7 +166,7 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
             }
             if let Some(stdin) = child.stdin.take() {
                 match host {
-                    Host::Local => forward_stdin(stdin),
+                    Host::Local | Host::Netns(_) => forward_stdin(stdin),
                     Host::Ssh(_) => hand_over_script(stdin, remote_script(job, &env)),
                 }
             }
@@ -259,6 +267,11 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
 fn command(job: &Job, host: &Host, env: &[(String, String)], rank0: bool) -> Command {
     let (program, args): (&str, Vec<String>) = match host {
         Host::Local => (&job.program[0], job.program[1..].to_vec()),
+        Host::Netns(name) => {
+            let mut args: Vec<String> = ["netns", "exec", name].map(String::from).to_vec();
+            args.extend(job.program.iter().cloned());
+            ("ip", args)
+        }
         Host::Ssh(dest) => {
             let mut args = job.ssh[1..].to_vec();
             // `--`: a host name that starts with `-` is not an option.
@@ -267,7 +280,7 @@ fn command(job: &Job, host: &Host, env: &[(String, String)], rank0: bool) -> Com
         }
     };
     let mut cmd = dying_with_us(program, &args);
-    if let Host::Local = host {
+    if host.is_child() {
         cmd.envs(env.iter().cloned());
         if let Some(cwd) = &job.cwd {
             cmd.current_dir(cwd);

@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::args::{BenchArgs, Cli, Command, LaunchArgs};
+use crate::hostfile::{HostEntry, Place};
 use crate::launch::{Host, Job};
 
 fn main() -> ExitCode {
@@ -64,16 +65,17 @@ fn launch_main(args: &LaunchArgs) -> Result<u8, String> {
             // The matrix itself, not a path: remote hosts have no copy of a local file.
             env.push(("JACCL_IBV_DEVICES".into(), devices.to_string()));
         }
-        let first = file.hosts.first().map(|h| {
-            h.ips
-                .first()
-                .cloned()
-                .unwrap_or_else(|| ssh_host_name(&h.ssh).to_string())
-        });
+        let first = file.hosts.first().map(coordinator_host);
         let hosts = file
             .hosts
             .iter()
-            .flat_map(|h| std::iter::repeat_n(Host::Ssh(h.ssh.clone()), per_host))
+            .flat_map(|h| {
+                let host = match &h.place {
+                    Place::Ssh(dest) => Host::Ssh(dest.clone()),
+                    Place::Netns(name) => Host::Netns(name.clone()),
+                };
+                std::iter::repeat_n(host, per_host)
+            })
             .collect();
         (hosts, first)
     } else if !args.hosts.is_empty() {
@@ -126,6 +128,15 @@ pub(crate) fn ssh_command() -> Vec<String> {
         .unwrap_or_else(|| vec!["ssh".into()]);
     cmd.extend(["-o", "BatchMode=yes", "-o", "LogLevel=ERROR"].map(String::from));
     cmd
+}
+
+/// Where the other hosts reach `host` (rank 0's coordinator): its first address, else its
+/// ssh destination's host name.
+pub(crate) fn coordinator_host(host: &HostEntry) -> String {
+    match (host.ips.first(), &host.place) {
+        (Some(ip), _) => ip.clone(),
+        (None, Place::Ssh(dest) | Place::Netns(dest)) => ssh_host_name(dest).to_string(),
+    }
 }
 
 /// `host` of `user@host`.

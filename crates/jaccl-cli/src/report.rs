@@ -132,8 +132,33 @@ pub(crate) struct Report<'a> {
 
 /// How a group's collectives move data: `direct over shm` when every rank shares memory,
 /// else the topology over its peers' transports (`ring over shm+tcp (left 3 shm, right 1
-/// tcp)`; with the mesh, `mesh over tcp (left 3 tcp, right 1 tcp, 2 more ranks)`).
+/// tcp)`; with the mesh, `mesh over tcp (left 3 tcp, right 1 tcp, 2 more ranks)`), then the
+/// hosts when there are several (`, 2 hosts × 4 ranks`).
 pub(crate) fn route(g: &Group) -> String {
+    format!("{}{}", links(g), hosts(g))
+}
+
+/// The hosts of a group on more than one (`, 2 hosts × 4 ranks`, `, 3 hosts of 4 + 3 + 2
+/// ranks`), else nothing.
+fn hosts(g: &Group) -> String {
+    let hosts = g.hosts();
+    let sizes: Vec<usize> = (0..hosts.count())
+        .map(|h| hosts.ranks_on(h).len())
+        .collect();
+    match sizes.as_slice() {
+        [] | [_] => String::new(),
+        [first, rest @ ..] if rest.iter().all(|s| s == first) => {
+            format!(", {} hosts × {first} ranks", sizes.len())
+        }
+        _ => {
+            let each: Vec<String> = sizes.iter().map(ToString::to_string).collect();
+            format!(", {} hosts of {} ranks", sizes.len(), each.join(" + "))
+        }
+    }
+}
+
+/// The topology over the peers' transports.
+fn links(g: &Group) -> String {
     let transports = g.transport();
     let topology = g.topology().map_or("ring", |t| t.name());
     match (g.shares_memory_with_all(), transports.as_slice()) {

@@ -341,6 +341,67 @@ fn bench_and_doctor_over_rdma() {
     }
 }
 
+/// `jaccl launch` over a hostfile of pretend hosts (network namespaces joined at 1 Gbit/s,
+/// made by scripts/pretend-hosts.sh): 2 hosts × 2 ranks, shared memory inside each, TCP
+/// between, every value right, and the route names the hosts.
+#[test]
+fn launch_runs_ranks_on_pretend_hosts() {
+    let root = rustix::process::geteuid().is_root();
+    let ip = Command::new("ip").args(["netns", "list"]).output();
+    if !available(
+        "network namespaces (root, iproute2)",
+        root && ip.is_ok_and(|o| o.status.success()),
+    ) {
+        return;
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/pretend-hosts.sh"
+    );
+    let name = format!("jcli{}", std::process::id() % 100_000);
+    let hostfile = temp("pretend-hosts.json");
+    let pretend = |args: &[&str]| {
+        let status = Command::new(script)
+            .args(args)
+            .env("PRETEND_HOSTS_NAME", &name)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "pretend-hosts.sh {args:?}");
+    };
+    pretend(&["up", "2", "1gbit", hostfile.to_str().unwrap()]);
+    let out = jaccl(&[
+        "launch",
+        "--hostfile",
+        hostfile.to_str().unwrap(),
+        "-n",
+        "2",
+        "--",
+        JACCL,
+        "bench",
+        "-b",
+        "8",
+        "-e",
+        "1M",
+        "-f",
+        "32",
+        "--check",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+    ]);
+    pretend(&["down"]);
+    let _ = std::fs::remove_file(&hostfile);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("# Wrong values: 0 OK"), "{stdout}");
+    assert!(
+        stdout.contains("over shm+tcp") && stdout.contains("2 hosts × 2 ranks"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn bench_writes_json_lines_and_a_plot() {
     let (json, svg) = (temp("rows.jsonl"), temp("plot.svg"));

@@ -45,6 +45,9 @@ struct Group {
     /// for; never held long.
     transport: Mutex<Vec<(usize, jaccl::Transport)>>,
     topology: Option<String>,
+    /// The ranks on each host, and this rank's host (`jaccl::HostLayout`).
+    hosts: Vec<Vec<usize>>,
+    host: usize,
     closed: AtomicBool,
     /// Whether `abort` was called, or `close` aborted a call in flight: later calls raise
     /// `Aborted` (as that call did, and as the next could before the group is dropped), not
@@ -93,6 +96,10 @@ impl Group {
             size: group.size(),
             transport: Mutex::new(group.transport()),
             topology: group.topology().map(|t| t.to_string()),
+            hosts: (0..group.hosts().count())
+                .map(|h| group.hosts().ranks_on(h).to_vec())
+                .collect(),
+            host: group.hosts().host(),
             closed: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
             abort: Mutex::new(Some(group.abort_handle())),
@@ -200,6 +207,18 @@ impl Group {
             true => None,
             false => self.topology.clone(),
         }
+    }
+
+    /// The ranks on each host, as `jaccl::HostLayout` numbers the hosts.
+    #[getter]
+    fn hosts(&self) -> Vec<Vec<usize>> {
+        self.hosts.clone()
+    }
+
+    /// This rank's host, an index into `hosts`.
+    #[getter]
+    fn host(&self) -> usize {
+        self.host
     }
 
     /// Whether [`Group::close`] was called.

@@ -338,3 +338,19 @@ except jaccl.ConfigError as e:
         assert props[:3] == [rank, 3, "ring"]
         assert props[3] == [[(rank - 1) % 3, "tcp"], [(rank + 1) % 3, "tcp"]]
         assert "JACCL_WIRES" in error and "lots" in error
+
+
+def test_hosts_as_every_rank_knows_them(run):
+    """Pretend hosts a, b, a, b, a: every rank holds the same hosts, numbered by their lowest
+    rank, and its own place on one."""
+    results = run(
+        5,
+        """
+import os
+g = jaccl.init(host_id="ab"[int(os.environ["JACCL_RANK"]) % 2])
+report([g.hosts, g.host, g.local_rank, g.local_size])
+""",
+    )
+    for rank, [(hosts, host, local_rank, local_size)] in enumerate(results):
+        assert hosts == [[0, 2, 4], [1, 3]]
+        assert (host, local_rank, local_size) == (rank % 2, rank // 2, 3 - rank % 2)

@@ -587,6 +587,58 @@ fn recv_any_that_nobody_answers_is_a_deadlock() {
     }
 }
 
+/// Every rank knows, alike, which ranks share a host: from the host identities they publish
+/// (pretend hosts of 4, 3 and 2 ranks, interleaved), and a sub-group from its own members. It
+/// is the layout the transports follow: shared memory exactly between ranks of one host.
+#[test]
+fn every_rank_knows_the_same_host_layout_and_a_sub_group_its_own() {
+    let host_of = [0, 1, 0, 2, 1, 0, 2, 1, 0];
+    let size = host_of.len();
+    let expect: [&[usize]; 3] = [&[0, 2, 5, 8], &[1, 4, 7], &[3, 6]];
+    let make = || {
+        let cfgs = configs(Net::Mixed, size, 1, Duration::from_secs(60)).into_iter();
+        let pretend = cfgs.enumerate();
+        pretend
+            .map(|(r, c)| c.host_id(format!("host{}", host_of[r])))
+            .collect()
+    };
+    let seen = with_configs(make, |g| {
+        let mut sum = [0u64];
+        g.all_sum(&[1u64 << g.rank()], &mut sum).unwrap();
+        // Ranks 1.. : the sub-group's rank r is the job's rank r + 1.
+        let members: Vec<usize> = (1..size).collect();
+        let sub = g.subgroup(&members).unwrap().map(|s| s.hosts().clone());
+        (g.hosts().clone(), g.transport(), sum[0], sub)
+    });
+    for (rank, (hosts, transport, sum, sub)) in seen.into_iter().enumerate() {
+        assert_eq!(sum, (1 << size) - 1, "rank {rank}");
+        assert_eq!(hosts.count(), 3, "rank {rank}");
+        for (h, ranks) in expect.iter().enumerate() {
+            assert_eq!(hosts.ranks_on(h), *ranks, "rank {rank}");
+        }
+        assert_eq!(hosts.host(), host_of[rank]);
+        let here = expect[host_of[rank]];
+        assert_eq!(here[hosts.local_rank()], rank);
+        assert_eq!(hosts.local_size(), here.len());
+        for (peer, t) in transport {
+            let same = host_of[peer] == host_of[rank];
+            assert_eq!(t == Transport::Shm, same, "rank {rank} to {peer}: {t}");
+        }
+        // Without job rank 0, the sub-group's first host is the job's host 1 (its lowest rank,
+        // job rank 1, is the sub-group's rank 0), then the job's hosts 0 and 2.
+        match sub {
+            None => assert_eq!(rank, 0),
+            Some(sub) => {
+                let sub_expect: [&[usize]; 3] = [&[0, 3, 6], &[1, 4, 7], &[2, 5]];
+                for (h, ranks) in sub_expect.iter().enumerate() {
+                    assert_eq!(sub.ranks_on(h), *ranks, "rank {rank}");
+                }
+                assert_eq!(sub.host(), [0, 1, 2, 0, 1, 2, 0, 1][rank - 1]);
+            }
+        }
+    }
+}
+
 /// `auto` builds the mesh for 4 ranks or more when each is on a host of its own and they talk
 /// TCP (here: pretend hosts, so no shared memory; inside the RDMA VM they talk RDMA instead and
 /// keep the ring).

@@ -154,6 +154,28 @@ class Group:
         return self._g.topology
 
     @property
+    def hosts(self) -> List[List[int]]:
+        """The ranks on each host, ascending, the same on every rank: ranks share a host when
+        their host identities are equal (the machine's, or ``JACCL_HOST_ID``). Hosts are
+        numbered in the order of their lowest rank."""
+        return self._g.hosts
+
+    @property
+    def host(self) -> int:
+        """This rank's host, an index into :attr:`hosts`."""
+        return self._g.host
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's place among the ranks of its host (0 for the lowest)."""
+        return self._g.hosts[self._g.host].index(self._g.rank)
+
+    @property
+    def local_size(self) -> int:
+        """How many ranks share this rank's host (itself included)."""
+        return len(self._g.hosts[self._g.host])
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._g.closed

@@ -6,7 +6,8 @@
 //! - [`plan`]: the plan type; [`engine`]: runs plans over a group's channels; [`call`]: a
 //!   call and its buffers as the algorithms see them; [`channel`]: one link to one peer and
 //!   what it read ahead; [`waiting`]: how every algorithm waits (arm, poll, report blocked);
-//! - [`geometry`]: which channel is which wire to which peer, and lanes;
+//! - [`geometry`]: which channel is which wire to which peer, and lanes; [`hosts`]: which
+//!   ranks share a host;
 //! - one file per family: [`ring`], [`mesh`] (one-step exchange), [`doubling`] (recursive
 //!   doubling and halving), [`rabenseifner`] (halving then doubling), [`bruck`] (all-gather in ⌈log2 N⌉ rounds), [`p2p`] (send and receive), [`shared_memory`] (the direct
 //!   collectives: every rank of the group on this host reads the others' memory), `any_source` (whose message a receive from any rank
@@ -28,6 +29,7 @@ pub(crate) mod engine;
 #[cfg(test)]
 mod fake;
 pub(crate) mod geometry;
+pub(crate) mod hosts;
 pub(crate) mod mesh;
 pub(crate) mod p2p;
 pub(crate) mod plan;

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::algo::channel::Channel;
 use crate::algo::collectives::Collectives;
 use crate::algo::geometry::ring_index;
+use crate::algo::hosts::HostLayout;
 use crate::auth::Identity;
 use crate::bootstrap::SideChannel;
 use crate::config::{Config, Transport};
@@ -50,6 +51,8 @@ pub(crate) struct Connected {
     /// the right one if different, then other ranks in rank order (all with the mesh, those on
     /// this host with shared memory).
     pub(crate) peers: Vec<(usize, Transport)>,
+    /// Which ranks share a host.
+    pub(crate) hosts: HostLayout,
     /// The peers of links made later, when first used, in that order.
     pub(crate) opened_late: late::Opened,
     pub(crate) wait: WaitPolicy,
@@ -153,6 +156,8 @@ fn set_up(
         Unread::Bad(why) => fail(format!("bad start-up table from rank 0: {why}")),
     })?;
     drop(reply);
+    let hosts = HostLayout::new(rank, table.host_of().to_vec())
+        .map_err(|why| fail(format!("bad start-up table from rank 0: {why}")))?;
     let mut exchange = SideExchange {
         side: &mut side,
         deadline,
@@ -297,6 +302,7 @@ fn set_up(
         collectives,
         shm: shared,
         peers,
+        hosts,
         opened_late,
         wait,
         liveness,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::algo::call::Call;
 use crate::algo::collectives::Collectives;
+use crate::algo::hosts::HostLayout;
 use crate::config::{Config, Topology, Transport};
 use crate::connect::{self, Connected, late};
 use crate::dtype::{Dtype, ReduceOp};
@@ -59,6 +60,8 @@ pub struct Group {
     shares_memory: bool,
     /// The transport to each peer start-up linked this rank to ([`Group::transport`]).
     peers: Vec<(usize, Transport)>,
+    /// Which ranks share a host.
+    hosts: Arc<HostLayout>,
     /// The peers of links made later, when first used.
     opened_late: Option<late::Opened>,
     /// What the heartbeat found out; `None` for a group of one.
@@ -190,6 +193,7 @@ impl Group {
             wait: WaitPolicy::SLEEP,
             shares_memory: false,
             peers: Vec::new(),
+            hosts: Arc::new(HostLayout::alone()),
             opened_late: None,
             liveness: None,
             state: Holder::Own(State::Alone),
@@ -212,6 +216,7 @@ impl Group {
             wait: connected.wait,
             shares_memory: connected.collectives.shares_memory_with_all(),
             peers: connected.peers.clone(),
+            hosts: Arc::new(connected.hosts.clone()),
             opened_late: Some(Arc::clone(&connected.opened_late)),
             liveness: Some(Arc::clone(&connected.liveness)),
             state: Holder::Own(State::Connected(Box::new(connected))),
@@ -240,6 +245,7 @@ impl Group {
             wait: self.wait.in_background(),
             shares_memory: self.shares_memory,
             peers: self.peers.clone(),
+            hosts: Arc::clone(&self.hosts),
             opened_late: self.opened_late.clone(),
             liveness: self.liveness.clone(),
             state: Holder::Shared(shared),
@@ -356,6 +362,11 @@ impl Group {
             peers.extend(late.iter().copied());
         }
         peers
+    }
+
+    /// Which ranks of the group share a host, the same on every rank (see [`HostLayout`]).
+    pub fn hosts(&self) -> &HostLayout {
+        &self.hosts
     }
 
     /// Whether every rank shares memory with this one, so collectives read each other's data

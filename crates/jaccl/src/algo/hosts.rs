@@ -1,0 +1,141 @@
+//! Which ranks of a group share a host ([`HostLayout`]), as every rank of it knows alike: from
+//! the host identities its ranks published at start-up (`crate::connect`), not from the
+//! environment. The two-level collectives work inside each host, then across hosts.
+
+/// The hosts of a group's ranks, the same on every rank. Hosts are numbered in the order of
+/// their lowest rank (rank 0's host is host 0), the ranks of a host in rank order; hosts may
+/// hold different numbers of ranks. Ranks share a host when their host identities are equal
+/// (the machine's, or `JACCL_HOST_ID`, which lets one machine play several hosts).
+///
+/// ```no_run
+/// # fn main() -> jaccl::Result<()> {
+/// let group = jaccl::init()?;
+/// let hosts = group.hosts();
+/// println!(
+///     "rank {} is local rank {} of {} on host {} of {}",
+///     group.rank(),
+///     hosts.local_rank(),
+///     hosts.ranks_on(hosts.host()).len(),
+///     hosts.host(),
+///     hosts.count()
+/// );
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLayout {
+    rank: usize,
+    /// Each rank's host.
+    host_of: Vec<usize>,
+    /// The ranks of each host, ascending.
+    ranks: Vec<Vec<usize>>,
+}
+
+impl HostLayout {
+    /// The layout seen by rank `rank` of a group whose rank `r` is on host `host_of[r]`, the
+    /// hosts numbered in the order of their lowest rank.
+    ///
+    /// # Errors
+    /// The hosts are not numbered so, or `rank` is not a rank of the group.
+    pub(crate) fn new(rank: usize, host_of: Vec<usize>) -> Result<HostLayout, String> {
+        let mut ranks: Vec<Vec<usize>> = Vec::new();
+        for (r, &h) in host_of.iter().enumerate() {
+            match h.cmp(&ranks.len()) {
+                std::cmp::Ordering::Less => ranks[h].push(r),
+                std::cmp::Ordering::Equal => ranks.push(vec![r]),
+                std::cmp::Ordering::Greater => {
+                    return Err(format!(
+                        "rank {r}'s host {h} is numbered before host {}",
+                        ranks.len()
+                    ));
+                }
+            }
+        }
+        if rank >= host_of.len() {
+            return Err(format!("rank {rank} of {}", host_of.len()));
+        }
+        Ok(HostLayout {
+            rank,
+            host_of,
+            ranks,
+        })
+    }
+
+    /// The layout of a group of one.
+    pub(crate) fn alone() -> HostLayout {
+        HostLayout {
+            rank: 0,
+            host_of: vec![0],
+            ranks: vec![vec![0]],
+        }
+    }
+
+    /// How many hosts the group's ranks are on.
+    pub fn count(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// This rank's host.
+    pub fn host(&self) -> usize {
+        self.host_of[self.rank]
+    }
+
+    /// The host of rank `rank`; `None` if the group has no such rank.
+    pub fn host_of(&self, rank: usize) -> Option<usize> {
+        self.host_of.get(rank).copied()
+    }
+
+    /// The ranks on host `host`, ascending (empty if there is no such host).
+    pub fn ranks_on(&self, host: usize) -> &[usize] {
+        self.ranks.get(host).map_or(&[], Vec::as_slice)
+    }
+
+    /// This rank's place among the ranks of its host (0 for the lowest rank there).
+    pub fn local_rank(&self) -> usize {
+        let here = &self.ranks[self.host()];
+        here.iter().position(|&r| r == self.rank).unwrap_or(0)
+    }
+
+    /// How many ranks share this rank's host (itself included).
+    pub fn local_size(&self) -> usize {
+        self.ranks[self.host()].len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uneven_hosts_are_numbered_by_their_lowest_rank() {
+        // Hosts of 4, 3 and 2 ranks, interleaved.
+        let host_of = vec![0, 1, 0, 2, 1, 0, 2, 1, 0];
+        let layouts: Vec<_> = (0..9)
+            .map(|r| HostLayout::new(r, host_of.clone()).unwrap())
+            .collect();
+        let l = &layouts[4];
+        assert_eq!(l.count(), 3);
+        assert_eq!(
+            (0..3).map(|h| l.ranks_on(h).to_vec()).collect::<Vec<_>>(),
+            [vec![0, 2, 5, 8], vec![1, 4, 7], vec![3, 6]]
+        );
+        assert_eq!((l.host(), l.local_rank(), l.local_size()), (1, 1, 3));
+        assert_eq!((layouts[8].local_rank(), layouts[8].local_size()), (3, 4));
+        assert_eq!((layouts[6].host(), layouts[6].local_rank()), (2, 1));
+        assert_eq!((l.host_of(3), l.host_of(9)), (Some(2), None));
+        assert!(l.ranks_on(3).is_empty());
+        // Every rank holds the same layout but for its own place in it.
+        for (r, layout) in layouts.iter().enumerate() {
+            assert_eq!(layout.host_of, host_of, "rank {r}");
+            assert_eq!(layout.ranks_on(layout.host())[layout.local_rank()], r);
+        }
+    }
+
+    #[test]
+    fn hosts_numbered_out_of_order_or_a_rank_outside_are_refused() {
+        assert!(HostLayout::new(0, vec![1, 0]).is_err());
+        assert!(HostLayout::new(0, vec![0, 2, 1]).is_err());
+        assert!(HostLayout::new(2, vec![0, 0]).is_err());
+        assert_eq!(HostLayout::new(0, vec![0]).unwrap(), HostLayout::alone());
+    }
+}

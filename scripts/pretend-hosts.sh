@@ -11,23 +11,29 @@
 # Then, as root, the hostfile's hosts are namespaces that `jaccl launch` starts ranks in:
 #
 #   cargo build --release
-#   target/release/jaccl launch --hostfile pretend-hosts.json -n 4 -- target/release/jaccl bench -o all-reduce
+#   target/release/jaccl launch --hostfile pretend-hosts.json -n 4 -- \
+#     "$PWD/target/release/jaccl" bench --op all-reduce
 #
 # runs 4 ranks on each host: shared memory between the ranks of one host, TCP between hosts
 # over links of RATE. RATE is tc's (1gbit, 10gbit, 500mbit). Host i is 10.77.0.(i+1), in the
-# namespace jaccl-host<i> (PRETEND_HOSTS_NAME=x: x-host<i>). Delay and loss need tc netem, which this machine's kernel lacks
-# (../shared/rdma-vm's has it). Needs root and iproute2.
+# namespace jaccl-host<i> (PRETEND_HOSTS_NAME=x: x-host<i>). Needs root and iproute2. (Delay
+# and loss would need tc netem, which not every kernel has.)
 set -euo pipefail
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; exit 2; }
 
 # PRETEND_HOSTS_NAME (default jaccl) names the set, so that several can coexist (the tests').
 NAME=${PRETEND_HOSTS_NAME:-jaccl}
+[[ $NAME =~ ^[a-z0-9][a-z0-9-]{0,30}$ ]] || {
+  echo "pretend-hosts.sh: PRETEND_HOSTS_NAME must be lower-case letters, digits and -" >&2
+  exit 2
+}
 SWITCH=$NAME-switch
 PREFIX=$NAME-host
 
 down() {
-  for ns in $(ip netns list | awk '{print $1}' | grep -E "^($PREFIX[0-9]+|$SWITCH)$" || true); do
+  ip netns list | awk '{print $1}' | grep -E "^($PREFIX[0-9]+|$SWITCH)$" | while read -r ns; do
     ip netns del "$ns"
-  done
+  done || true
 }
 
 # tbf's bucket: a millisecond's worth of bytes (a bigger one lets a message of that size pass
@@ -39,6 +45,7 @@ burst_of() {
 }
 
 up() {
+  (( $# >= 1 )) || usage
   local hosts=$1 rate=${2:-1gbit} file=${3:-pretend-hosts.json}
   [[ $hosts =~ ^[0-9]+$ ]] && (( hosts >= 1 && hosts <= 200 )) || {
     echo "pretend-hosts.sh: H must be 1 to 200, not '$hosts'" >&2
@@ -47,6 +54,8 @@ up() {
   local burst
   burst=$(burst_of "$rate") || { echo "pretend-hosts.sh: bad rate '$rate'" >&2; exit 2; }
   down
+  # Half-made hosts go again if any step fails.
+  trap 'down; echo "pretend-hosts.sh: failed; removed what was made" >&2' ERR
   ip netns add "$SWITCH"
   ip -n "$SWITCH" link add br0 type bridge
   ip -n "$SWITCH" link set br0 up
@@ -65,13 +74,13 @@ up() {
     tc -n "$SWITCH" qdisc add dev "s$i" root tbf rate "$rate" burst "$burst" latency 100ms
     entries+=("{\"netns\": \"$ns\", \"ips\": [\"$addr\"]}")
   done
-  local IFS=,
-  echo "[${entries[*]}]" > "$file"
+  (IFS=,; echo "[${entries[*]}]") > "$file"
+  trap - ERR
   echo "pretend-hosts.sh: $hosts host(s) at $rate each way, hostfile $file"
 }
 
 case ${1:-} in
   up) shift; up "$@" ;;
   down) down ;;
-  *) sed -n '2,18p' "$0" >&2; exit 2 ;;
+  *) usage ;;
 esac

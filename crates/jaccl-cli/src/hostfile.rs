@@ -245,6 +245,14 @@ fn hostfile(name: &str, value: &Value) -> Result<Hostfile, Vec<String>> {
                 "{at}: a \"netns\" host needs \"ips\": where the other hosts reach it"
             ));
         }
+        if let Some(first) = file.hosts.first()
+            && std::mem::discriminant(&first.place) != std::mem::discriminant(&place)
+        {
+            errors.push(format!(
+                "{at}: hosts reached over ssh and pretend hosts (\"netns\") cannot reach each \
+                 other: use one kind"
+            ));
+        }
         rdma_rows.push(obj.get("rdma").cloned().unwrap_or(Value::Null));
         file.hosts.push(HostEntry { place, ips });
     }
@@ -357,6 +365,11 @@ mod tests {
         assert!(e.contains("host 1: \"netns\" must be a string"), "{e}");
         let e = errors(r#"[{"netns": "h0"}]"#);
         assert!(e.contains("host 0: a \"netns\" host needs \"ips\""), "{e}");
+        let e = errors(r#"[{"netns": "h0", "ips": ["10.7.0.1"]}, {"ssh": "b"}]"#);
+        assert!(
+            e.contains("host 1: hosts reached over ssh and pretend hosts"),
+            "{e}"
+        );
         let e = errors(r#"{"hosts": [{"ssh": "a", "rdma": ["rdma_en1"]}]}"#);
         assert!(
             e.contains("the hosts' \"rdma\" lists as a device matrix: [0][0]: a rank has no device to itself"),

@@ -49,8 +49,9 @@ impl Host {
         }
     }
 
-    /// Whether the rank is a child process of the launcher (stopped through its process group).
-    fn is_child(&self) -> bool {
+    /// Whether the rank runs on this machine (its environment and working directory set on
+    /// its command, not sent over ssh).
+    fn runs_here(&self) -> bool {
         !matches!(self, Host::Ssh(_))
     }
 }
@@ -280,7 +281,7 @@ fn command(job: &Job, host: &Host, env: &[(String, String)], rank0: bool) -> Com
         }
     };
     let mut cmd = dying_with_us(program, &args);
-    if host.is_child() {
+    if host.runs_here() {
         cmd.envs(env.iter().cloned());
         if let Some(cwd) = &job.cwd {
             cmd.current_dir(cwd);

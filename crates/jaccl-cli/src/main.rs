@@ -69,13 +69,7 @@ fn launch_main(args: &LaunchArgs) -> Result<u8, String> {
         let hosts = file
             .hosts
             .iter()
-            .flat_map(|h| {
-                let host = match &h.place {
-                    Place::Ssh(dest) => Host::Ssh(dest.clone()),
-                    Place::Netns(name) => Host::Netns(name.clone()),
-                };
-                std::iter::repeat_n(host, per_host)
-            })
+            .flat_map(|h| std::iter::repeat_n(Host::from(&h.place), per_host))
             .collect();
         (hosts, first)
     } else if !args.hosts.is_empty() {
@@ -128,6 +122,16 @@ pub(crate) fn ssh_command() -> Vec<String> {
         .unwrap_or_else(|| vec!["ssh".into()]);
     cmd.extend(["-o", "BatchMode=yes", "-o", "LogLevel=ERROR"].map(String::from));
     cmd
+}
+
+/// Where a hostfile's host runs its ranks, as the launcher starts them.
+impl From<&Place> for Host {
+    fn from(place: &Place) -> Host {
+        match place {
+            Place::Ssh(dest) => Host::Ssh(dest.clone()),
+            Place::Netns(name) => Host::Netns(name.clone()),
+        }
+    }
 }
 
 /// Where the other hosts reach `host` (rank 0's coordinator): its first address, else its

@@ -341,6 +341,48 @@ fn bench_and_doctor_over_rdma() {
     }
 }
 
+/// Pretend hosts made by scripts/pretend-hosts.sh for one test, removed when dropped (a
+/// failed test too).
+struct PretendHosts {
+    name: String,
+    file: PathBuf,
+}
+
+impl PretendHosts {
+    fn up(hosts: usize, rate: &str) -> PretendHosts {
+        let made = PretendHosts {
+            name: format!("jcli{}", std::process::id() % 100_000),
+            file: temp("pretend-hosts.json"),
+        };
+        let file = made.file.to_str().unwrap();
+        assert!(
+            made.script(&["up", &hosts.to_string(), rate, file]),
+            "pretend-hosts.sh up"
+        );
+        made
+    }
+
+    fn script(&self, args: &[&str]) -> bool {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/pretend-hosts.sh"
+        );
+        Command::new(script)
+            .args(args)
+            .env("PRETEND_HOSTS_NAME", &self.name)
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for PretendHosts {
+    fn drop(&mut self) {
+        self.script(&["down"]);
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
 /// `jaccl launch` over a hostfile of pretend hosts (network namespaces joined at 1 Gbit/s,
 /// made by scripts/pretend-hosts.sh): 2 hosts × 2 ranks, shared memory inside each, TCP
 /// between, every value right, and the route names the hosts.
@@ -354,26 +396,12 @@ fn launch_runs_ranks_on_pretend_hosts() {
     ) {
         return;
     }
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/pretend-hosts.sh"
-    );
-    let name = format!("jcli{}", std::process::id() % 100_000);
-    let hostfile = temp("pretend-hosts.json");
-    let pretend = |args: &[&str]| {
-        let status = Command::new(script)
-            .args(args)
-            .env("PRETEND_HOSTS_NAME", &name)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success(), "pretend-hosts.sh {args:?}");
-    };
-    pretend(&["up", "2", "1gbit", hostfile.to_str().unwrap()]);
+    let hosts = PretendHosts::up(2, "1gbit");
+    let hostfile = hosts.file.to_str().unwrap();
     let out = jaccl(&[
         "launch",
         "--hostfile",
-        hostfile.to_str().unwrap(),
+        hostfile,
         "-n",
         "2",
         "--",
@@ -391,8 +419,7 @@ fn launch_runs_ranks_on_pretend_hosts() {
         "--warmup",
         "1",
     ]);
-    pretend(&["down"]);
-    let _ = std::fs::remove_file(&hostfile);
+    drop(hosts);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("# Wrong values: 0 OK"), "{stdout}");

@@ -45,9 +45,10 @@ struct Group {
     /// for; never held long.
     transport: Mutex<Vec<(usize, jaccl::Transport)>>,
     topology: Option<String>,
-    /// The ranks on each host, and this rank's host (`jaccl::HostLayout`).
+    /// The ranks on each host, this rank's host and its place there (`jaccl::HostLayout`).
     hosts: Vec<Vec<usize>>,
     host: usize,
+    local_rank: usize,
     closed: AtomicBool,
     /// Whether `abort` was called, or `close` aborted a call in flight: later calls raise
     /// `Aborted` (as that call did, and as the next could before the group is dropped), not
@@ -100,6 +101,7 @@ impl Group {
                 .map(|h| group.hosts().ranks_on(h).to_vec())
                 .collect(),
             host: group.hosts().host(),
+            local_rank: group.hosts().local_rank(),
             closed: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
             abort: Mutex::new(Some(group.abort_handle())),
@@ -219,6 +221,12 @@ impl Group {
     #[getter]
     fn host(&self) -> usize {
         self.host
+    }
+
+    /// This rank's place among the ranks of its host.
+    #[getter]
+    fn local_rank(&self) -> usize {
+        self.local_rank
     }
 
     /// Whether [`Group::close`] was called.

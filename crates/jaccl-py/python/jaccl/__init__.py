@@ -156,8 +156,8 @@ class Group:
     @property
     def hosts(self) -> List[List[int]]:
         """The ranks on each host, ascending, the same on every rank: ranks share a host when
-        their host identities are equal (the machine's, or ``JACCL_HOST_ID``). Hosts are
-        numbered in the order of their lowest rank."""
+        their host identities are equal (the machine's, refined by ``JACCL_HOST_ID``). Hosts
+        are numbered in the order of their lowest rank."""
         return self._g.hosts
 
     @property
@@ -168,7 +168,7 @@ class Group:
     @property
     def local_rank(self) -> int:
         """This rank's place among the ranks of its host (0 for the lowest)."""
-        return self._g.hosts[self._g.host].index(self._g.rank)
+        return self._g.local_rank
 
     @property
     def local_size(self) -> int:

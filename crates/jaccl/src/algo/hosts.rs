@@ -4,8 +4,9 @@
 
 /// The hosts of a group's ranks, the same on every rank. Hosts are numbered in the order of
 /// their lowest rank (rank 0's host is host 0), the ranks of a host in rank order; hosts may
-/// hold different numbers of ranks. Ranks share a host when their host identities are equal
-/// (the machine's, or `JACCL_HOST_ID`, which lets one machine play several hosts).
+/// hold different numbers of ranks. Ranks share a host when their host identities are equal:
+/// the machine's (its boot, name and network namespace), refined by `JACCL_HOST_ID`, which
+/// lets one machine play several hosts.
 ///
 /// ```no_run
 /// # fn main() -> jaccl::Result<()> {
@@ -25,6 +26,8 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostLayout {
     rank: usize,
+    /// This rank's place among the ranks of its host.
+    local_rank: usize,
     /// Each rank's host.
     host_of: Vec<usize>,
     /// The ranks of each host, ascending.
@@ -51,11 +54,13 @@ impl HostLayout {
                 }
             }
         }
-        if rank >= host_of.len() {
+        let Some(&host) = host_of.get(rank) else {
             return Err(format!("rank {rank} of {}", host_of.len()));
-        }
+        };
+        let local_rank = ranks[host].partition_point(|&r| r < rank);
         Ok(HostLayout {
             rank,
+            local_rank,
             host_of,
             ranks,
         })
@@ -65,6 +70,7 @@ impl HostLayout {
     pub(crate) fn alone() -> HostLayout {
         HostLayout {
             rank: 0,
+            local_rank: 0,
             host_of: vec![0],
             ranks: vec![vec![0]],
         }
@@ -92,8 +98,7 @@ impl HostLayout {
 
     /// This rank's place among the ranks of its host (0 for the lowest rank there).
     pub fn local_rank(&self) -> usize {
-        let here = &self.ranks[self.host()];
-        here.iter().position(|&r| r == self.rank).unwrap_or(0)
+        self.local_rank
     }
 
     /// How many ranks share this rank's host (itself included).

@@ -52,7 +52,7 @@ pub(crate) struct Connected {
     /// this host with shared memory).
     pub(crate) peers: Vec<(usize, Transport)>,
     /// Which ranks share a host.
-    pub(crate) hosts: HostLayout,
+    pub(crate) hosts: Arc<HostLayout>,
     /// The peers of links made later, when first used, in that order.
     pub(crate) opened_late: late::Opened,
     pub(crate) wait: WaitPolicy,
@@ -157,6 +157,7 @@ fn set_up(
     })?;
     drop(reply);
     let hosts = HostLayout::new(rank, table.host_of().to_vec())
+        .map(Arc::new)
         .map_err(|why| fail(format!("bad start-up table from rank 0: {why}")))?;
     let mut exchange = SideExchange {
         side: &mut side,

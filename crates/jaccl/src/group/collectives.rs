@@ -6,7 +6,6 @@
 
 use super::Group;
 use super::forms::{typed, typed_and_raw};
-use super::levels::{Levels, goes_in_two_levels};
 use crate::algo::collectives::Collectives;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Op, Result};
@@ -104,20 +103,11 @@ impl Group {
         }
         let reducer = self.reducer(which, dtype, op)?;
         let call = self.call(which, dtype, op, output.len() / dtype.size());
-        if goes_in_two_levels(&self.hosts, output.len()) {
-            // A failure to form the levels fails the call, as one while data moves would.
-            let levels = self.levels(which);
-            self.run(call, |_, call| match &levels {
-                Ok(levels) => Levels::all_reduce_held(levels, input, output, dtype, op, call.rank),
-                Err(failed) => Err(failed.clone()),
-            })?;
-        } else {
-            match input {
-                Some(input) => self.copy_or_run(call, input, output, |c, i, o, call| {
-                    c.all_reduce(Some(i), o, &reducer, call)
-                })?,
-                None => self.run(call, |c, call| c.all_reduce(None, output, &reducer, call))?,
-            }
+        match input {
+            Some(input) => self.copy_or_run(call, input, output, |c, i, o, call| {
+                c.all_reduce(Some(i), o, &reducer, call)
+            })?,
+            None => self.run(call, |c, call| c.all_reduce(None, output, &reducer, call))?,
         }
         reducer.finish(output, self.size);
         Ok(())

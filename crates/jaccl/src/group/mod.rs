@@ -18,12 +18,10 @@ use crate::op_header::Digest;
 use crate::reduce::Reducer;
 use crate::transport::listener::{JobListener, Registration};
 use crate::wait::WaitPolicy;
-use levels::Levels;
 
 mod abort;
 mod collectives;
 mod forms;
-mod levels;
 mod point_to_point;
 mod progress;
 mod split;
@@ -64,8 +62,6 @@ pub struct Group {
     peers: Vec<(usize, Transport)>,
     /// Which ranks share a host.
     hosts: Arc<HostLayout>,
-    /// The two levels of its all-reduces across hosts, formed on first use.
-    levels: Arc<Mutex<Option<Levels>>>,
     /// The peers of links made later, when first used.
     opened_late: Option<late::Opened>,
     /// What the heartbeat found out; `None` for a group of one.
@@ -198,7 +194,6 @@ impl Group {
             shares_memory: false,
             peers: Vec::new(),
             hosts: Arc::new(HostLayout::alone()),
-            levels: Arc::default(),
             opened_late: None,
             liveness: None,
             state: Holder::Own(State::Alone),
@@ -222,7 +217,6 @@ impl Group {
             shares_memory: connected.collectives.shares_memory_with_all(),
             peers: connected.peers.clone(),
             hosts: Arc::clone(&connected.hosts),
-            levels: Arc::default(),
             opened_late: Some(Arc::clone(&connected.opened_late)),
             liveness: Some(Arc::clone(&connected.liveness)),
             state: Holder::Own(State::Connected(Box::new(connected))),
@@ -252,7 +246,6 @@ impl Group {
             shares_memory: self.shares_memory,
             peers: self.peers.clone(),
             hosts: Arc::clone(&self.hosts),
-            levels: Arc::clone(&self.levels),
             opened_late: self.opened_late.clone(),
             liveness: self.liveness.clone(),
             state: Holder::Shared(shared),

@@ -451,7 +451,7 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
         // All-to-alls of different lengths (Bruck's rounds from 8 ranks), and one long enough
         // for the pairwise exchange against Bruck's rounds; below 8 ranks without the mesh, the
         // pairwise exchange makes its links first.
-        let neighbours_first = size >= 8 || !matches!(net, Net::Tcp | Net::Mixed);
+        let neighbours_first = size >= 8 || !matches!(net, Net::Tcp | Net::Mixed | Net::Rdma);
         for odd_len in [2, 4096] {
             let r = with_group_timeout(net, size, 1, timeout, |g| {
                 let len = if g.rank() == odd { odd_len } else { 3 };

@@ -133,14 +133,26 @@ pub(crate) struct Report<'a> {
 /// How a group's collectives move data: `direct over shm` when every rank shares memory,
 /// else the topology over its peers' transports (`ring over shm+tcp (left 3 shm, right 1
 /// tcp)`; with the mesh, `mesh over tcp (left 3 tcp, right 1 tcp, 2 more ranks)`), then the
-/// hosts when there are several (`, 2 hosts × 4 ranks`).
+/// hosts when there are several (`, 2 hosts × 4 ranks`) and where all-reduces go in two
+/// levels (`; all-reduces from 1 MiB in two levels`).
 pub(crate) fn route(g: &Group) -> String {
     format!("{}{}", links(g), hosts(g))
 }
 
 /// The hosts of a group on more than one (`, 2 hosts × 4 ranks`, `, 3 hosts of 4 + 3 + 2
-/// ranks`), else nothing.
+/// ranks`) and from which size all-reduces go in two levels, else nothing.
 fn hosts(g: &Group) -> String {
+    match g.all_reduce_in_two_levels_from() {
+        Some(from) => format!(
+            "{}; all-reduces from {} in two levels",
+            host_sizes(g),
+            human(from)
+        ),
+        None => host_sizes(g),
+    }
+}
+
+fn host_sizes(g: &Group) -> String {
     let hosts = g.hosts();
     let sizes: Vec<usize> = (0..hosts.count())
         .map(|h| hosts.ranks_on(h).len())

@@ -385,7 +385,8 @@ impl Drop for PretendHosts {
 
 /// `jaccl launch` over a hostfile of pretend hosts (network namespaces joined at 1 Gbit/s,
 /// made by scripts/pretend-hosts.sh): 2 hosts × 2 ranks, shared memory inside each, TCP
-/// between, every value right, and the route names the hosts.
+/// between, every value right (the all-reduce of 1 MiB in two levels), and the route names
+/// the hosts.
 #[test]
 fn launch_runs_ranks_on_pretend_hosts() {
     let root = rustix::process::geteuid().is_root();
@@ -408,7 +409,7 @@ fn launch_runs_ranks_on_pretend_hosts() {
         JACCL,
         "bench",
         "-b",
-        "8",
+        "32",
         "-e",
         "1M",
         "-f",
@@ -425,6 +426,11 @@ fn launch_runs_ranks_on_pretend_hosts() {
     assert!(stdout.contains("# Wrong values: 0 OK"), "{stdout}");
     assert!(
         stdout.contains("over shm+tcp") && stdout.contains("2 hosts × 2 ranks"),
+        "{stdout}"
+    );
+    // 1 MiB, the largest size, went in two levels (checked as every size is).
+    assert!(
+        stdout.contains("all-reduces from 1 MiB in two levels"),
         "{stdout}"
     );
 }

@@ -204,6 +204,71 @@ pub enum Error {
 }
 
 impl Error {
+    /// This error of a sub-group's operation, as the group it serves reports it: its ranks
+    /// are that group's (`rank_in_group` maps them), its operation is `in_op`, and its text
+    /// (which may name ranks of the sub-group) says which sub-group it comes from: `within`.
+    pub(crate) fn seen_from(
+        self,
+        in_op: Op,
+        rank_in_group: impl Fn(usize) -> usize,
+        within: &str,
+    ) -> Error {
+        let map = &rank_in_group;
+        let noted = |text: String| format!("{text} ({within})");
+        match self {
+            Error::PeerLost {
+                rank, peer, cause, ..
+            } => Error::PeerLost {
+                rank: map(rank),
+                peer: map(peer),
+                op: in_op,
+                cause: noted(cause),
+            },
+            Error::Timeout { rank, after, .. } => Error::Timeout {
+                rank: map(rank),
+                op: in_op,
+                after,
+            },
+            Error::Mismatch {
+                rank, peer, detail, ..
+            } => Error::Mismatch {
+                rank: map(rank),
+                peer: map(peer),
+                op: in_op,
+                detail: noted(detail),
+            },
+            Error::Deadlock { rank, detail, .. } => Error::Deadlock {
+                rank: map(rank),
+                op: in_op,
+                detail: noted(detail),
+            },
+            Error::Protocol {
+                rank, peer, detail, ..
+            } => Error::Protocol {
+                rank: map(rank),
+                peer: map(peer),
+                op: in_op,
+                detail: noted(detail),
+            },
+            Error::Interrupted { rank, .. } => Error::Interrupted {
+                rank: map(rank),
+                op: in_op,
+            },
+            Error::Closed { rank } => Error::Closed { rank: map(rank) },
+            Error::Aborted { rank } => Error::Aborted { rank: map(rank) },
+            Error::Io {
+                rank,
+                context,
+                source,
+            } => Error::Io {
+                rank: map(rank),
+                context: noted(context),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// Wraps an I/O error with what failed (`what`, on `rank`), keeping the error itself.
     pub(crate) fn io(rank: usize, what: impl fmt::Display, err: io::Error) -> Error {
         Error::Io {

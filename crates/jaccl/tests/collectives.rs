@@ -639,6 +639,71 @@ fn every_rank_knows_the_same_host_layout_and_a_sub_group_its_own() {
     }
 }
 
+/// All-reduces across hosts of equal size, at least 2 ranks each, go in two levels from 1 MiB
+/// (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts (4 + 3 + 2) and smaller messages take
+/// the flat algorithms. Every result against the reference, in and out of place, with the
+/// averaging left to the group, and the same on every rank.
+#[test]
+fn all_reduces_across_pretend_hosts_in_two_levels() {
+    let layouts: [&[usize]; 3] = [
+        &[0, 0, 1, 1, 2, 2, 3, 3],
+        &[0, 1, 2, 0, 1, 2, 0, 1, 2],
+        &[0, 1, 0, 2, 1, 0, 2, 1, 0],
+    ];
+    for host_of in layouts {
+        let size = host_of.len();
+        let make = || {
+            let cfgs = configs(Net::Mixed, size, 1, Duration::from_secs(60));
+            let ranks = cfgs.into_iter().enumerate();
+            ranks
+                .map(|(r, c)| c.host_id(format!("host{}", host_of[r])))
+                .collect()
+        };
+        let digests = with_configs(make, |g| {
+            let mut digest = Vec::new();
+            // f32: 1 MiB less one element (flat), 1 MiB (two levels, two chunks), then 3 MiB
+            // and 7 elements (chunks of uneven length).
+            for len in [(1 << 18) - 1, 1 << 18, (3 << 18) + 7] {
+                for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                    let what = format!("{host_of:?} rank {} {op:?} {len}", g.rank());
+                    let input = &inputs::<f32>(size, len, op)[g.rank()];
+                    let expect = expected_reduction::<f32>(size, len, op);
+                    let mut out = vec![0f32; len];
+                    g.all_reduce(input, &mut out, op).unwrap();
+                    assert_same_values(&out, &expect, &what);
+                    let mut data = input.clone();
+                    g.all_reduce_in_place(&mut data, op).unwrap();
+                    assert_same_values(&data, &expect, &what);
+                    digest.extend(bits(&out[..64]));
+                }
+                let ints = &inputs::<i32>(size, len, ReduceOp::Prod)[g.rank()];
+                let mut out = vec![0i32; len];
+                g.all_reduce(ints, &mut out, ReduceOp::Prod).unwrap();
+                let expect = expected_reduction::<i32>(size, len, ReduceOp::Prod);
+                assert_same_values(&out, &expect, "i32 product");
+            }
+            // Two at once on the progress thread (whose calls use the levels' own).
+            let len = (3 << 18) + 7;
+            let input = inputs::<f32>(size, len, ReduceOp::Sum)[g.rank()].clone();
+            let requests: Vec<_> = (0..2)
+                .map(|_| {
+                    let mut data = input.clone();
+                    g.start(move |g| {
+                        g.all_reduce_in_place(&mut data, ReduceOp::Sum)?;
+                        Ok(data)
+                    })
+                })
+                .collect();
+            let expect = expected_reduction::<f32>(size, len, ReduceOp::Sum);
+            for request in requests {
+                assert_same_values(&request.wait().unwrap(), &expect, "started");
+            }
+            digest
+        });
+        assert!(digests.iter().all(|d| d == &digests[0]), "{host_of:?}");
+    }
+}
+
 /// `auto` builds the mesh for 4 ranks or more when each is on a host of its own and they talk
 /// TCP (here: pretend hosts, so no shared memory; inside the RDMA VM they talk RDMA instead and
 /// keep the ring).

@@ -485,6 +485,89 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
             g.reduce_scatter(&input, &mut vec![0f64; len], ReduceOp::Sum)
         });
         expect_mismatch(size, odd, r);
+        // Across pretend hosts of equal size, all-reduces of 1 MiB and more go in two levels: a
+        // length on either side of that, or `Avg` against `Sum` there, is still a mismatch
+        // that the neighbours name.
+        // Both at the call that forms the levels and once they are formed.
+        let odd_calls = [((1 << 18) - 1, ReduceOp::Sum), (1 << 18, ReduceOp::Avg)];
+        let two_levels = net == Net::Mixed && size % 2 == 0;
+        for ((odd_len, odd_op), formed) in odd_calls.into_iter().zip([false, true]) {
+            if !two_levels {
+                break;
+            }
+            let r = with_group_timeout(net, size, 1, timeout, |g| {
+                let len = 1 << 18;
+                if formed {
+                    g.all_sum(&vec![1f32; len], &mut vec![0f32; len])?;
+                }
+                let (len, op) = match g.rank() == odd {
+                    true => (odd_len, odd_op),
+                    false => (len, ReduceOp::Sum),
+                };
+                g.all_reduce(&vec![1f32; len], &mut vec![0f32; len], op)
+            });
+            expect_mismatch(size, odd, r);
+        }
+    }
+}
+
+/// A two-level all-reduce (1 MiB on 2 pretend hosts) that waits inside one of its levels
+/// stops when its group is aborted from another thread or interrupted, or when the timeout set
+/// after the levels were formed runs out: the group's controls reach the waits of the
+/// sub-groups it runs on, in the host's level and in the level across hosts.
+#[test]
+fn the_group_stops_a_two_level_all_reduce_waiting_in_a_level() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // (ranks, the rank late to the second call, the rank stopped while it waits). 2 × 2:
+    // rank 3 is late; rank 0, its ring neighbour, waits for its header, and rank 1, whose
+    // neighbours have sent theirs, waits for rank 0 in its host's level (ranks 0 and 1).
+    // 2 × 3: rank 4 is late; its neighbours 3 and 5 wait for its header, and ranks 0, 1 and 2
+    // pass theirs and their host's reduce-scatter, then wait across hosts for 3, 4 and 5.
+    for (size, late, stopped) in [(4, 3, 1), (6, 4, 0)] {
+        for how in ["abort", "interrupt", "timeout"] {
+            let results = with_group_timeout(Net::Mixed, size, 1, Duration::from_secs(60), |g| {
+                let mut data = vec![1f32; 1 << 18];
+                // The first call forms the levels.
+                g.all_reduce_in_place(&mut data, ReduceOp::Sum)?;
+                let stop_later = |stop: Box<dyn FnOnce() + Send>| {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(500));
+                        stop();
+                    })
+                };
+                if g.rank() == stopped {
+                    match how {
+                        "abort" => {
+                            let handle = g.abort_handle();
+                            stop_later(Box::new(move || handle.abort()));
+                        }
+                        "interrupt" => {
+                            let stop = Arc::new(AtomicBool::new(false));
+                            let check = Arc::clone(&stop);
+                            g.interrupt_when(move || check.load(Ordering::Relaxed));
+                            stop_later(Box::new(move || stop.store(true, Ordering::Relaxed)));
+                        }
+                        _ => g.set_timeout(Duration::from_millis(500)),
+                    }
+                } else if g.rank() == late {
+                    std::thread::sleep(Duration::from_secs(3));
+                }
+                g.all_reduce_in_place(&mut data, ReduceOp::Sum)
+            });
+            for (rank, r) in results.iter().enumerate() {
+                let what = format!("{size} ranks, {how}: rank {rank}: {r:?}");
+                match (how, r) {
+                    _ if rank != stopped => assert!(r.is_err(), "{what}"),
+                    ("abort", Err(Error::Aborted { rank: who }))
+                    | ("interrupt", Err(Error::Interrupted { rank: who, .. }))
+                    | ("timeout", Err(Error::Timeout { rank: who, .. })) => {
+                        assert_eq!(*who, stopped, "{what}");
+                    }
+                    _ => panic!("{what}"),
+                }
+            }
+        }
     }
 }
 

@@ -258,6 +258,29 @@ fn sigkill_of_a_rank_mid_collective_fails_the_others_promptly() {
     );
 }
 
+/// A rank SIGKILLed during all-reduces that go in two levels (2 pretend hosts × 4 ranks, 16
+/// MiB: the host's group, then the group across hosts): every survivor, on either host, fails
+/// with `PeerLost` naming it by its rank in the job.
+#[test]
+fn sigkill_mid_two_level_all_reduce_is_named_on_every_host() {
+    let victim = 6;
+    let env = [("PRETEND_HOSTS", "2"), ("LOOP_OP", "all_reduce")];
+    let (mut children, rx) = spawn_ranks("loop", 8, &env);
+    wait_ready(&rx, 8);
+    let pid = rustix::process::Pid::from_raw(children[victim].id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    let got = results_at(&mut children, &rx, Duration::from_secs(60), Some(victim));
+    for (rank, (line, _)) in got.iter().enumerate().filter(|(r, _)| *r != victim) {
+        eprintln!("two levels: rank {rank}: {line}");
+        assert!(line.starts_with("PeerLost"), "rank {rank}: {line:?}");
+        assert!(
+            line.contains(&format!("peer: {victim},"))
+                || line.contains(&format!("lost rank {victim}")),
+            "rank {rank}: {line}"
+        );
+    }
+}
+
 /// A rank SIGKILLed while each rank uses three groups from three threads (the job's, a
 /// tensor-parallel pair of ranks `2k, 2k + 1` and a data-parallel pair of ranks of the same
 /// parity): every survivor fails, in every group it shares with the dead rank, with
@@ -673,7 +696,7 @@ fn child() {
         "loop" if std::env::var("LOOP_OP").is_ok_and(|op| op == "groups") => {
             jaccl::init().and_then(three_groups_until_one_fails)
         }
-        "loop" => jaccl::init().and_then(|mut g| {
+        "loop" => init_on_pretend_host().and_then(|mut g| {
             let input = vec![1f32; 4 << 20];
             let mut out = vec![0f32; input.len()];
             let op = std::env::var("LOOP_OP").unwrap_or_else(|_| "all_reduce".into());
@@ -684,10 +707,14 @@ fn child() {
             };
             one(&mut g, 4 << 20)?;
             println!("READY");
+            // On pretend hosts, only all-reduces that go in two levels.
+            let large_only = std::env::var("PRETEND_HOSTS").is_ok();
             loop {
                 one(&mut g, 4 << 20)?;
-                one(&mut g, 16 << 10)?;
-                one(&mut g, 8)?;
+                if !large_only {
+                    one(&mut g, 16 << 10)?;
+                    one(&mut g, 8)?;
+                }
             }
         }),
         // Rank 0 sends to rank 2 (a connection made on first use) once the test has stopped
@@ -788,6 +815,17 @@ fn child() {
         Ok(line) => println!("RESULT {line}"),
         Err(e) => println!("RESULT {e:?}"),
     }
+}
+
+/// `jaccl::init`, on a pretend host when `PRETEND_HOSTS` says how many (the ranks in runs of
+/// equal length: with 2 hosts of 8 ranks, ranks 0-3 on one, 4-7 on the other).
+fn init_on_pretend_host() -> jaccl::Result<jaccl::Group> {
+    let Ok(hosts) = std::env::var("PRETEND_HOSTS") else {
+        return jaccl::init();
+    };
+    let config = jaccl::Config::from_env()?;
+    let host = config.rank * hosts.parse::<usize>().unwrap() / config.size;
+    jaccl::init_with(config.host_id(format!("host{host}")))
 }
 
 /// Microseconds since the Unix epoch: a clock all the test's processes share.

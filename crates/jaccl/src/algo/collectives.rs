@@ -149,6 +149,14 @@ impl Collectives {
         }
     }
 
+    /// Exchanges the header of `call` with both ring neighbours, and nothing else: for a call
+    /// whose data goes through sub-groups, so that ranks whose calls differ still fail with
+    /// a mismatch, as the headers of the ring's own plans would tell them.
+    pub(crate) fn check_neighbours(&mut self, call: &Call) -> Result<()> {
+        let plan = ring::neighbour_headers(&self.geometry);
+        self.net.run(&plan, Buffers::none(), None, call)
+    }
+
     /// All-gather of `input` into `output` (`size` blocks of `input.len()` bytes).
     pub(crate) fn all_gather(
         &mut self,

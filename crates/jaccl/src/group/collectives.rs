@@ -6,6 +6,7 @@
 
 use super::Group;
 use super::forms::{typed, typed_and_raw};
+use super::levels::{Levels, goes_in_two_levels};
 use crate::algo::collectives::Collectives;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Op, Result};
@@ -103,11 +104,23 @@ impl Group {
         }
         let reducer = self.reducer(which, dtype, op)?;
         let call = self.call(which, dtype, op, output.len() / dtype.size());
-        match input {
-            Some(input) => self.copy_or_run(call, input, output, |c, i, o, call| {
-                c.all_reduce(Some(i), o, &reducer, call)
-            })?,
-            None => self.run(call, |c, call| c.all_reduce(None, output, &reducer, call))?,
+        if goes_in_two_levels(&self.hosts, output.len()) {
+            // The ring neighbours agree on the call before any rank waits in a level (or
+            // forms them): its data goes through the levels, which cannot tell.
+            self.run(call, Collectives::check_neighbours)?;
+            // A failure to form the levels fails the call, as one while data moves would.
+            let levels = self.levels(which);
+            self.run(call, |_, call| match &levels {
+                Ok(levels) => Levels::all_reduce_held(levels, input, output, dtype, op, call),
+                Err(failed) => Err(failed.clone()),
+            })?;
+        } else {
+            match input {
+                Some(input) => self.copy_or_run(call, input, output, |c, i, o, call| {
+                    c.all_reduce(Some(i), o, &reducer, call)
+                })?,
+                None => self.run(call, |c, call| c.all_reduce(None, output, &reducer, call))?,
+            }
         }
         reducer.finish(output, self.size);
         Ok(())

@@ -18,10 +18,12 @@ use crate::op_header::Digest;
 use crate::reduce::Reducer;
 use crate::transport::listener::{JobListener, Registration};
 use crate::wait::WaitPolicy;
+use levels::Levels;
 
 mod abort;
 mod collectives;
 mod forms;
+mod levels;
 mod point_to_point;
 mod progress;
 mod split;
@@ -62,6 +64,9 @@ pub struct Group {
     peers: Vec<(usize, Transport)>,
     /// Which ranks share a host.
     hosts: Arc<HostLayout>,
+    /// The two levels of its all-reduces across hosts, formed on first use, dropped when the
+    /// group fails.
+    levels: Arc<Mutex<Option<Levels>>>,
     /// The peers of links made later, when first used.
     opened_late: Option<late::Opened>,
     /// What the heartbeat found out; `None` for a group of one.
@@ -194,6 +199,7 @@ impl Group {
             shares_memory: false,
             peers: Vec::new(),
             hosts: Arc::new(HostLayout::alone()),
+            levels: Arc::default(),
             opened_late: None,
             liveness: None,
             state: Holder::Own(State::Alone),
@@ -217,6 +223,7 @@ impl Group {
             shares_memory: connected.collectives.shares_memory_with_all(),
             peers: connected.peers.clone(),
             hosts: Arc::clone(&connected.hosts),
+            levels: Arc::default(),
             opened_late: Some(Arc::clone(&connected.opened_late)),
             liveness: Some(Arc::clone(&connected.liveness)),
             state: Holder::Own(State::Connected(Box::new(connected))),
@@ -246,6 +253,7 @@ impl Group {
             shares_memory: self.shares_memory,
             peers: self.peers.clone(),
             hosts: Arc::clone(&self.hosts),
+            levels: Arc::clone(&self.levels),
             opened_late: self.opened_late.clone(),
             liveness: self.liveness.clone(),
             state: Holder::Shared(shared),
@@ -433,12 +441,17 @@ impl Group {
             root: 0,
             counts: None,
             message: 0,
-            timeout: match self.timeout.load(Ordering::Relaxed) {
-                u64::MAX => Duration::MAX,
-                n => Duration::from_nanos(n),
-            },
+            timeout: self.operation_timeout(),
             wait: self.wait,
             interruptible: !self.on_progress_thread,
+        }
+    }
+
+    /// The operation timeout of calls made now ([`Group::set_timeout`]).
+    fn operation_timeout(&self) -> Duration {
+        match self.timeout.load(Ordering::Relaxed) {
+            u64::MAX => Duration::MAX,
+            n => Duration::from_nanos(n),
         }
     }
 
@@ -613,6 +626,10 @@ impl Group {
                 error: e.clone(),
                 _heartbeat: heartbeat,
             };
+            // The levels' members here wait no longer for this rank there.
+            if let Ok(mut levels) = self.levels.lock() {
+                levels.take();
+            }
         }
         result
     }

@@ -286,6 +286,20 @@ impl Group {
         self.form(ranks, id, timeout, false)
     }
 
+    /// A sub-group of `ranks` (this rank among them) that jaccl makes for its own use, named
+    /// `purpose`, formed by its members alone as [`Group::subgroup_of_members`], at most once
+    /// per purpose and list: its id is of a kind of its own, which no name a caller gives to
+    /// a sub-group can take.
+    pub(super) fn internal_subgroup(&self, ranks: &[usize], purpose: &str) -> Result<Group> {
+        let parts: [&[u8]; 2] = [purpose.as_bytes(), &list_digest(ranks)];
+        self.form(
+            ranks,
+            group_id("internal", self.family.id, &parts),
+            None,
+            false,
+        )
+    }
+
     /// [`Error::InvalidArgument`] unless `ranks` is a non-empty list of distinct ranks.
     fn check_list(&self, ranks: &[usize]) -> Result<()> {
         if ranks.is_empty() {

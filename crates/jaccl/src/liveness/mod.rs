@@ -42,7 +42,7 @@ use message::Goodbye;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
@@ -92,6 +92,9 @@ pub(crate) struct Liveness {
     root: Mutex<Option<String>>,
     /// Readable once this rank's group failed, so that the heartbeat says so.
     failed: OwnedFd,
+    /// The liveness of groups that work for this one (the two levels of an all-reduce across
+    /// hosts): closing, aborting or an interrupt check reaches their waits too.
+    followers: Mutex<Vec<Weak<Liveness>>>,
 }
 
 /// A rank that left the group, as its goodbye said.
@@ -236,6 +239,7 @@ impl Liveness {
             calls: AtomicU64::new(0),
             root: Mutex::new(None),
             failed: event_counter()?,
+            followers: Mutex::new(Vec::new()),
         }))
     }
 
@@ -300,10 +304,36 @@ impl Liveness {
         self.calls.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Installs (or with `None` removes) the interrupt check.
+    /// Installs (or with `None` removes) the interrupt check, here and in the followers.
     pub(crate) fn set_interrupt(&self, check: Option<InterruptCheck>) {
         if let Ok(mut slot) = self.interrupt.lock() {
-            *slot = check;
+            slot.clone_from(&check);
+        }
+        for follower in self.followers() {
+            follower.set_interrupt(check.clone());
+        }
+    }
+
+    /// Makes `follower` (the liveness of a group that works for this one) follow this
+    /// group: it gets the interrupt check, and is closed or aborted with this group, now if
+    /// that already happened.
+    pub(crate) fn lead(&self, follower: &Arc<Liveness>) {
+        if let Ok(mut followers) = self.followers.lock() {
+            followers.retain(|f| f.strong_count() > 0);
+            followers.push(Arc::downgrade(follower));
+        }
+        if let Ok(slot) = self.interrupt.lock() {
+            follower.set_interrupt(slot.clone());
+        }
+        if self.closing() {
+            follower.stop(self.aborted.load(Ordering::Acquire));
+        }
+    }
+
+    fn followers(&self) -> Vec<Arc<Liveness>> {
+        match self.followers.lock() {
+            Ok(followers) => followers.iter().filter_map(Weak::upgrade).collect(),
+            Err(_) => Vec::new(),
         }
     }
 
@@ -341,15 +371,25 @@ impl Liveness {
     /// The group is being dropped: the operation in flight stops at its next wait, which
     /// this wakes, and fails with [`Error::Closed`].
     pub(crate) fn close(&self) {
-        self.closing.store(true, Ordering::Release);
-        signal(&self.wake);
+        self.stop(false);
     }
 
     /// The group was aborted from another thread: as [`Liveness::close`], but the operations
     /// stopped fail with [`Error::Aborted`].
     pub(crate) fn abort(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.close();
+        self.stop(true);
+    }
+
+    /// [`Liveness::close`] (`aborted`: [`Liveness::abort`]), here and in the followers.
+    fn stop(&self, aborted: bool) {
+        if aborted {
+            self.aborted.store(true, Ordering::Release);
+        }
+        self.closing.store(true, Ordering::Release);
+        signal(&self.wake);
+        for follower in self.followers() {
+            follower.stop(aborted);
+        }
     }
 
     /// The error of an operation stopped by [`Liveness::close`] or [`Liveness::abort`].

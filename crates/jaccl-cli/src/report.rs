@@ -134,7 +134,7 @@ pub(crate) struct Report<'a> {
 /// else the topology over its peers' transports (`ring over shm+tcp (left 3 shm, right 1
 /// tcp)`; with the mesh, `mesh over tcp (left 3 tcp, right 1 tcp, 2 more ranks)`), then the
 /// hosts when there are several (`, 2 hosts × 4 ranks`) and where all-reduces go in two
-/// levels (`; all-reduces from 1 MiB in two levels`).
+/// levels (`; in two levels from 1 MiB: all-reduce, all-gather, reduce-scatter`).
 pub(crate) fn route(g: &Group) -> String {
     format!("{}{}", links(g), hosts(g))
 }
@@ -142,9 +142,9 @@ pub(crate) fn route(g: &Group) -> String {
 /// The hosts of a group on more than one (`, 2 hosts × 4 ranks`, `, 3 hosts of 4 + 3 + 2
 /// ranks`) and from which size all-reduces go in two levels, else nothing.
 fn hosts(g: &Group) -> String {
-    match g.all_reduce_in_two_levels_from() {
+    match g.two_levels_from() {
         Some(from) => format!(
-            "{}; all-reduces from {} in two levels",
+            "{}; in two levels from {}: all-reduce, all-gather, reduce-scatter",
             host_sizes(g),
             human(from)
         ),

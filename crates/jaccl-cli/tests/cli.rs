@@ -430,7 +430,7 @@ fn launch_runs_ranks_on_pretend_hosts() {
     );
     // 1 MiB, the largest size, went in two levels (checked as every size is).
     assert!(
-        stdout.contains("all-reduces from 1 MiB in two levels"),
+        stdout.contains("in two levels from 1 MiB: all-reduce"),
         "{stdout}"
     );
 }

@@ -639,12 +639,12 @@ fn every_rank_knows_the_same_host_layout_and_a_sub_group_its_own() {
     }
 }
 
-/// All-reduces across hosts of equal size, at least 2 ranks each, go in two levels from 1 MiB
-/// (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts (4 + 3 + 2) and smaller messages take
-/// the flat algorithms. Every result against the reference, in and out of place, with the
-/// averaging left to the group, and the same on every rank.
+/// All-reduces, all-gathers and reduce-scatters across hosts of equal size, at least 2 ranks
+/// each, go in two levels from 1 MiB (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts
+/// (4 + 3 + 2) and smaller messages take the flat algorithms. Every result against the reference,
+/// in and out of place, with the averaging left to the group, and the same on every rank.
 #[test]
-fn all_reduces_across_pretend_hosts_in_two_levels() {
+fn collectives_across_pretend_hosts_in_two_levels() {
     let layouts: [&[usize]; 3] = [
         &[0, 0, 1, 1, 2, 2, 3, 3],
         &[0, 1, 2, 0, 1, 2, 0, 1, 2],
@@ -681,6 +681,22 @@ fn all_reduces_across_pretend_hosts_in_two_levels() {
                 g.all_reduce(ints, &mut out, ReduceOp::Prod).unwrap();
                 let expect = expected_reduction::<i32>(size, len, ReduceOp::Prod);
                 assert_same_values(&out, &expect, "i32 product");
+            }
+            // All-gathers (by the output) and reduce-scatters (by the input) on either side of
+            // 1 MiB.
+            for block in [(1 << 18) / size - 1, (1usize << 18).div_ceil(size) + 5] {
+                let what = format!("{host_of:?} rank {} block {block}", g.rank());
+                let all = inputs::<i32>(size, block, ReduceOp::Sum);
+                let mut out = vec![0i32; size * block];
+                g.all_gather(&all[g.rank()], &mut out).unwrap();
+                assert_same_values(&out, &all.concat(), &what);
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    let input = &inputs::<f32>(size, size * block, op)[g.rank()];
+                    let expect = expected_reduction::<f32>(size, size * block, op);
+                    let mut out = vec![0f32; block];
+                    g.reduce_scatter(input, &mut out, op).unwrap();
+                    assert_same_values(&out, &expect[g.rank() * block..][..block], &what);
+                }
             }
             // Two at once on the progress thread (whose calls use the levels' own).
             let len = (3 << 18) + 7;

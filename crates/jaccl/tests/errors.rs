@@ -508,6 +508,14 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
             });
             expect_mismatch(size, odd, r);
         }
+        if two_levels {
+            // All-gathers whose outputs fall on either side of 1 MiB.
+            let r = with_group_timeout(net, size, 1, timeout, |g| {
+                let block = (1 << 18) / size - usize::from(g.rank() == odd);
+                g.all_gather(&vec![1f32; block], &mut vec![0f32; block * size])
+            });
+            expect_mismatch(size, odd, r);
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Which ranks of a group share a host ([`HostLayout`]), as every rank of it knows alike: from
 //! the host identities its ranks published at start-up (`crate::connect`), not from the
-//! environment. The two-level all-reduce works inside each host, then across hosts.
+//! environment. The two-level collectives work inside each host, then across hosts.
 
 /// The hosts of a group's ranks, the same on every rank. Hosts are numbered in the order of
 /// their lowest rank (rank 0's host is host 0), the ranks of a host in rank order; hosts may

@@ -6,7 +6,7 @@
 
 use super::Group;
 use super::forms::{typed, typed_and_raw};
-use super::levels::{Levels, goes_in_two_levels};
+use super::levels::goes_in_two_levels;
 use crate::algo::collectives::Collectives;
 use crate::dtype::{Dtype, Element, ReduceOp};
 use crate::error::{Op, Result};
@@ -105,15 +105,7 @@ impl Group {
         let reducer = self.reducer(which, dtype, op)?;
         let call = self.call(which, dtype, op, output.len() / dtype.size());
         if goes_in_two_levels(&self.hosts, output.len()) {
-            // The ring neighbours agree on the call before any rank waits in a level (or
-            // forms them): its data goes through the levels, which cannot tell.
-            self.run(call, Collectives::check_neighbours)?;
-            // A failure to form the levels fails the call, as one while data moves would.
-            let levels = self.levels(which);
-            self.run(call, |_, call| match &levels {
-                Ok(levels) => Levels::all_reduce_held(levels, input, output, dtype, op, call),
-                Err(failed) => Err(failed.clone()),
-            })?;
+            self.in_two_levels(call, |l, call| l.all_reduce(input, output, dtype, op, call))?;
         } else {
             match input {
                 Some(input) => self.copy_or_run(call, input, output, |c, i, o, call| {
@@ -149,6 +141,9 @@ impl Group {
         self.check_usable()?;
         self.check_blocks(op, dtype, ("output", output.len()), ("input", input.len()))?;
         let call = self.call(op, dtype, ReduceOp::Sum, input.len() / dtype.size());
+        if goes_in_two_levels(&self.hosts, output.len()) {
+            return self.in_two_levels(call, |l, call| l.all_gather(input, output, dtype, call));
+        }
         self.copy_or_run(call, input, output, |c, i, o, call| {
             c.all_gather(i, o, call)
         })
@@ -190,9 +185,15 @@ impl Group {
         )?;
         let reducer = self.reducer(which, dtype, op)?;
         let call = self.call(which, dtype, op, output.len() / dtype.size());
-        self.copy_or_run(call, input, output, |c, i, o, call| {
-            c.reduce_scatter(i, o, &reducer, call)
-        })?;
+        if goes_in_two_levels(&self.hosts, input.len()) {
+            self.in_two_levels(call, |l, call| {
+                l.reduce_scatter(input, output, dtype, op, call)
+            })?;
+        } else {
+            self.copy_or_run(call, input, output, |c, i, o, call| {
+                c.reduce_scatter(i, o, &reducer, call)
+            })?;
+        }
         reducer.finish(output, self.size);
         Ok(())
     }

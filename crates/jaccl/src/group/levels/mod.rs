@@ -1,0 +1,207 @@
+//! Collectives of a group whose ranks span hosts, in two levels, as NCCL and Open MPI's `han`
+//! run them: a sub-group of the ranks of each host (shared memory) and a sub-group of the
+//! ranks of the same local rank on every host (the network), so that each byte crosses the
+//! network once each way and every rank's connection works. The collectives themselves (the
+//! all-reduce, the all-gather and the reduce-scatter) are in `collectives`.
+//!
+//! The two sub-groups work for the group: its timeout is theirs, and closing, aborting or
+//! interrupting it reaches their waits (their liveness follows the group's,
+//! `Liveness::lead`). Before the data moves, every rank exchanges the call's header with its
+//! ring neighbours in the group, so ranks whose calls differ (a length on either side of
+//! [`TWO_LEVEL_MIN`], `Avg` against `Sum`) fail with [`Error::Mismatch`] as on the flat path,
+//! never wait for each other in different sub-groups.
+
+mod collectives;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Group, VERDICT_GRACE};
+use crate::algo::call::Call;
+use crate::algo::collectives::Collectives;
+use crate::algo::hosts::HostLayout;
+use crate::error::{Error, Op, Result};
+use crate::liveness::Liveness;
+use crate::wait::WaitPolicy;
+
+/// From this many bytes (the all-reduce's message, the all-gather's output, the
+/// reduce-scatter's input) a collective goes in two levels. Measured on pretend hosts, 2 × 4
+/// ranks over 1 Gbit/s, all-reduces against the flat algorithms (ms, out of place / in place):
+/// 1 MiB 9.1–9.4 / 9.0–9.1 against 15.4 / 15.4, 4 MiB 36.2–36.6 / 36.2 against 61.5–61.9 /
+/// 61.5–62.3; but 256 KiB 2.2–5.0 / 8.2–8.8 against 3.9 / 3.8, and 64 KiB level.
+const TWO_LEVEL_MIN: usize = 1 << 20;
+
+/// A group's two levels: the ranks of this rank's host, and the ranks of its local rank on
+/// every host.
+pub(super) struct Levels {
+    local: Group,
+    cross: Group,
+    /// Which ranks of the group share a host.
+    hosts: Arc<HostLayout>,
+    /// The group's liveness, whose interrupt check is asked while the network's part runs.
+    group: Option<Arc<Liveness>>,
+    /// How the host's group and the cross group wait when the group's call runs on the
+    /// caller's thread.
+    waits: [WaitPolicy; 2],
+}
+
+/// Which level an error came from.
+#[derive(Clone, Copy)]
+enum Level {
+    Host,
+    Across,
+}
+
+/// Whether a collective of `bytes` among ranks laid out as `hosts` goes in two levels.
+pub(super) fn goes_in_two_levels(hosts: &HostLayout, bytes: usize) -> bool {
+    two_levels_from(hosts).is_some_and(|min| bytes >= min)
+}
+
+/// From how many bytes collectives among ranks laid out as `hosts` go in two levels: on
+/// several hosts, each with the same number of ranks, at least 2.
+fn two_levels_from(hosts: &HostLayout) -> Option<usize> {
+    let here = hosts.local_size();
+    let even = (0..hosts.count()).all(|h| hosts.ranks_on(h).len() == here);
+    (hosts.count() >= 2 && here >= 2 && even).then_some(TWO_LEVEL_MIN)
+}
+
+impl Levels {
+    /// Forms the two levels of `group`: every rank of it calls this in the same call.
+    fn form(group: &Group) -> Result<Levels> {
+        let hosts = Arc::clone(&group.hosts);
+        let local_ranks = hosts.ranks_on(hosts.host()).to_vec();
+        let cross_ranks: Vec<usize> = (0..hosts.count())
+            .map(|h| hosts.ranks_on(h)[hosts.local_rank()])
+            .collect();
+        let mut local = group.internal_subgroup(&local_ranks, "two levels: host")?;
+        let mut cross = group.internal_subgroup(&cross_ranks, "two levels: across")?;
+        for level in [&mut local, &mut cross] {
+            level.timeout = Arc::clone(&group.timeout);
+            if let (Some(group), Some(level)) = (&group.liveness, &level.liveness) {
+                group.lead(level);
+            }
+        }
+        Ok(Levels {
+            waits: [local.wait, cross.wait],
+            local,
+            cross,
+            hosts,
+            group: group.liveness.clone(),
+        })
+    }
+
+    /// Lets both levels run on the thread of the group's `call`, and wait as the call would:
+    /// on the group's progress thread, without asking the interrupt check or spinning.
+    fn act_for(&mut self, call: &Call) {
+        for (level, wait) in [&mut self.local, &mut self.cross]
+            .into_iter()
+            .zip(self.waits)
+        {
+            level.on_progress_thread = !call.interruptible;
+            level.wait = match call.interruptible {
+                true => wait,
+                false => wait.in_background(),
+            };
+        }
+    }
+
+    /// An error of the host's group or the cross group, as the group reports it (for the
+    /// group's `call`).
+    fn in_group(&self, error: Error, level: Level, call: &Call) -> Error {
+        let hosts = &self.hosts;
+        let (ranks, which): (Vec<usize>, _) = match level {
+            Level::Host => (hosts.ranks_on(hosts.host()).to_vec(), "host"),
+            Level::Across => {
+                let on = |h| hosts.ranks_on(h)[hosts.local_rank()];
+                ((0..hosts.count()).map(on).collect(), "across hosts")
+            }
+        };
+        let within = format!(
+            "in the level {which} of the {}, of ranks {ranks:?} of this group, numbered \
+             0..{} there",
+            call.op,
+            ranks.len()
+        );
+        error.seen_from(call.op, |r| ranks.get(r).copied().unwrap_or(r), &within)
+    }
+}
+
+impl Group {
+    /// The size in bytes from which this group's all-reduces (the message), all-gathers (the
+    /// output) and reduce-scatters (the input) go in two levels (inside each host, then across
+    /// hosts: docs/algorithms.md), or `None` if they never do: its ranks are on one host, or
+    /// on hosts of different sizes, or alone on theirs.
+    pub fn two_levels_from(&self) -> Option<usize> {
+        two_levels_from(&self.hosts)
+    }
+
+    /// Runs `call` as `op` does it on the group's two levels: the ring neighbours agree on the
+    /// call first, the levels are formed on the first such call (every rank makes it), and
+    /// dropped if `op` fails (their members then fail promptly, not at their timeout), which
+    /// poisons the group.
+    pub(super) fn in_two_levels(
+        &mut self,
+        call: Call,
+        op: impl FnOnce(&mut Levels, &Call) -> Result<()>,
+    ) -> Result<()> {
+        // Before any rank waits in a level, or forms them: the data goes through the levels,
+        // which cannot tell that the calls differ.
+        self.run(call, Collectives::check_neighbours)?;
+        // A failure to form them fails the call, as one while data moves would.
+        let levels = self.levels(call.op);
+        self.run(call, |_, call| {
+            let held = levels?;
+            let mut held = held.lock().map_err(|_| poisoned(call.rank, call.op))?;
+            let Some(levels) = held.as_mut() else {
+                return Err(Error::Closed { rank: call.rank });
+            };
+            let result = op(levels, call);
+            if result.is_err() {
+                *held = None;
+            }
+            result
+        })
+    }
+
+    /// The group's two levels ([`Levels`]), formed on the first call that needs them.
+    fn levels(&mut self, op: Op) -> Result<Arc<Mutex<Option<Levels>>>> {
+        let levels = Arc::clone(&self.levels);
+        let mut held = levels.lock().map_err(|_| poisoned(self.rank, op))?;
+        if held.is_none() {
+            *held = Some(Levels::form(self).map_err(|e| self.not_formed(e, op))?);
+        }
+        drop(held);
+        Ok(levels)
+    }
+
+    /// Why the levels of call `op` could not be formed: this rank stopped it; or a rank of the
+    /// group lost or gone, as the heartbeat tells within [`VERDICT_GRACE`] (a member that
+    /// fails to form them may only have seen another give up); else `error`.
+    fn not_formed(&self, error: Error, op: Op) -> Error {
+        let within = format!("forming the two levels of the {op}");
+        if let Error::Interrupted { .. } | Error::Aborted { .. } | Error::Closed { .. } = error {
+            return error.seen_from(op, |_| self.rank, &within);
+        }
+        if let Some(liveness) = &self.liveness {
+            let others: Vec<usize> = (0..self.size).filter(|&r| r != self.rank).collect();
+            let deadline = Instant::now() + VERDICT_GRACE;
+            loop {
+                if let Err(lost) = liveness.check_peers(op, &others) {
+                    return lost;
+                }
+                if Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        error.seen_from(op, |r| r, &within)
+    }
+}
+
+/// The error of a call that finds the levels' lock poisoned (an operation panicked holding
+/// it): the group fails, and with it the levels' peers.
+fn poisoned(rank: usize, op: Op) -> Error {
+    let why = std::io::Error::other("an operation panicked in the two levels earlier");
+    Error::io(rank, op, why)
+}

@@ -304,17 +304,23 @@ pub(crate) struct PlanArgs {
     /// `--link here`, one].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) hosts: Option<u32>,
-    /// Cores per host: where a host's ranks outnumber them, every cost grows by the ratio
+    /// Cores per host: where a host's ranks outnumber them, every copy and reduction costs
+    /// the ratio more; fractions where hosts share a machine (4 pretend hosts on 2 cores: 0.5)
     /// [default: as many as ranks; with `--link here`, this machine's].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) cores: Option<u32>,
-    /// The link between any two ranks: `BANDWIDTH,LATENCY` (`100Gb/s,2us`, `10GB/s,1.5us`;
-    /// bandwidth each way, in bits (b) or bytes (B) per second), where jobs set `JACCL_LINK`
-    /// to the same and jaccl chooses the all-reduce by this model; or `here`: TCP between the
-    /// ranks of this machine, as measured (docs/algorithms.md, "The cost model"), jaccl
-    /// choosing by its measured thresholds.
+    #[arg(long, value_parser = parse_cores)]
+    pub(crate) cores: Option<f64>,
+    /// The link between hosts: `BANDWIDTH,LATENCY` (`100Gb/s,2us`, `10GB/s,1.5us`; bandwidth
+    /// each way, in bits (b) or bytes (B) per second), each host's port, which its ranks share
+    /// (with a host per rank, between any two ranks), where jobs set `JACCL_LINK` to the same
+    /// and jaccl chooses the all-reduce by this model; or `here`: TCP between the ranks of this
+    /// machine, as measured (docs/algorithms.md, "The cost model"), jaccl choosing by its
+    /// measured thresholds.
     #[arg(long, default_value = "here", value_parser = parse_link)]
     pub(crate) link: PlanLink,
+    /// The link between the ranks of one host, as `--link` [default: shared memory as measured
+    /// here, 1.3GB/s,1us; with `--link here`, the same as it].
+    #[arg(long, value_parser = <jaccl::config::LinkSpeed as std::str::FromStr>::from_str)]
+    pub(crate) within_host: Option<jaccl::config::LinkSpeed>,
     /// How fast one rank reduces f32 sums (bytes of input per second: `4GB/s`).
     #[arg(long, value_parser = jaccl::config::parse_rate)]
     pub(crate) reduce_rate: Option<f64>,
@@ -355,6 +361,16 @@ pub(crate) fn parse_link(s: &str) -> Result<PlanLink, String> {
     s.parse()
         .map(PlanLink::Given)
         .map_err(|why| format!("{why}, or here"))
+}
+
+/// Parses a positive number of cores, whole or not (`0.5`).
+fn parse_cores(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(cores) if cores.is_finite() && cores > 0.0 => Ok(cores),
+        _ => Err(format!(
+            "{s:?}: expected a positive number of cores (2, 0.5)"
+        )),
+    }
 }
 
 /// The sizes `first`, × `factor`, ... up to `last`.

@@ -23,20 +23,24 @@ pub(crate) fn run(args: &PlanArgs) -> Result<u8, String> {
         }
     };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let link = match args.link {
+        PlanLink::Here => LinkSpeed::MEASURED_LOOPBACK,
+        PlanLink::Given(link) => link,
+    };
     let cluster = Cluster {
-        ranks,
         hosts: args
             .hosts
             .map_or(if here { 1 } else { ranks }, |h| h as usize),
-        cores: args.cores.map(|c| c as usize).or(here.then_some(cores)),
-        link: match args.link {
-            PlanLink::Here => LinkSpeed::MEASURED_LOOPBACK,
-            PlanLink::Given(link) => link,
-        },
+        cores: args.cores.or(here.then_some(cores as f64)),
+        within_host: args.within_host.unwrap_or(if here {
+            link
+        } else {
+            LinkSpeed::MEASURED_SHARED_MEMORY
+        }),
         chooses_by_model: !here,
         reduce_rate: args.reduce_rate.unwrap_or(Cluster::DEFAULT_REDUCE_RATE),
-        cpu_per_message: Cluster::DEFAULT_CPU_PER_MESSAGE,
         wires: usize::from(args.wires),
+        ..Cluster::new(ranks, link)
     };
     if cluster.hosts > ranks {
         return Err(format!(
@@ -109,18 +113,21 @@ fn heading(cluster: &Cluster, op: &str, here: bool) -> String {
     let cores = cluster
         .cores
         .map_or(String::new(), |c| format!(", {c} cores per host"));
+    let within = &cluster.within_host;
     let source = if here {
         " (this machine's TCP, measured)"
     } else {
         ""
     };
     format!(
-        "# jaccl plan: {op} among {} ranks on {} host(s){cores}; links {:.3} GB/s and {:.2} us{source}; \
-         reductions {:.2} GB/s per rank",
+        "# jaccl plan: {op} among {} ranks on {} host(s){cores}; links {:.3} GB/s and {:.2} us{source}, \
+         within a host {:.3} GB/s and {:.2} us; reductions {:.2} GB/s per rank",
         cluster.ranks,
         cluster.hosts,
         link.bytes_per_second() / 1e9,
         link.latency_seconds() * 1e6,
+        within.bytes_per_second() / 1e9,
+        within.latency_seconds() * 1e6,
         cluster.reduce_rate / 1e9
     )
 }

@@ -534,7 +534,35 @@ fn plan_times_every_algorithm_at_4096_ranks_and_marks_the_choice() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("this machine's TCP") && stdout.contains("Bruck"));
+    // Two hosts of 4 ranks: from 1 MiB jaccl goes in two levels, which carry each byte out of
+    // a host once where the flat ring carries it 1.75 times.
+    let out = jaccl(&[
+        "plan",
+        "-n",
+        "8",
+        "--hosts",
+        "2",
+        "--cores",
+        "0.5",
+        "--link",
+        "1Gb/s,6us",
+        "-b",
+        "256K",
+        "-e",
+        "4M",
+        "-f",
+        "16",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    let two_levels: Vec<&&str> = rows.iter().filter(|r| r.contains("two levels")).collect();
+    assert_eq!(two_levels.len(), 2, "{stdout}");
+    assert!(!two_levels[0].contains("chosen") && two_levels[1].contains("chosen"));
+    assert!(stdout.contains("0.5 cores per host") && stdout.contains("within a host"));
     for (args, says) in [
+        (&["plan", "--cores", "0"][..], "positive number of cores"),
+        (&["plan", "--within-host", "fast"][..], "BANDWIDTH,LATENCY"),
         (&["plan", "--link", "fast"][..], "BANDWIDTH,LATENCY"),
         (&["plan", "--link", "10Gb/s,5"][..], "unit"),
         (&["plan", "-n", "8", "--hosts", "9"][..], "more hosts"),

@@ -3,13 +3,17 @@
 //! rank, bytes reduced), then timed with the latency–bandwidth–reduction model (α, β, γ). This
 //! is `jaccl plan`.
 //!
-//! Every link is alike (one kind, given by [`LinkSpeed`]): the flat algorithms of today, not yet
-//! the two-level ones that reduce inside a host first. Each rank's plans are tallied as it
-//! runs them: a message costs the latency, a byte sent or received (whichever is more: one port
-//! each way) the inverse bandwidth, a byte reduced the inverse reduction rate; the slowest rank
-//! sets the time (every rank where there are at most 64, else those of every role). Where more
-//! ranks share a host than it has cores, they take turns: each round also waits for the others
-//! on its core, and bytes cost as many times more ([`Cluster::cpu_per_message`]).
+//! Each rank's plans are tallied as it runs them: a message costs the latency of its link, a
+//! byte sent or received (whichever is more: one port each way) the inverse bandwidth, a byte
+//! reduced the inverse reduction rate; the slowest rank sets the time (every rank where there
+//! are at most 64, else those of every role). Where ranks share hosts, the ranks of a host
+//! share its port to the network (its bytes to other hosts add up), and talk to each other
+//! through shared memory ([`Cluster::within_host`]); the port and the cores work at once, the
+//! slower sets the pace. Where more ranks share a host than it has cores, they take turns: each
+//! round also waits for the others on its core, and the bytes they copy cost as many times
+//! more ([`Cluster::cpu_per_message`], [`Cluster::network_copy_rate`]). On hosts of equal size,
+//! two ranks or more each, the two-level algorithms are priced too, as jaccl runs them
+//! (docs/algorithms.md, "Across hosts: two levels").
 //!
 //! ```
 //! use jaccl::planner::{Cluster, Collective, LinkSpeed, predict};
@@ -20,11 +24,14 @@
 //! assert!(chosen.seconds > 0.0);
 //! ```
 
+use std::collections::HashMap;
+
 pub use crate::config::LinkSpeed;
 
-use crate::algo::cost::{self, Rates};
+use crate::algo::cost::{self, Rates, Spread, Tally};
 use crate::algo::geometry::Geometry;
-use crate::algo::pricing::{Algorithm, ByModel, all_reduce_algorithm};
+use crate::algo::hosts::{TWO_LEVEL_MIN, two_level_chunks};
+use crate::algo::pricing::{Algorithm, ByModel, all_reduce_algorithm, ranks_to_price};
 use crate::algo::select::{AllGather, AllReduce, AllToAll};
 
 /// The cluster a plan is for.
@@ -34,14 +41,25 @@ pub struct Cluster {
     pub ranks: usize,
     /// Hosts, the ranks spread evenly over them in rank order (a rank each by default).
     pub hosts: usize,
-    /// Cores of each host, when its ranks may outnumber them (`None`: never).
-    pub cores: Option<usize>,
+    /// Cores of each host, when its ranks may outnumber them (`None`: never); a fraction
+    /// where hosts share a machine's cores (4 pretend hosts on 2 cores: 0.5).
+    pub cores: Option<f64>,
     /// Seconds of a core that one message costs a rank (system calls, waking up): where a
     /// host's ranks outnumber its cores, each round waits for the other ranks sharing a core
     /// to make theirs.
     pub cpu_per_message: f64,
-    /// Every link between two ranks.
+    /// The link between hosts: each host's port, each way, which its ranks share (with a
+    /// host per rank, the link between any two ranks).
     pub link: LinkSpeed,
+    /// The link between the ranks of one host, as the flat algorithms use it: shared memory,
+    /// whose bandwidth is a rank's copies into and out of the areas between two ranks.
+    pub within_host: LinkSpeed,
+    /// Bytes per second a rank copies in the direct collectives of a host's ranks (the two
+    /// levels' level within a host), which read the peers' buffers in shared memory.
+    pub direct_copy_rate: f64,
+    /// Bytes per second a core moves through the kernel for TCP: where a host's ranks
+    /// outnumber its cores, the bytes they send to other hosts cost the cores this too.
+    pub network_copy_rate: f64,
     /// Whether the job gives jaccl the links' figures (`JACCL_LINK`, [`crate::Config::link`]),
     /// so that it chooses the all-reduce by this model (with the link alone: the job knows
     /// neither [`Cluster::cores`] nor [`Cluster::reduce_rate`], and prices reductions at
@@ -64,6 +82,9 @@ impl Cluster {
             cores: None,
             cpu_per_message: Cluster::DEFAULT_CPU_PER_MESSAGE,
             link,
+            within_host: LinkSpeed::MEASURED_SHARED_MEMORY,
+            direct_copy_rate: Cluster::DEFAULT_DIRECT_COPY_RATE,
+            network_copy_rate: LinkSpeed::MEASURED_LOOPBACK.bytes_per_second(),
             chooses_by_model: true,
             reduce_rate: Cluster::DEFAULT_REDUCE_RATE,
             wires: crate::Config::DEFAULT_WIRES,
@@ -75,34 +96,36 @@ impl Cluster {
     /// figures prices reductions at this rate.
     pub const DEFAULT_REDUCE_RATE: f64 = cost::DEFAULT_REDUCE_RATE;
 
+    /// What a rank copies per second there in the direct collectives: it reads (L − 1)/L of a
+    /// 4 MiB reduce-scatter's input at 5.6 GB/s, of an all-gather's output at 3.2 GB/s, among
+    /// 2 ranks (8 ranks on the 2 cores: 4.7 and 7.2 GB/s, counted per core).
+    pub const DEFAULT_DIRECT_COPY_RATE: f64 = 4e9;
+
     /// A core's time per message there when ranks share cores (docs/algorithms.md, "The cost
     /// model").
     pub const DEFAULT_CPU_PER_MESSAGE: f64 = 12e-6;
 
     /// Ranks per core, where a host's ranks outnumber its cores (else 1).
     fn crowding(&self) -> f64 {
-        let per_host = self.ranks.div_ceil(self.hosts.max(1));
+        let per_host = self.ranks.div_ceil(self.hosts.max(1)) as f64;
         match self.cores {
-            Some(cores) if per_host > cores => per_host as f64 / cores.max(1) as f64,
+            Some(cores) if per_host > cores => per_host / cores.max(f64::MIN_POSITIVE),
             _ => 1.0,
         }
     }
 
-    /// The model's rates here: with `c` ranks per core, a round waits for the `c − 1` others
-    /// on its core besides the link's latency, and every byte moved or reduced costs `c`
-    /// times (the ranks take turns on the core that copies and reduces).
-    fn rates(&self) -> Rates {
-        let c = self.crowding();
-        Rates {
-            latency: self.link.latency_seconds() + (c - 1.0) * self.cpu_per_message,
-            per_byte: c / self.link.bytes_per_second(),
-            per_reduced_byte: c / self.reduce_rate,
+    /// Where the ranks are.
+    fn spread(&self) -> Spread {
+        Spread {
+            ranks: self.ranks,
+            hosts: self.hosts.clamp(1, self.ranks.max(1)),
         }
     }
 
-    /// Whether start-up builds the mesh here (`Topology::Auto`: 4 to 16 ranks, a host each).
-    fn mesh(&self) -> bool {
-        (4..=16).contains(&self.ranks) && self.hosts >= self.ranks
+    /// Whether start-up builds the mesh among `ranks` ranks on `hosts` hosts
+    /// (`Topology::Auto`: 4 to 16 ranks, a host each).
+    fn mesh(ranks: usize, hosts: usize) -> bool {
+        (4..=16).contains(&ranks) && hosts >= ranks
     }
 
     fn geometry(&self, rank: usize) -> Geometry {
@@ -110,8 +133,202 @@ impl Cluster {
             rank,
             size: self.ranks,
             wires: self.wires.max(1),
-            mesh: self.mesh(),
+            mesh: Cluster::mesh(self.ranks, self.hosts),
         }
+    }
+
+    /// What a rank's `tally` costs here, its host's ranks moving `host_remote` bytes through
+    /// the host's port, its bytes within the host copied at `copy_rate`: with `c` ranks per
+    /// core, a round also waits for the `c − 1` others on its core, and every byte copied or
+    /// reduced costs `c` times (they take turns on the core).
+    fn cost(&self, tally: &Tally, host_remote: usize, copy_rate: f64) -> Cost {
+        let c = self.crowding();
+        let local_rounds = tally.rounds.saturating_sub(tally.remote_rounds);
+        let through_kernel = match c > 1.0 {
+            true => tally.remote as f64 / self.network_copy_rate,
+            false => 0.0,
+        };
+        let local = tally.bytes.saturating_sub(tally.remote) as f64;
+        Cost {
+            latency: tally.remote_rounds as f64 * self.link.latency_seconds()
+                + local_rounds as f64 * self.within_host.latency_seconds()
+                + tally.rounds as f64 * (c - 1.0) * self.cpu_per_message,
+            network: host_remote as f64 / self.link.bytes_per_second(),
+            cores: c * (local / copy_rate.max(1.0) + through_kernel),
+            reducing: c * tally.reduced as f64 / self.reduce_rate,
+        }
+    }
+
+    /// What `algorithm` costs the slowest rank of a group laid out as `g` and spread as
+    /// `spread`, where `sharing` such groups share each host's port (the two levels' groups
+    /// across hosts, one per local rank).
+    fn slowest(
+        &self,
+        algorithm: Algorithm,
+        g: &Geometry,
+        spread: &Spread,
+        sharing: usize,
+    ) -> (Tally, Cost) {
+        let mut tallies = HashMap::new();
+        let mut slowest = (Tally::default(), Cost::default());
+        for rank in ranks_to_price(g.size) {
+            let mine = tally_of(algorithm, g, spread, rank, &mut tallies);
+            let host_remote = match mine.remote {
+                0 => 0,
+                _ => sharing.saturating_mul(host_remote(algorithm, g, spread, rank, &mut tallies)),
+            };
+            let cost = self.cost(&mine, host_remote, self.within_host.bytes_per_second());
+            if cost.seconds() > slowest.1.seconds() {
+                slowest = (mine, cost);
+            }
+        }
+        slowest
+    }
+
+    /// The two-level algorithm of `op` of `bytes` where jaccl has one for this cluster (hosts
+    /// of equal size, 2 ranks or more each), as `group/levels/` runs it: its tally per rank
+    /// and its time.
+    fn two_levels(&self, op: Collective, bytes: usize) -> Option<(Tally, f64)> {
+        let (n, h) = (self.ranks, self.hosts);
+        if h < 2 || h >= n || n % h != 0 {
+            return None;
+        }
+        let here = n / h;
+        let cross = Geometry {
+            rank: 0,
+            size: h,
+            wires: self.wires.max(1),
+            mesh: Cluster::mesh(h, h),
+        };
+        let shape = cross.shape(false, false);
+        let apart = Spread::apart(h);
+        // The host's direct collectives: each rank reads the others' parts.
+        let shared = |bytes: usize| (here - 1).saturating_mul(bytes) / here;
+        match op {
+            Collective::AllReduce => {
+                let chunks = two_level_chunks(bytes);
+                let chunk = bytes / chunks;
+                let slice = chunk / here / ELEM * ELEM;
+                let in_host = Tally {
+                    rounds: 2,
+                    bytes: 2 * shared(chunk),
+                    reduced: shared(chunk),
+                    ..Tally::default()
+                };
+                let choice = match self.chooses_by_model {
+                    true => ByModel::new(self.job_rates()).all_reduce(&shape, &cross, slice, ELEM),
+                    false => shape.all_reduce(slice),
+                };
+                let algorithm = all_reduce_algorithm(choice, slice / ELEM, ELEM)?;
+                let (across, across_cost) = self.slowest(algorithm, &cross, &apart, here);
+                let host_cost = self.cost(&in_host, 0, self.direct_copy_rate);
+                let (a, b) = (host_cost.seconds(), across_cost.seconds());
+                // One chunk on the network while the host works on the next; where ranks
+                // outnumber cores, the two share them.
+                let mut each = a.max(b);
+                if self.crowding() > 1.0 {
+                    each = each.max(host_cost.cpu() + across_cost.cpu());
+                }
+                let seconds = a + b + (chunks - 1) as f64 * each;
+                Some((in_host.then(across).times(chunks), seconds))
+            }
+            Collective::AllGather => {
+                let block = bytes / n;
+                let algorithm = all_gather_algorithm(shape.all_gather(block), block)?;
+                let (across, across_cost) = self.slowest(algorithm, &cross, &apart, here);
+                // The host gathers what its ranks got, then puts it in rank order.
+                let in_host = Tally {
+                    rounds: 1,
+                    bytes: shared(bytes).saturating_add(bytes),
+                    ..Tally::default()
+                };
+                let in_host_cost = self.cost(&in_host, 0, self.direct_copy_rate);
+                let seconds = across_cost.seconds() + in_host_cost.seconds();
+                Some((across.then(in_host), seconds))
+            }
+            Collective::AllToAll => None,
+        }
+    }
+
+    /// The rates a job given the link's figures prices with: it knows neither the crowding nor
+    /// another reduction rate.
+    fn job_rates(&self) -> Rates {
+        Rates::of_link(&self.link, cost::DEFAULT_REDUCE_RATE)
+    }
+}
+
+/// What a rank's tally costs, part by part.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cost {
+    /// Its messages' latencies, and the turns it waits for on a shared core.
+    latency: f64,
+    /// Its host's bytes to other hosts through the host's port.
+    network: f64,
+    /// Its copies: through shared memory, and through the kernel where cores are shared.
+    cores: f64,
+    /// Its reductions.
+    reducing: f64,
+}
+
+impl Cost {
+    /// The port and the cores work at once: the slower sets the pace.
+    fn seconds(&self) -> f64 {
+        self.latency + self.network.max(self.cores) + self.reducing
+    }
+
+    /// What takes the cores.
+    fn cpu(&self) -> f64 {
+        self.cores + self.reducing
+    }
+}
+
+/// The tally of `rank` (kept in `tallies`).
+fn tally_of(
+    algorithm: Algorithm,
+    g: &Geometry,
+    spread: &Spread,
+    rank: usize,
+    tallies: &mut HashMap<usize, Tally>,
+) -> Tally {
+    *tallies
+        .entry(rank)
+        .or_insert_with(|| algorithm.tally(&Geometry { rank, ..*g }, spread))
+}
+
+/// Bytes the ranks of `rank`'s host move to other hosts: every rank's of a host of up to 16,
+/// else the two at each end of the host and the third taken for those between (the ring's
+/// boundaries and its inside).
+fn host_remote(
+    algorithm: Algorithm,
+    g: &Geometry,
+    spread: &Spread,
+    rank: usize,
+    tallies: &mut HashMap<usize, Tally>,
+) -> usize {
+    let ranks = spread.ranks_on(spread.host_of(rank));
+    let mut remote = |r| tally_of(algorithm, g, spread, r, tallies).remote;
+    if ranks.len() <= 16 {
+        return ranks.map(remote).fold(0, usize::saturating_add);
+    }
+    let (first, last) = (ranks.start, ranks.end - 1);
+    let ends = [first, first + 1, last - 1, last].map(&mut remote);
+    let inside = remote(first + 2).saturating_mul(ranks.len() - 4);
+    ends.into_iter().fold(inside, usize::saturating_add)
+}
+
+/// The algorithm of an all-gather `choice` of blocks of `block` bytes (the direct one,
+/// through shared memory, is not priced).
+fn all_gather_algorithm(choice: AllGather, block: usize) -> Option<Algorithm> {
+    match choice {
+        AllGather::Direct => None,
+        AllGather::Bruck => Some(Algorithm::BruckAllGather(block)),
+        AllGather::Ring => Some(Algorithm::RingAllGather(block)),
+        AllGather::Doubling => Some(Algorithm::DoublingAllGather(block)),
+        AllGather::Small(how) => Some(Algorithm::Gather {
+            block,
+            how,
+            reduce: false,
+        }),
     }
 }
 
@@ -161,16 +378,16 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
     }
     let g = cluster.geometry(0);
     let shape = g.shape(false, false);
-    let rates = cluster.rates();
     let block = bytes / n;
+    let two_levels = cluster.two_levels(op, bytes);
+    let in_two_levels = two_levels.is_some() && bytes >= TWO_LEVEL_MIN;
     let candidates: Vec<(&'static str, bool, Algorithm)> = match op {
         Collective::AllReduce => {
             let count = bytes / ELEM;
-            // What a job given the link's figures runs: it knows neither the crowding nor
-            // another reduction rate.
-            let job_rates = Rates::of_link(&cluster.link, cost::DEFAULT_REDUCE_RATE);
             let chosen = match cluster.chooses_by_model {
-                true => ByModel::new(job_rates).all_reduce(&shape, &g, count * ELEM, ELEM),
+                true => {
+                    ByModel::new(cluster.job_rates()).all_reduce(&shape, &g, count * ELEM, ELEM)
+                }
                 false => shape.all_reduce(count * ELEM),
             };
             let total = count * ELEM * n;
@@ -195,34 +412,23 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
         Collective::AllGather => {
             let chosen = shape.all_gather(block);
             let mut list = vec![
-                (
-                    "Bruck",
-                    chosen == AllGather::Bruck,
-                    Algorithm::BruckAllGather(block),
-                ),
-                (
-                    "ring",
-                    chosen == AllGather::Ring,
-                    Algorithm::RingAllGather(block),
-                ),
-                (
-                    "gather",
-                    matches!(chosen, AllGather::Small(_)),
-                    Algorithm::Gather {
-                        block,
-                        how: shape.small_gather(block * n),
-                        reduce: false,
-                    },
-                ),
+                ("Bruck", AllGather::Bruck),
+                ("ring", AllGather::Ring),
+                ("gather", AllGather::Small(shape.small_gather(block * n))),
             ];
             if shape.pairs {
-                list.push((
-                    "recursive doubling",
-                    chosen == AllGather::Doubling,
-                    Algorithm::DoublingAllGather(block),
-                ));
+                list.push(("recursive doubling", AllGather::Doubling));
             }
-            list
+            list.into_iter()
+                .filter_map(|(name, choice)| {
+                    let algorithm = all_gather_algorithm(choice, block)?;
+                    let chosen = match choice {
+                        AllGather::Small(_) => matches!(chosen, AllGather::Small(_)),
+                        other => other == chosen,
+                    };
+                    Some((name, chosen, algorithm))
+                })
+                .collect()
         }
         Collective::AllToAll => {
             let chosen = shape.all_to_all(block);
@@ -243,20 +449,32 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
             ]
         }
     };
-    candidates
+    let spread = cluster.spread();
+    let mut predictions: Vec<Prediction> = candidates
         .into_iter()
         .map(|(algorithm, chosen, how)| {
-            let slowest = how.slowest(&g, &rates);
+            let (slowest, cost) = cluster.slowest(how, &g, &spread, 1);
             Prediction {
                 algorithm,
                 rounds: slowest.rounds,
                 bytes_per_rank: slowest.bytes,
                 bytes_reduced: slowest.reduced,
-                seconds: slowest.seconds(&rates),
-                chosen,
+                seconds: cost.seconds(),
+                chosen: chosen && !in_two_levels,
             }
         })
-        .collect()
+        .collect();
+    if let Some((tally, seconds)) = two_levels {
+        predictions.push(Prediction {
+            algorithm: "two levels",
+            rounds: tally.rounds,
+            bytes_per_rank: tally.bytes,
+            bytes_reduced: tally.reduced,
+            seconds,
+            chosen: in_two_levels,
+        });
+    }
+    predictions
 }
 
 #[cfg(test)]
@@ -339,6 +557,79 @@ mod tests {
             let ratio = chosen.seconds / cheapest;
             assert!(ratio <= 1.10, "{bytes} B: {} {ratio}", chosen.algorithm);
             bytes = bytes * 3 / 2;
+        }
+    }
+
+    fn on_hosts(ranks: usize, hosts: usize, link: &str) -> Cluster {
+        Cluster {
+            hosts,
+            chooses_by_model: false,
+            ..Cluster::new(ranks, link.parse().unwrap())
+        }
+    }
+
+    fn seconds_of(predictions: &[Prediction], name: &str) -> f64 {
+        predictions
+            .iter()
+            .find(|p| p.algorithm == name)
+            .map_or(f64::NAN, |p| p.seconds)
+    }
+
+    #[test]
+    fn two_levels_are_priced_on_even_hosts_and_chosen_from_1_mib() {
+        let two_levels = |c: &Cluster, op, bytes| {
+            let predictions = predict(op, bytes, c);
+            let chosen = predictions.iter().filter(|p| p.chosen).count();
+            assert_eq!(chosen, 1, "{c:?} {bytes}: {predictions:?}");
+            predictions
+                .into_iter()
+                .find(|p| p.algorithm == "two levels")
+                .map(|p| p.chosen)
+        };
+        let even = on_hosts(8, 2, "1Gb/s,6us");
+        for op in [Collective::AllReduce, Collective::AllGather] {
+            assert_eq!(two_levels(&even, op, 512 << 10), Some(false));
+            assert_eq!(two_levels(&even, op, 1 << 20), Some(true));
+            assert_eq!(two_levels(&even, Collective::AllToAll, 1 << 20), None);
+            // Uneven hosts, a rank per host, one host: the flat algorithms alone.
+            for other in [(9, 2), (8, 8), (8, 1)] {
+                let cluster = on_hosts(other.0, other.1, "1Gb/s,6us");
+                assert_eq!(two_levels(&cluster, op, 4 << 20), None, "{other:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn across_two_hosts_the_ring_carries_7_eighths_more_than_two_levels() {
+        // 2 hosts × 4 ranks: the flat ring's boundary ranks carry 1.75 S out of each host, the
+        // two levels S; with bandwidth to spare within the hosts, the ratio of their times.
+        let cluster = Cluster {
+            within_host: "1000GB/s,1ns".parse().unwrap(),
+            reduce_rate: 1e15,
+            ..on_hosts(8, 2, "1Gb/s,1ns")
+        };
+        let bytes = 32 << 20;
+        let predictions = predict(Collective::AllReduce, bytes, &cluster);
+        let ring = seconds_of(&predictions, "ring");
+        let two_levels = seconds_of(&predictions, "two levels");
+        let at_link = bytes as f64 / cluster.link.bytes_per_second();
+        assert!((ring / (1.75 * at_link) - 1.0).abs() < 0.01, "{ring} s");
+        assert!((two_levels / at_link - 1.0).abs() < 0.01, "{two_levels} s");
+    }
+
+    #[test]
+    fn ranks_that_outnumber_their_cores_pay_for_their_copies() {
+        // The same job on hosts with a core for every rank, then on half a core per host:
+        // where the link is fast, the cores set the pace.
+        let roomy = on_hosts(8, 4, "10Gb/s,6us");
+        let crowded = Cluster {
+            cores: Some(0.5),
+            ..roomy
+        };
+        for name in ["ring", "two levels"] {
+            let time = |c: &Cluster| seconds_of(&predict(Collective::AllReduce, 4 << 20, c), name);
+            let (fast, slow) = (time(&roomy), time(&crowded));
+            assert!(slow > 1.5 * fast, "{name}: {fast} s, crowded {slow} s");
         }
     }
 

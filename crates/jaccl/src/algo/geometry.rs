@@ -107,24 +107,31 @@ impl Geometry {
         }
     }
 
+    /// The peer at the other end of channel `c` (`None`: no such channel).
+    pub(crate) fn peer_on(&self, c: usize) -> Option<usize> {
+        let w = self.wires;
+        match c {
+            _ if c < w => Some(self.left()),
+            _ if c < 2 * w => Some(self.right()),
+            _ => self.non_neighbours().nth(c - 2 * w),
+        }
+    }
+
     /// The peer at the other end of channel `c`, and that peer's index for the same channel.
     #[cfg(test)]
     pub(crate) fn far_end(&self, c: usize) -> (usize, usize) {
         let w = self.wires;
-        if c < w {
-            (self.left(), c + w)
-        } else if c < 2 * w {
-            (self.right(), c - w)
-        } else {
-            let peer = self
-                .non_neighbours()
-                .nth(c - 2 * w)
-                .expect("a channel off the ring");
-            let theirs = Geometry {
-                rank: peer,
-                ..*self
-            };
-            (peer, theirs.channel_to(self.rank, 0))
+        let peer = self.peer_on(c).expect("a channel of the group");
+        match c {
+            _ if c < w => (peer, c + w),
+            _ if c < 2 * w => (peer, c - w),
+            _ => {
+                let theirs = Geometry {
+                    rank: peer,
+                    ..*self
+                };
+                (peer, theirs.channel_to(self.rank, 0))
+            }
         }
     }
 

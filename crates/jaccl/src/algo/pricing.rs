@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::cost::{Rates, Tally};
+use super::cost::{Rates, Spread, Tally};
 use super::geometry::{DoublingRole, Geometry};
 use super::plan::{Plan, Span};
 use super::select::{AllReduce, Shape, SmallGather};
@@ -49,31 +49,35 @@ pub(crate) enum Algorithm {
 }
 
 impl Algorithm {
-    /// What the slowest rank of a group laid out as `g` (any rank's geometry) does.
+    /// What the slowest rank of a group laid out as `g` (any rank's geometry), a rank per
+    /// host, does.
     pub(crate) fn slowest(self, g: &Geometry, rates: &Rates) -> Tally {
+        let spread = Spread::apart(g.size);
         ranks_to_price(g.size)
-            .map(|rank| self.tally(&Geometry { rank, ..*g }))
+            .map(|rank| self.tally(&Geometry { rank, ..*g }, &spread))
             .max_by(|a, b| a.seconds(rates).total_cmp(&b.seconds(rates)))
             .unwrap_or_default()
     }
 
-    /// What a rank in geometry `g` does, its plans one after another.
-    fn tally(self, g: &Geometry) -> Tally {
-        let one = |plan: Plan| Tally::of_plan(&plan, g.wires, false);
+    /// What a rank in geometry `g` of a group spread as `spread` does, its plans one after
+    /// another.
+    pub(crate) fn tally(self, g: &Geometry, spread: &Spread) -> Tally {
+        let one = |plan: Plan| Tally::of_plan(&plan, g, spread, false);
+        let plans = |plans: &[Plan], reducing: usize| Tally::of_plans(plans, g, spread, reducing);
         match self {
             Algorithm::Doubling(bytes) => {
                 let role = g.doubling_role();
-                let plans = doubling::all_reduce_plans(g, &role, bytes);
-                Tally::of_plans(&plans, g.wires, reducing_plans(&role, None))
+                let all = doubling::all_reduce_plans(g, &role, bytes);
+                plans(&all, reducing_plans(&role, None))
             }
             Algorithm::Rabenseifner { count, elem } => {
                 let role = g.doubling_role();
-                let plans = rabenseifner::all_reduce_plans(g, &role, count, elem);
+                let all = rabenseifner::all_reduce_plans(g, &role, count, elem);
                 let halving = match &role {
                     DoublingRole::Double { partners, .. } => partners.len(),
                     DoublingRole::HandOver { .. } => 0,
                 };
-                Tally::of_plans(&plans, g.wires, reducing_plans(&role, Some(halving)))
+                plans(&all, reducing_plans(&role, Some(halving)))
             }
             Algorithm::RingAllReduce { count, elem } => {
                 one(ring::all_reduce(g, count, elem, false))
@@ -88,18 +92,13 @@ impl Algorithm {
                     ..Tally::default()
                 })
             }
-            Algorithm::BruckAllGather(block) => {
-                Tally::of_plans(&bruck::all_gather_plans(g, block), g.wires, 0)
-            }
+            Algorithm::BruckAllGather(block) => plans(&bruck::all_gather_plans(g, block), 0),
             Algorithm::RingAllGather(block) => one(ring::all_gather(g, block)),
             Algorithm::DoublingAllGather(block) => {
                 let partners = g.doubling_partners().unwrap_or_default();
-                let plans = doubling::all_gather_plans(g, block, &partners);
-                Tally::of_plans(&plans, g.wires, 0)
+                plans(&doubling::all_gather_plans(g, block, &partners), 0)
             }
-            Algorithm::BruckAllToAll(block) => {
-                Tally::of_plans(&bruck::all_to_all_plans(g, block), g.wires, 0)
-            }
+            Algorithm::BruckAllToAll(block) => plans(&bruck::all_to_all_plans(g, block), 0),
             Algorithm::Pairwise { block, announces } => {
                 let exchange = one(mesh::exchange(
                     g,
@@ -117,7 +116,7 @@ impl Algorithm {
 
 /// The ranks whose plans are priced: all of up to 64; else the first and last few and those
 /// around the end of recursive doubling's hand-overs (`2·(n − p)`), one of each role.
-fn ranks_to_price(n: usize) -> impl Iterator<Item = usize> {
+pub(crate) fn ranks_to_price(n: usize) -> impl Iterator<Item = usize> {
     let mut ranks: Vec<usize> = if n <= 64 {
         (0..n).collect()
     } else {

@@ -34,6 +34,14 @@ impl LinkSpeed {
         bandwidth: 2_200_000_000,
     };
 
+    /// A link through shared memory between two ranks of one host of that machine, as a ring
+    /// uses it (each byte copied into an area and out of it): an all-reduce between 2 ranks
+    /// moves 2 MiB in 1.7 ms, 8 bytes in 0.96 µs (docs/algorithms.md, "Shared memory").
+    pub const MEASURED_SHARED_MEMORY: LinkSpeed = LinkSpeed {
+        latency: Duration::from_nanos(1000),
+        bandwidth: 1_300_000_000,
+    };
+
     /// The latency in seconds.
     pub fn latency_seconds(&self) -> f64 {
         self.latency.as_secs_f64()

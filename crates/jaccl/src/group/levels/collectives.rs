@@ -10,14 +10,11 @@ use std::ops::Range;
 use super::super::Request;
 use super::{Level, Levels};
 use crate::algo::call::Call;
+use crate::algo::hosts::two_level_chunks;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Result;
 use crate::liveness::INTERRUPT_EVERY;
 use crate::reduce::copy;
-
-/// The most chunks an all-reduce is cut into, and the least bytes of one.
-const CHUNKS_MAX: usize = 8;
-const CHUNK_MIN: usize = 512 << 10;
 
 impl Levels {
     /// The all-reduce of `input` (else `output`, in place) with `op` into `output`, elements
@@ -37,7 +34,7 @@ impl Levels {
         let op = summed(op);
         let size = dtype.size();
         let count = output.len() / size;
-        let chunks = (output.len() / CHUNK_MIN).clamp(1, CHUNKS_MAX);
+        let chunks = two_level_chunks(output.len());
         let ranks = self.local.size();
         let mut pending = VecDeque::new();
         for c in 0..chunks {

@@ -19,17 +19,10 @@ use std::time::{Duration, Instant};
 use super::{Group, VERDICT_GRACE};
 use crate::algo::call::Call;
 use crate::algo::collectives::Collectives;
-use crate::algo::hosts::HostLayout;
+use crate::algo::hosts::{HostLayout, TWO_LEVEL_MIN};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::wait::WaitPolicy;
-
-/// From this many bytes (the all-reduce's message, the all-gather's output, the
-/// reduce-scatter's input) a collective goes in two levels. Measured on pretend hosts, 2 × 4
-/// ranks over 1 Gbit/s, all-reduces against the flat algorithms (ms, out of place / in place):
-/// 1 MiB 9.1–9.4 / 9.0–9.1 against 15.4 / 15.4, 4 MiB 36.2–36.6 / 36.2 against 61.5–61.9 /
-/// 61.5–62.3; but 256 KiB 2.2–5.0 / 8.2–8.8 against 3.9 / 3.8, and 64 KiB level.
-const TWO_LEVEL_MIN: usize = 1 << 20;
 
 /// A group's two levels: the ranks of this rank's host, and the ranks of its local rank on
 /// every host.

@@ -566,6 +566,11 @@ fn time_loop<T: Pattern>(
     };
 
     g.barrier()?;
+    let spans_hosts = g.hosts().count() > 1;
+    let before = match spans_hosts {
+        true => Some(g.bytes_across_hosts()?),
+        false => None,
+    };
     let mut elapsed = Duration::ZERO;
     if args.check {
         for _ in 0..iters {
@@ -587,6 +592,13 @@ fn time_loop<T: Pattern>(
             wrong_count += wrong(output);
         }
     }
+    let across_hosts = match before {
+        Some(before) => {
+            let sent = g.bytes_across_hosts()?.sent.saturating_sub(before.sent);
+            Some(agree_max(g, sent as f64 / iters.max(1) as f64)?)
+        }
+        None => None,
+    };
     let time_us = agree_max(g, elapsed.as_secs_f64() * 1e6 / iters as f64)?;
     let mut total = [0u64];
     g.all_sum(&[wrong_count], &mut total)?;
@@ -594,6 +606,7 @@ fn time_loop<T: Pattern>(
         time_us,
         iters,
         wrong: total[0],
+        across_hosts,
     })
 }
 

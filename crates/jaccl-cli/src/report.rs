@@ -53,6 +53,9 @@ pub(crate) struct Timing {
     pub(crate) iters: usize,
     /// Wrong elements over all ranks and checks.
     pub(crate) wrong: u64,
+    /// Where the ranks span hosts: the bytes a rank sent to other hosts per operation, the
+    /// most of any rank.
+    pub(crate) across_hosts: Option<f64>,
 }
 
 /// One size of the sweep.
@@ -89,6 +92,7 @@ struct JsonTiming {
     busbw_gbs: f64,
     iters: usize,
     wrong: u64,
+    across_hosts_bytes: Option<f64>,
 }
 
 /// One JSON line: the fields of ../shared/bench's harness (`peer`, `transport`, `n`, `bytes`,
@@ -112,6 +116,8 @@ struct JsonRow<'a> {
     iters: usize,
     wrong: u64,
     ok: bool,
+    /// Where the ranks span hosts: bytes a rank sent to other hosts per operation (the most).
+    across_hosts_bytes: Option<f64>,
     in_place: Option<JsonTiming>,
 }
 
@@ -373,6 +379,7 @@ impl<'a> Report<'a> {
                 iters: row.out_of_place.iters,
                 wrong: row.wrong(),
                 ok: row.wrong() == 0,
+                across_hosts_bytes: row.out_of_place.across_hosts,
                 in_place: row.in_place.map(|t| {
                     let alg = gbs(row.bytes, t.time_us);
                     JsonTiming {
@@ -381,6 +388,7 @@ impl<'a> Report<'a> {
                         busbw_gbs: alg * factor,
                         iters: t.iters,
                         wrong: t.wrong,
+                        across_hosts_bytes: t.across_hosts,
                     }
                 }),
             };
@@ -412,6 +420,7 @@ impl<'a> Report<'a> {
             if wrong == 0 { "OK" } else { "FAILED" }
         ));
         print_line(&format!("# Avg bus bandwidth: {avg:.4} GB/s"));
+        self.across_hosts();
         if let Some(json) = &mut self.json {
             json.flush()
                 .map_err(|e| format!("cannot write the JSON file: {e}"))?;
@@ -423,6 +432,38 @@ impl<'a> Report<'a> {
             print_line(&format!("# Plot: {}", path.display()));
         }
         Ok(())
+    }
+}
+
+impl Report<'_> {
+    /// Where the ranks span hosts: what a rank sent to other hosts per operation, by size.
+    fn across_hosts(&self) {
+        if self
+            .rows
+            .iter()
+            .all(|r| r.out_of_place.across_hosts.is_none())
+        {
+            return;
+        }
+        print_line(
+            "# Sent to other hosts per operation, the most of any rank (out of place / in place):",
+        );
+        let sent = |bytes: usize, t: Option<Timing>| match t.and_then(|t| t.across_hosts) {
+            Some(sent) => format!(
+                "{} ({:.2} x size)",
+                human(sent.round() as usize),
+                sent / bytes.max(1) as f64
+            ),
+            None => "N/A".into(),
+        };
+        for row in &self.rows {
+            print_line(&format!(
+                "#   {:>10}  {} / {}",
+                human(row.bytes),
+                sent(row.bytes, Some(row.out_of_place)),
+                sent(row.bytes, row.in_place)
+            ));
+        }
     }
 }
 

@@ -428,11 +428,22 @@ fn launch_runs_ranks_on_pretend_hosts() {
         stdout.contains("over shm+tcp") && stdout.contains("2 hosts × 2 ranks"),
         "{stdout}"
     );
-    // 1 MiB, the largest size, went in two levels (checked as every size is).
+    // 1 MiB, the largest size, went in two levels (checked as every size is): each rank sent
+    // its half of the message to the other host once (0.5 × size, and the headers), where the
+    // flat ring's boundary ranks send 0.75 × size.
     assert!(
         stdout.contains("in two levels from 1 MiB: all-reduce"),
         "{stdout}"
     );
+    let sent: f64 = stdout
+        .lines()
+        .filter_map(|l| l.split_once('#').map(|(_, rest)| rest))
+        .find(|l| l.trim_start().starts_with("1 MiB ") && l.contains(" x size"))
+        .and_then(|l| l.split_once('('))
+        .and_then(|(_, rest)| rest.split_once(" x size"))
+        .and_then(|(ratio, _)| ratio.parse().ok())
+        .unwrap_or(f64::NAN);
+    assert!((0.5..0.55).contains(&sent), "{stdout}");
 }
 
 #[test]

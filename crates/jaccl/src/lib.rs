@@ -104,7 +104,7 @@ mod token;
 mod transport;
 mod wait;
 
-pub use algo::hosts::HostLayout;
+pub use algo::hosts::{AcrossHosts, HostLayout};
 pub use config::{Config, DeviceMatrix, Topology, Transport};
 pub use dtype::{Dtype, Element, ReduceOp};
 pub use error::{Error, Op, Result};

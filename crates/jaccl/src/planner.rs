@@ -30,7 +30,7 @@ pub use crate::config::LinkSpeed;
 
 use crate::algo::cost::{self, Rates, Spread, Tally};
 use crate::algo::geometry::Geometry;
-use crate::algo::hosts::{TWO_LEVEL_MIN, two_level_chunks};
+use crate::algo::hosts::{ALL_REDUCE_CHUNK_MIN, GATHER_CHUNK_MIN, TWO_LEVEL_MIN, two_level_chunks};
 use crate::algo::pricing::{Algorithm, ByModel, all_reduce_algorithm, ranks_to_price};
 use crate::algo::select::{AllGather, AllReduce, AllToAll};
 
@@ -206,9 +206,10 @@ impl Cluster {
         let shared = |bytes: usize| (here - 1).saturating_mul(bytes) / here;
         match op {
             Collective::AllReduce => {
-                let chunks = two_level_chunks(bytes);
+                let chunks = two_level_chunks(bytes, ALL_REDUCE_CHUNK_MIN);
                 let chunk = bytes / chunks;
                 let slice = chunk / here / ELEM * ELEM;
+                // Each chunk: the host reduce-scatters it, then all-gathers the slices.
                 let in_host = Tally {
                     rounds: 2,
                     bytes: 2 * shared(chunk),
@@ -220,34 +221,40 @@ impl Cluster {
                     false => shape.all_reduce(slice),
                 };
                 let algorithm = all_reduce_algorithm(choice, slice / ELEM, ELEM)?;
-                let (across, across_cost) = self.slowest(algorithm, &cross, &apart, here);
-                let host_cost = self.cost(&in_host, 0, self.direct_copy_rate);
-                let (a, b) = (host_cost.seconds(), across_cost.seconds());
-                // One chunk on the network while the host works on the next; where ranks
-                // outnumber cores, the two share them.
-                let mut each = a.max(b);
-                if self.crowding() > 1.0 {
-                    each = each.max(host_cost.cpu() + across_cost.cpu());
-                }
-                let seconds = a + b + (chunks - 1) as f64 * each;
-                Some((in_host.then(across).times(chunks), seconds))
+                let across = self.slowest(algorithm, &cross, &apart, here);
+                Some(self.in_chunks(chunks, in_host, across))
             }
             Collective::AllGather => {
-                let block = bytes / n;
+                let chunks = two_level_chunks(bytes, GATHER_CHUNK_MIN);
+                let (chunk, block) = (bytes / chunks, bytes / n / chunks);
                 let algorithm = all_gather_algorithm(shape.all_gather(block), block)?;
-                let (across, across_cost) = self.slowest(algorithm, &cross, &apart, here);
-                // The host gathers what its ranks got, then puts it in rank order.
+                let across = self.slowest(algorithm, &cross, &apart, here);
+                // Each chunk: the host gathers what its ranks got, then puts it in rank order.
                 let in_host = Tally {
                     rounds: 1,
-                    bytes: shared(bytes).saturating_add(bytes),
+                    bytes: shared(chunk).saturating_add(chunk),
                     ..Tally::default()
                 };
-                let in_host_cost = self.cost(&in_host, 0, self.direct_copy_rate);
-                let seconds = across_cost.seconds() + in_host_cost.seconds();
-                Some((across.then(in_host), seconds))
+                Some(self.in_chunks(chunks, in_host, across))
             }
             Collective::AllToAll => None,
         }
+    }
+
+    /// A two-level collective in `chunks` chunks, each taking `in_host` on the host's level
+    /// (the direct collectives) and `across` (tally and cost) across hosts: one chunk on the
+    /// network while the host works on the next; where ranks outnumber cores, the two share
+    /// them. Its tally per rank and its time.
+    fn in_chunks(&self, chunks: usize, in_host: Tally, across: (Tally, Cost)) -> (Tally, f64) {
+        let (across, across_cost) = across;
+        let host_cost = self.cost(&in_host, 0, self.direct_copy_rate);
+        let (a, b) = (host_cost.seconds(), across_cost.seconds());
+        let mut each = a.max(b);
+        if self.crowding() > 1.0 {
+            each = each.max(host_cost.cpu() + across_cost.cpu());
+        }
+        let seconds = a + b + (chunks - 1) as f64 * each;
+        (in_host.then(across).times(chunks), seconds)
     }
 
     /// The rates a job given the link's figures prices with: it knows neither the crowding nor

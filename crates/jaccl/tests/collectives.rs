@@ -683,8 +683,12 @@ fn collectives_across_pretend_hosts_in_two_levels() {
                 assert_same_values(&out, &expect, "i32 product");
             }
             // All-gathers (by the output) and reduce-scatters (by the input) on either side of
-            // 1 MiB.
-            for block in [(1 << 18) / size - 1, (1usize << 18).div_ceil(size) + 5] {
+            // 1 MiB, then in 2 chunks of uneven length.
+            for block in [
+                (1 << 18) / size - 1,
+                (1usize << 18).div_ceil(size) + 5,
+                (5 << 18) / size + 7,
+            ] {
                 let what = format!("{host_of:?} rank {} block {block}", g.rank());
                 let all = inputs::<i32>(size, block, ReduceOp::Sum);
                 let mut out = vec![0i32; size * block];
@@ -714,6 +718,16 @@ fn collectives_across_pretend_hosts_in_two_levels() {
             for request in requests {
                 assert_same_values(&request.wait().unwrap(), &expect, "started");
             }
+            // Every byte a rank sent to another host, that host received, levels included
+            // (counted after the same call everywhere, which every rank has finished).
+            let traffic = g.bytes_across_hosts().unwrap();
+            let mut all = vec![0u64; 2 * size];
+            g.all_gather(&[traffic.sent, traffic.received], &mut all)
+                .unwrap();
+            let sent: u64 = all.iter().step_by(2).sum();
+            let received: u64 = all.iter().skip(1).step_by(2).sum();
+            assert!(sent > (1 << 20), "{host_of:?}: {all:?}");
+            assert_eq!(sent, received, "{host_of:?}: {all:?}");
             digest
         });
         assert!(digests.iter().all(|d| d == &digests[0]), "{host_of:?}");

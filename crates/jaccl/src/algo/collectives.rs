@@ -9,6 +9,7 @@ use super::channel::Channel;
 use super::cost::{DEFAULT_REDUCE_RATE, Rates};
 use super::engine::{LateLinks, Network, Rounds, Scratch};
 use super::geometry::{DoublingRole, Geometry, blocks_by_distance, blocks_by_rank};
+use super::hosts::AcrossHosts;
 use super::plan::Span;
 use super::pricing::ByModel;
 use super::select::{
@@ -53,6 +54,20 @@ pub(crate) struct Collectives {
 }
 
 impl Collectives {
+    /// Bytes sent to and received from the peers `across` names, over the channels since the
+    /// group started (the direct collectives read shared memory, not channels).
+    pub(crate) fn bytes_with(&self, across: impl Fn(usize) -> bool) -> AcrossHosts {
+        self.net
+            .channels
+            .iter()
+            .filter(|ch| across(ch.peer))
+            .map(|ch| AcrossHosts {
+                sent: ch.bytes_sent,
+                received: ch.bytes_received,
+            })
+            .fold(AcrossHosts::default(), |sum, ch| sum + ch)
+    }
+
     /// The collectives over `channels` (laid out as [`Geometry`] says). `rdma` says whether any
     /// pair of ring neighbours in the group uses RDMA, `board` gives every rank's shared memory
     /// when all are on this host, `link` the links' figures: every rank must pass the same,

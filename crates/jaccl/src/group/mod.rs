@@ -634,6 +634,16 @@ impl Group {
         result
     }
 
+    /// `f` on the group's collectives between calls (`None` for a group of one).
+    fn on_collectives<T>(&mut self, f: impl FnOnce(&Collectives) -> T) -> Result<Option<T>> {
+        let state = state_of(&mut self.state, self.progress.as_ref(), self.rank)?;
+        match &*state {
+            State::Alone => Ok(None),
+            State::Failed { error, .. } => Err(error.clone()),
+            State::Connected(c) => Ok(Some(f(&c.collectives))),
+        }
+    }
+
     fn check_usable(&self) -> Result<()> {
         match self.failure.get() {
             Some(error) => Err(error.clone()),

@@ -7,10 +7,10 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use super::super::Request;
+use super::super::{Group, Request};
 use super::{Level, Levels};
 use crate::algo::call::Call;
-use crate::algo::hosts::two_level_chunks;
+use crate::algo::hosts::{ALL_REDUCE_CHUNK_MIN, GATHER_CHUNK_MIN, two_level_chunks};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::Result;
 use crate::liveness::INTERRUPT_EVERY;
@@ -19,9 +19,7 @@ use crate::reduce::copy;
 impl Levels {
     /// The all-reduce of `input` (else `output`, in place) with `op` into `output`, elements
     /// of `dtype`, for the group's `call`: the host reduce-scatters, the ranks of each local
-    /// rank all-reduce their slice across hosts, the host all-gathers. Chunk by chunk: the
-    /// network all-reduces one chunk (on the cross group's progress thread) while the host
-    /// reduce-scatters the next and gathers the one before.
+    /// rank all-reduce their slice across hosts, the host all-gathers ([`Levels::in_chunks`]).
     pub(in crate::group) fn all_reduce(
         &mut self,
         input: Option<&[u8]>,
@@ -30,48 +28,51 @@ impl Levels {
         op: ReduceOp,
         call: &Call,
     ) -> Result<()> {
-        self.act_for(call);
         let op = summed(op);
         let size = dtype.size();
         let count = output.len() / size;
-        let chunks = two_level_chunks(output.len());
+        let chunks = two_level_chunks(output.len(), ALL_REDUCE_CHUNK_MIN);
         let ranks = self.local.size();
-        let mut pending = VecDeque::new();
-        for c in 0..chunks {
+        // Chunk `c`'s bytes, and each local rank's elements of it.
+        let parts = |c: usize| {
             let span = part(count, chunks, c);
             let counts: Vec<usize> = (0..ranks)
                 .map(|r| part(span.len(), ranks, r).len())
                 .collect();
-            let bytes = span.start * size..span.end * size;
-            let mut slice = vec![0u8; counts[self.local.rank()] * size];
-            let whole = &input.unwrap_or(&*output)[bytes.clone()];
-            self.local
-                .reduce_scatter_v_raw(whole, &mut slice, &counts, dtype, op)
-                .map_err(|e| self.in_group(e, Level::Host, call))?;
-            let across = self.cross.start(move |g| {
-                g.all_reduce_raw_in_place(&mut slice, dtype, op)?;
+            (span.start * size..span.end * size, counts)
+        };
+        self.in_chunks(
+            chunks,
+            call,
+            (input, output),
+            |levels, (input, output), c| {
+                let (bytes, counts) = parts(c);
+                let mut slice = vec![0u8; counts[levels.local.rank()] * size];
+                let whole = &input.unwrap_or(&**output)[bytes];
+                levels
+                    .local
+                    .reduce_scatter_v_raw(whole, &mut slice, &counts, dtype, op)
+                    .map_err(|e| levels.in_group(e, Level::Host, call))?;
                 Ok(slice)
-            });
-            pending.push_back((bytes, counts, across));
-            // One chunk on the network while the host works on the next.
-            if pending.len() > 1 || c + 1 == chunks {
-                while let Some((bytes, counts, across)) = pending.pop_front() {
-                    let slice = self.wait_across(across, call)?;
-                    self.local
-                        .all_gather_v_raw(&slice, &mut output[bytes], &counts, dtype)
-                        .map_err(|e| self.in_group(e, Level::Host, call))?;
-                    if c + 1 < chunks {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
+            },
+            move |cross, mut slice: Vec<u8>| {
+                cross.all_reduce_raw_in_place(&mut slice, dtype, op)?;
+                Ok(slice)
+            },
+            |levels, (_, output), c, slice| {
+                let (bytes, counts) = parts(c);
+                levels
+                    .local
+                    .all_gather_v_raw(&slice, &mut output[bytes], &counts, dtype)
+                    .map_err(|e| levels.in_group(e, Level::Host, call))
+            },
+        )
     }
 
     /// The all-gather of `input` (every rank's block) into `output`, in rank order: the ranks
     /// of each local rank gather their blocks across hosts, then the host gathers what its
-    /// ranks hold, which comes by local rank, then host, and is put in rank order.
+    /// ranks hold, which comes by local rank, then host, and is put in rank order
+    /// ([`Levels::in_chunks`] of the block).
     pub(in crate::group) fn all_gather(
         &mut self,
         input: &[u8],
@@ -79,26 +80,41 @@ impl Levels {
         dtype: Dtype,
         call: &Call,
     ) -> Result<()> {
-        self.act_for(call);
         let block = input.len();
-        let mut across = vec![0u8; self.hosts.count() * block];
-        self.cross
-            .all_gather_raw(input, &mut across, dtype)
-            .map_err(|e| self.in_group(e, Level::Across, call))?;
-        let mut gathered = vec![0u8; output.len()];
-        self.local
-            .all_gather_raw(&across, &mut gathered, dtype)
-            .map_err(|e| self.in_group(e, Level::Host, call))?;
-        for (rank, at) in self.by_local_rank_then_host(block) {
-            copy(&mut output[rank * block..][..block], &gathered[at]);
-        }
-        Ok(())
+        let (chunks, bytes) = block_chunks(block, output.len(), dtype);
+        let hosts = self.hosts.count();
+        self.in_chunks(
+            chunks,
+            call,
+            (input, output),
+            |_, (input, _), c| Ok(input[bytes(c)].to_vec()),
+            move |cross, mine: Vec<u8>| {
+                let mut across = vec![0u8; hosts * mine.len()];
+                cross.all_gather_raw(&mine, &mut across, dtype)?;
+                Ok(across)
+            },
+            |levels, (_, output), c, across| {
+                let mut gathered = vec![0u8; across.len() * levels.local.size()];
+                levels
+                    .local
+                    .all_gather_raw(&across, &mut gathered, dtype)
+                    .map_err(|e| levels.in_group(e, Level::Host, call))?;
+                let bytes = bytes(c);
+                for (rank, at) in levels.by_local_rank_then_host(bytes.len()) {
+                    copy(
+                        &mut output[rank * block + bytes.start..][..bytes.len()],
+                        &gathered[at],
+                    );
+                }
+                Ok(())
+            },
+        )
     }
 
     /// The reduce-scatter with `op` of `input` (a block for every rank, in rank order) into
     /// `output` (this rank's block): the host reduce-scatters the blocks ordered by local rank,
     /// then host, each rank keeping those of its local rank on every host, which the ranks of
-    /// each local rank then reduce-scatter across hosts.
+    /// each local rank then reduce-scatter across hosts ([`Levels::in_chunks`] of the block).
     pub(in crate::group) fn reduce_scatter(
         &mut self,
         input: &[u8],
@@ -107,20 +123,75 @@ impl Levels {
         op: ReduceOp,
         call: &Call,
     ) -> Result<()> {
-        self.act_for(call);
         let op = summed(op);
         let block = output.len();
-        let mut arranged = vec![0u8; input.len()];
-        for (rank, at) in self.by_local_rank_then_host(block) {
-            copy(&mut arranged[at], &input[rank * block..][..block]);
+        let (chunks, bytes) = block_chunks(block, input.len(), dtype);
+        let hosts = self.hosts.count();
+        self.in_chunks(
+            chunks,
+            call,
+            (input, output),
+            |levels, (input, _), c| {
+                let bytes = bytes(c);
+                let len = bytes.len();
+                let mut arranged = vec![0u8; input.len() / block.max(1) * len];
+                for (rank, at) in levels.by_local_rank_then_host(len) {
+                    copy(
+                        &mut arranged[at],
+                        &input[rank * block + bytes.start..][..len],
+                    );
+                }
+                let mut partial = vec![0u8; hosts * len];
+                levels
+                    .local
+                    .reduce_scatter_raw(&arranged, &mut partial, dtype, op)
+                    .map_err(|e| levels.in_group(e, Level::Host, call))?;
+                Ok(partial)
+            },
+            move |cross, partial: Vec<u8>| {
+                let mut mine = vec![0u8; partial.len() / hosts.max(1)];
+                cross.reduce_scatter_raw(&partial, &mut mine, dtype, op)?;
+                Ok(mine)
+            },
+            |_, (_, output), c, mine| {
+                copy(&mut output[bytes(c)], &mine);
+                Ok(())
+            },
+        )
+    }
+
+    /// Runs a collective chunk by chunk: for each chunk, the host's first part on this thread
+    /// (`host_first`), the network's part on the cross group's progress thread (`across`),
+    /// then the host's last part (`host_then`), so that the network works on one chunk while
+    /// the host works on the next. `data` is the call's buffers, which both host parts use.
+    fn in_chunks<D, T, U>(
+        &mut self,
+        chunks: usize,
+        call: &Call,
+        mut data: D,
+        mut host_first: impl FnMut(&mut Levels, &mut D, usize) -> Result<T>,
+        across: impl FnOnce(&mut Group, T) -> Result<U> + Clone + Send + 'static,
+        mut host_then: impl FnMut(&mut Levels, &mut D, usize, U) -> Result<()>,
+    ) -> Result<()>
+    where
+        T: Send + 'static,
+        U: Send + 'static,
+    {
+        self.act_for(call);
+        let mut pending = VecDeque::new();
+        for c in 0..chunks {
+            let ready = host_first(self, &mut data, c)?;
+            let job = across.clone();
+            pending.push_back((c, self.cross.start(move |g| job(g, ready))));
+            // One chunk on the network while the host works on the next; after the last, all.
+            while pending.len() > 1 || (c + 1 == chunks && !pending.is_empty()) {
+                if let Some((done, request)) = pending.pop_front() {
+                    let result = self.wait_across(request, call)?;
+                    host_then(self, &mut data, done, result)?;
+                }
+            }
         }
-        let mut partial = vec![0u8; self.hosts.count() * block];
-        self.local
-            .reduce_scatter_raw(&arranged, &mut partial, dtype, op)
-            .map_err(|e| self.in_group(e, Level::Host, call))?;
-        self.cross
-            .reduce_scatter_raw(&partial, output, dtype, op)
-            .map_err(|e| self.in_group(e, Level::Across, call))
+        Ok(())
     }
 
     /// Every rank of the group with the bytes of its block of `block` bytes in a buffer of
@@ -138,7 +209,7 @@ impl Levels {
 
     /// The network's part of a chunk, once done; meanwhile the group's interrupt check is
     /// asked (the cross group's progress thread does not ask it).
-    fn wait_across(&self, across: Request<Vec<u8>>, call: &Call) -> Result<Vec<u8>> {
+    fn wait_across<T>(&self, across: Request<T>, call: &Call) -> Result<T> {
         while !across.wait_timeout(INTERRUPT_EVERY) {
             if let Some(group) = &self.group {
                 group.check_interrupt(call.op, call.interruptible)?;
@@ -156,6 +227,23 @@ fn summed(op: ReduceOp) -> ReduceOp {
         ReduceOp::Avg => ReduceOp::Sum,
         other => other,
     }
+}
+
+/// How a two-level all-gather or reduce-scatter of a buffer of `whole` bytes cuts each block of
+/// `block` bytes of `dtype`: how many chunks, and the bytes of chunk `c` within the block.
+fn block_chunks(
+    block: usize,
+    whole: usize,
+    dtype: Dtype,
+) -> (usize, impl Fn(usize) -> Range<usize> + Copy) {
+    let size = dtype.size();
+    let count = block / size;
+    let chunks = two_level_chunks(whole, GATHER_CHUNK_MIN).min(count.max(1));
+    let bytes = move |c: usize| {
+        let span = part(count, chunks, c);
+        span.start * size..span.end * size
+    };
+    (chunks, bytes)
 }
 
 /// Part `i` of `n` near-equal parts of `0..count` (the first `count % n` one longer).

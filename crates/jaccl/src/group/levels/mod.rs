@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::{Group, VERDICT_GRACE};
 use crate::algo::call::Call;
 use crate::algo::collectives::Collectives;
-use crate::algo::hosts::{HostLayout, TWO_LEVEL_MIN};
+use crate::algo::hosts::{AcrossHosts, HostLayout, TWO_LEVEL_MIN};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::wait::WaitPolicy;
@@ -128,6 +128,29 @@ impl Group {
         two_levels_from(&self.hosts)
     }
 
+    /// Bytes this rank has sent to and received from ranks on other hosts since the group
+    /// started: what its operations put on the network, its two levels' included. The
+    /// difference over a call is that call's traffic across hosts (`jaccl bench` reports it).
+    /// Waits for the operations in flight on the progress thread ([`Group::start`]).
+    ///
+    /// # Errors
+    /// The error that poisoned the group.
+    pub fn bytes_across_hosts(&mut self) -> Result<AcrossHosts> {
+        let hosts = Arc::clone(&self.hosts);
+        let flat = self
+            .on_collectives(|c| c.bytes_with(|peer| hosts.host_of(peer) != Some(hosts.host())))?;
+        let mut levels = self
+            .levels
+            .lock()
+            .map_err(|_| poisoned(self.rank, "traffic"))?;
+        let across = match levels.as_mut() {
+            // The host's level stays on the host.
+            Some(levels) => levels.cross.bytes_across_hosts()?,
+            None => AcrossHosts::default(),
+        };
+        Ok(flat.unwrap_or_default() + across)
+    }
+
     /// Runs `call` as `op` does it on the group's two levels: the ring neighbours agree on the
     /// call first, the levels are formed on the first such call (every rank makes it), and
     /// dropped if `op` fails (their members then fail promptly, not at their timeout), which
@@ -194,7 +217,7 @@ impl Group {
 
 /// The error of a call that finds the levels' lock poisoned (an operation panicked holding
 /// it): the group fails, and with it the levels' peers.
-fn poisoned(rank: usize, op: Op) -> Error {
+fn poisoned(rank: usize, op: impl std::fmt::Display) -> Error {
     let why = std::io::Error::other("an operation panicked in the two levels earlier");
     Error::io(rank, op, why)
 }

@@ -363,12 +363,12 @@ pub(crate) fn parse_link(s: &str) -> Result<PlanLink, String> {
         .map_err(|why| format!("{why}, or here"))
 }
 
-/// Parses a positive number of cores, whole or not (`0.5`).
+/// Parses a number of cores, whole or not (`0.5`), from 0.001 to 2^20.
 fn parse_cores(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(cores) if cores.is_finite() && cores > 0.0 => Ok(cores),
+        Ok(cores) if (1e-3..=f64::from(1u32 << 20)).contains(&cores) => Ok(cores),
         _ => Err(format!(
-            "{s:?}: expected a positive number of cores (2, 0.5)"
+            "{s:?}: expected a positive number of cores (2, 0.5), from 0.001 to 1048576"
         )),
     }
 }

@@ -573,6 +573,7 @@ fn plan_times_every_algorithm_at_4096_ranks_and_marks_the_choice() {
     assert!(stdout.contains("0.5 cores per host") && stdout.contains("within a host"));
     for (args, says) in [
         (&["plan", "--cores", "0"][..], "positive number of cores"),
+        (&["plan", "--cores", "1e-300"][..], "from 0.001"),
         (&["plan", "--within-host", "fast"][..], "BANDWIDTH,LATENCY"),
         (&["plan", "--link", "fast"][..], "BANDWIDTH,LATENCY"),
         (&["plan", "--link", "10Gb/s,5"][..], "unit"),

@@ -302,9 +302,10 @@ fn tally_of(
         .or_insert_with(|| algorithm.tally(&Geometry { rank, ..*g }, spread))
 }
 
-/// Bytes the ranks of `rank`'s host move to other hosts: every rank's of a host of up to 16,
-/// else the two at each end of the host and the third taken for those between (the ring's
-/// boundaries and its inside).
+/// Bytes the ranks of `rank`'s host move to other hosts: every rank's, on a host of up to 64;
+/// beyond, those of the two ranks at each end (where a ring crosses) and of every `stride`-th
+/// rank between them, scaled (an odd stride, so that the doubling algorithms' power-of-two
+/// patterns do not fall on the samples alike).
 fn host_remote(
     algorithm: Algorithm,
     g: &Geometry,
@@ -314,14 +315,27 @@ fn host_remote(
 ) -> usize {
     let ranks = spread.ranks_on(spread.host_of(rank));
     let mut remote = |r| tally_of(algorithm, g, spread, r, tallies).remote;
-    if ranks.len() <= 16 {
+    if ranks.len() <= HOST_SAMPLES {
         return ranks.map(remote).fold(0, usize::saturating_add);
     }
     let (first, last) = (ranks.start, ranks.end - 1);
-    let ends = [first, first + 1, last - 1, last].map(&mut remote);
-    let inside = remote(first + 2).saturating_mul(ranks.len() - 4);
-    ends.into_iter().fold(inside, usize::saturating_add)
+    let ends = [first, first + 1, last - 1, last]
+        .map(&mut remote)
+        .into_iter()
+        .fold(0, usize::saturating_add);
+    let inside = first + 2..last - 1;
+    let stride = (inside.len() / HOST_SAMPLES) | 1;
+    let (mut sum, mut samples) = (0usize, 0usize);
+    for r in inside.clone().step_by(stride) {
+        sum = sum.saturating_add(remote(r));
+        samples += 1;
+    }
+    let scaled = sum as f64 * inside.len() as f64 / samples.max(1) as f64;
+    ends.saturating_add(scaled as usize)
 }
+
+/// The most ranks of a host whose traffic across hosts is added up one by one.
+const HOST_SAMPLES: usize = 64;
 
 /// The algorithm of an all-gather `choice` of blocks of `block` bytes (the direct one,
 /// through shared memory, is not priced).
@@ -637,6 +651,36 @@ mod tests {
             let time = |c: &Cluster| seconds_of(&predict(Collective::AllReduce, 4 << 20, c), name);
             let (fast, slow) = (time(&roomy), time(&crowded));
             assert!(slow > 1.5 * fast, "{name}: {fast} s, crowded {slow} s");
+        }
+    }
+
+    #[test]
+    fn a_large_hosts_traffic_is_sampled_within_a_twentieth() {
+        // 150 ranks a host: the ends and every 3rd rank inside, against every rank's sum.
+        let spread = Spread {
+            ranks: 300,
+            hosts: 2,
+        };
+        let g = Cluster::new(300, link_100g()).geometry(0);
+        for algorithm in [
+            Algorithm::Doubling(1 << 20),
+            Algorithm::Rabenseifner {
+                count: 1 << 18,
+                elem: 4,
+            },
+            Algorithm::RingAllReduce {
+                count: 1 << 18,
+                elem: 4,
+            },
+            Algorithm::BruckAllToAll(1024),
+        ] {
+            let sampled = host_remote(algorithm, &g, &spread, 0, &mut HashMap::new());
+            let every: usize = spread
+                .ranks_on(0)
+                .map(|rank| algorithm.tally(&Geometry { rank, ..g }, &spread).remote)
+                .sum();
+            let ratio = sampled as f64 / every as f64;
+            assert!((0.95..1.05).contains(&ratio), "{algorithm:?}: {ratio}");
         }
     }
 

@@ -173,6 +173,40 @@ fn every_collective_from_every_root_among_64_ranks() {
     }
 }
 
+/// The configurations of ranks on pretend hosts: rank r on host `host_of[r]`.
+fn on_pretend_hosts(host_of: &[usize]) -> Vec<Config> {
+    let cfgs = configs(Net::Mixed, host_of.len(), 1, Duration::from_secs(60));
+    let ranks = cfgs.into_iter().enumerate();
+    ranks
+        .map(|(r, c)| c.host_id(format!("host{}", host_of[r])))
+        .collect()
+}
+
+/// Every collective from every root across pretend hosts of each layout: 2 × 4, 3 × 3
+/// interleaved, 4 + 3 + 2 interleaved and 4 × 2 (shared memory within a host, TCP between
+/// hosts, or RDMA where the machine has a port; the sizes of the flat algorithms), every
+/// result against the reference.
+#[test]
+fn every_collective_from_every_root_across_pretend_hosts() {
+    let layouts: [&[usize]; 4] = [
+        &[0, 0, 0, 0, 1, 1, 1, 1],
+        &[0, 1, 2, 0, 1, 2, 0, 1, 2],
+        &[0, 1, 0, 2, 1, 0, 2, 1, 0],
+        &[0, 0, 1, 1, 2, 2, 3, 3],
+    ];
+    for host_of in layouts {
+        let make = || on_pretend_hosts(host_of);
+        let wrong = with_configs(make, |g| {
+            let roots: Vec<usize> = (0..g.size()).collect();
+            every_collective_once(g, &roots)
+                .unwrap_or_else(|e| panic!("{host_of:?} rank {}: {e}", g.rank()))
+        });
+        for (rank, w) in wrong.iter().enumerate() {
+            assert_eq!(w, &None, "{host_of:?} rank {rank}");
+        }
+    }
+}
+
 #[test]
 fn shared_memory_sizes_around_every_algorithm_limit() {
     for size in [2, 3, 4] {
@@ -595,13 +629,7 @@ fn every_rank_knows_the_same_host_layout_and_a_sub_group_its_own() {
     let host_of = [0, 1, 0, 2, 1, 0, 2, 1, 0];
     let size = host_of.len();
     let expect: [&[usize]; 3] = [&[0, 2, 5, 8], &[1, 4, 7], &[3, 6]];
-    let make = || {
-        let cfgs = configs(Net::Mixed, size, 1, Duration::from_secs(60)).into_iter();
-        let pretend = cfgs.enumerate();
-        pretend
-            .map(|(r, c)| c.host_id(format!("host{}", host_of[r])))
-            .collect()
-    };
+    let make = || on_pretend_hosts(&host_of);
     let seen = with_configs(make, |g| {
         let mut sum = [0u64];
         g.all_sum(&[1u64 << g.rank()], &mut sum).unwrap();
@@ -652,13 +680,7 @@ fn collectives_across_pretend_hosts_in_two_levels() {
     ];
     for host_of in layouts {
         let size = host_of.len();
-        let make = || {
-            let cfgs = configs(Net::Mixed, size, 1, Duration::from_secs(60));
-            let ranks = cfgs.into_iter().enumerate();
-            ranks
-                .map(|(r, c)| c.host_id(format!("host{}", host_of[r])))
-                .collect()
-        };
+        let make = || on_pretend_hosts(host_of);
         let digests = with_configs(make, |g| {
             let mut digest = Vec::new();
             // f32: 1 MiB less one element (flat), 1 MiB (two levels, two chunks), then 3 MiB

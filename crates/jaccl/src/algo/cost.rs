@@ -106,7 +106,7 @@ impl Tally {
         peers.dedup();
         let headers_alone = plan.transfers.is_empty() && !plan.headers_both_ways.is_empty();
         let crosses = plan.transfers.iter().any(|t| remote(t.tx) || remote(t.rx))
-            || (headers_alone && remote(plan.headers_both_ways.first().copied()));
+            || (headers_alone && plan.headers_both_ways.iter().any(|&c| remote(Some(c))));
         let [
             mut sent,
             mut received,

@@ -107,14 +107,28 @@ impl Geometry {
         }
     }
 
-    /// The peer at the other end of channel `c` (`None`: no such channel).
+    /// The peer at the other end of channel `c` (`None`: no such channel): the inverse of
+    /// [`Geometry::channel_to`], in constant time.
     pub(crate) fn peer_on(&self, c: usize) -> Option<usize> {
         let w = self.wires;
-        match c {
-            _ if c < w => Some(self.left()),
-            _ if c < 2 * w => Some(self.right()),
-            _ => self.non_neighbours().nth(c - 2 * w),
+        if c < w {
+            return Some(self.left());
         }
+        if c < 2 * w {
+            return Some(self.right());
+        }
+        // The (c − 2w)-th rank other than this one and its neighbours, in rank order.
+        let mut skipped = [self.rank, self.left(), self.right()];
+        skipped.sort_unstable();
+        let mut peer = c - 2 * w;
+        let mut last = None;
+        for s in skipped {
+            if last != Some(s) && s <= peer {
+                peer += 1;
+            }
+            last = Some(s);
+        }
+        (peer < self.size).then_some(peer)
     }
 
     /// The peer at the other end of channel `c`, and that peer's index for the same channel.
@@ -286,9 +300,9 @@ mod tests {
     }
 
     #[test]
-    fn channels_off_the_ring_follow_rank_order() {
-        for size in 3..=20 {
-            for wires in [1, 2] {
+    fn channels_off_the_ring_follow_rank_order_and_name_their_peer() {
+        for size in 1..=20 {
+            for wires in [1, 2, 3] {
                 for rank in 0..size {
                     let g = Geometry {
                         rank,
@@ -296,9 +310,12 @@ mod tests {
                         wires,
                         mesh: true,
                     };
-                    for (i, peer) in g.non_neighbours().enumerate() {
+                    let others: Vec<usize> = g.non_neighbours().collect();
+                    for (i, &peer) in others.iter().enumerate() {
                         assert_eq!(g.channel_to(peer, 0), 2 * wires + i, "{rank} of {size}");
+                        assert_eq!(g.peer_on(2 * wires + i), Some(peer), "{rank} of {size}");
                     }
+                    assert_eq!(g.peer_on(2 * wires + others.len()), None);
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use jaccl::Group;
+use jaccl::{Group, Op};
 use serde::Serialize;
 
 use crate::plot::{Panel, Series, svg};
@@ -139,22 +139,24 @@ pub(crate) struct Report<'a> {
 /// How a group's collectives move data: `direct over shm` when every rank shares memory,
 /// else the topology over its peers' transports (`ring over shm+tcp (left 3 shm, right 1
 /// tcp)`; with the mesh, `mesh over tcp (left 3 tcp, right 1 tcp, 2 more ranks)`), then the
-/// hosts when there are several (`, 2 hosts × 4 ranks`) and where all-reduces go in two
-/// levels (`; in two levels from 1 MiB: all-reduce, all-gather, reduce-scatter`).
+/// hosts when there are several (`, 2 hosts × 4 ranks`) and where collectives go in two
+/// levels (`; in two levels: all-reduce from 512 KiB, all-gather and reduce-scatter from 1
+/// MiB`).
 pub(crate) fn route(g: &Group) -> String {
     format!("{}{}", links(g), hosts(g))
 }
 
 /// The hosts of a group on more than one (`, 2 hosts × 4 ranks`, `, 3 hosts of 4 + 3 + 2
-/// ranks`) and from which size all-reduces go in two levels, else nothing.
+/// ranks`) and from which sizes collectives go in two levels, else nothing.
 fn hosts(g: &Group) -> String {
-    match g.two_levels_from() {
-        Some(from) => format!(
-            "{}; in two levels from {}: all-reduce, all-gather, reduce-scatter",
-            host_sizes(g),
-            human(from)
+    let from = |op| g.two_levels_from(op).map(human);
+    match (from(Op::AllReduce), from(Op::AllGather)) {
+        (Some(all_reduce), Some(gathers)) => format!(
+            "{}; in two levels: all-reduce from {all_reduce}, all-gather and reduce-scatter \
+             from {gathers}",
+            host_sizes(g)
         ),
-        None => host_sizes(g),
+        _ => host_sizes(g),
     }
 }
 

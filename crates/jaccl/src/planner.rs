@@ -30,9 +30,12 @@ pub use crate::config::LinkSpeed;
 
 use crate::algo::cost::{self, Rates, Spread, Tally};
 use crate::algo::geometry::Geometry;
-use crate::algo::hosts::{ALL_REDUCE_CHUNK_MIN, GATHER_CHUNK_MIN, TWO_LEVEL_MIN, two_level_chunks};
+use crate::algo::hosts::{
+    ALL_REDUCE_CHUNK_MIN, ALL_REDUCE_TWO_LEVEL_MIN, GATHER_CHUNK_MIN, GATHER_TWO_LEVEL_MIN,
+    two_level_chunks,
+};
 use crate::algo::pricing::{Algorithm, ByModel, all_reduce_algorithm, ranks_to_price};
-use crate::algo::select::{AllGather, AllReduce, AllToAll};
+use crate::algo::select::{AllGather, AllReduce, AllToAll, Shape};
 
 /// The cluster a plan is for.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -122,6 +125,13 @@ impl Cluster {
         }
     }
 
+    /// Whether the ranks are on several hosts of equal size, 2 or more each (the two levels'
+    /// layouts, `HostLayout::even`).
+    fn even_hosts(&self) -> bool {
+        let (n, h) = (self.ranks, self.hosts);
+        h >= 2 && h < n && n % h == 0
+    }
+
     /// Whether start-up builds the mesh among `ranks` ranks on `hosts` hosts
     /// (`Topology::Auto`: 4 to 16 ranks, a host each).
     fn mesh(ranks: usize, hosts: usize) -> bool {
@@ -190,7 +200,7 @@ impl Cluster {
     /// and its time.
     fn two_levels(&self, op: Collective, bytes: usize) -> Option<(Tally, f64)> {
         let (n, h) = (self.ranks, self.hosts);
-        if h < 2 || h >= n || n % h != 0 {
+        if !self.even_hosts() {
             return None;
         }
         let here = n / h;
@@ -398,10 +408,18 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
         return Vec::new();
     }
     let g = cluster.geometry(0);
-    let shape = g.shape(false, false);
+    let shape = Shape {
+        on_hosts: cluster.even_hosts(),
+        ..g.shape(false, false)
+    };
     let block = bytes / n;
     let two_levels = cluster.two_levels(op, bytes);
-    let in_two_levels = two_levels.is_some() && bytes >= TWO_LEVEL_MIN;
+    let two_levels_from = match op {
+        Collective::AllReduce => ALL_REDUCE_TWO_LEVEL_MIN,
+        Collective::AllGather => GATHER_TWO_LEVEL_MIN,
+        Collective::AllToAll => usize::MAX,
+    };
+    let in_two_levels = two_levels.is_some() && bytes >= two_levels_from;
     let candidates: Vec<(&'static str, bool, Algorithm)> = match op {
         Collective::AllReduce => {
             let count = bytes / ELEM;
@@ -597,7 +615,7 @@ mod tests {
     }
 
     #[test]
-    fn two_levels_are_priced_on_even_hosts_and_chosen_from_1_mib() {
+    fn two_levels_are_priced_on_even_hosts_and_chosen_from_their_sizes() {
         let two_levels = |c: &Cluster, op, bytes| {
             let predictions = predict(op, bytes, c);
             let chosen = predictions.iter().filter(|p| p.chosen).count();
@@ -608,9 +626,12 @@ mod tests {
                 .map(|p| p.chosen)
         };
         let even = on_hosts(8, 2, "1Gb/s,6us");
-        for op in [Collective::AllReduce, Collective::AllGather] {
-            assert_eq!(two_levels(&even, op, 512 << 10), Some(false));
-            assert_eq!(two_levels(&even, op, 1 << 20), Some(true));
+        for (op, from) in [
+            (Collective::AllReduce, ALL_REDUCE_TWO_LEVEL_MIN),
+            (Collective::AllGather, GATHER_TWO_LEVEL_MIN),
+        ] {
+            assert_eq!(two_levels(&even, op, from - 4), Some(false));
+            assert_eq!(two_levels(&even, op, from), Some(true));
             assert_eq!(two_levels(&even, Collective::AllToAll, 1 << 20), None);
             // Uneven hosts, a rank per host, one host: the flat algorithms alone.
             for other in [(9, 2), (8, 8), (8, 1)] {

@@ -668,7 +668,7 @@ fn every_rank_knows_the_same_host_layout_and_a_sub_group_its_own() {
 }
 
 /// All-reduces, all-gathers and reduce-scatters across hosts of equal size, at least 2 ranks
-/// each, go in two levels from 1 MiB (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts
+/// each, go in two levels from 512 KiB and 1 MiB (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts
 /// (4 + 3 + 2) and smaller messages take the flat algorithms. Every result against the reference,
 /// in and out of place, with the averaging left to the group, and the same on every rank.
 #[test]
@@ -683,9 +683,9 @@ fn collectives_across_pretend_hosts_in_two_levels() {
         let make = || on_pretend_hosts(host_of);
         let digests = with_configs(make, |g| {
             let mut digest = Vec::new();
-            // f32: 1 MiB less one element (flat), 1 MiB (two levels, two chunks), then 3 MiB
+            // f32: 512 KiB less one element (flat), 512 KiB (two levels, one chunk), then 3 MiB
             // and 7 elements (chunks of uneven length).
-            for len in [(1 << 18) - 1, 1 << 18, (3 << 18) + 7] {
+            for len in [(1 << 17) - 1, 1 << 17, (3 << 18) + 7] {
                 for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
                     let what = format!("{host_of:?} rank {} {op:?} {len}", g.rank());
                     let input = &inputs::<f32>(size, len, op)[g.rank()];

@@ -485,18 +485,18 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
             g.reduce_scatter(&input, &mut vec![0f64; len], ReduceOp::Sum)
         });
         expect_mismatch(size, odd, r);
-        // Across pretend hosts of equal size, all-reduces of 1 MiB and more go in two levels: a
+        // Across pretend hosts of equal size, all-reduces of 512 KiB and more go in two levels: a
         // length on either side of that, or `Avg` against `Sum` there, is still a mismatch
         // that the neighbours name.
         // Both at the call that forms the levels and once they are formed.
-        let odd_calls = [((1 << 18) - 1, ReduceOp::Sum), (1 << 18, ReduceOp::Avg)];
+        let odd_calls = [((1 << 17) - 1, ReduceOp::Sum), (1 << 17, ReduceOp::Avg)];
         let two_levels = net == Net::Mixed && size % 2 == 0;
         for ((odd_len, odd_op), formed) in odd_calls.into_iter().zip([false, true]) {
             if !two_levels {
                 break;
             }
             let r = with_group_timeout(net, size, 1, timeout, |g| {
-                let len = 1 << 18;
+                let len = 1 << 17;
                 if formed {
                     g.all_sum(&vec![1f32; len], &mut vec![0f32; len])?;
                 }

@@ -105,6 +105,12 @@ impl Collectives {
         }
     }
 
+    /// Tells the choices that the ranks are on hosts of equal size, 2 or more each
+    /// ([`Shape::on_hosts`]).
+    pub(crate) fn set_on_hosts(&mut self, on_hosts: bool) {
+        self.shape.on_hosts = on_hosts;
+    }
+
     pub(crate) fn geometry(&self) -> &Geometry {
         &self.geometry
     }

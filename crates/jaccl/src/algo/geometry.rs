@@ -237,6 +237,7 @@ impl Geometry {
             pairs: self.doubling_partners().is_some(),
             rdma,
             direct,
+            on_hosts: false,
         }
     }
 }

@@ -2,12 +2,36 @@
 //! the host identities its ranks published at start-up (`crate::connect`), not from the
 //! environment. The two-level collectives work inside each host, then across hosts.
 
-/// From this many bytes (the all-reduce's message, the all-gather's output, the
-/// reduce-scatter's input) a collective goes in two levels. Measured on pretend hosts, 2 × 4
-/// ranks over 1 Gbit/s, all-reduces against the flat algorithms (ms, out of place / in place):
-/// 1 MiB 9.1–9.4 / 9.0–9.1 against 15.4 / 15.4, 4 MiB 36.2–36.6 / 36.2 against 61.5–61.9 /
-/// 61.5–62.3; but 256 KiB 2.2–5.0 / 8.2–8.8 against 3.9 / 3.8, and 64 KiB level.
-pub(crate) const TWO_LEVEL_MIN: usize = 1 << 20;
+use crate::error::Op;
+
+/// From this many bytes (the all-gather's output, the reduce-scatter's input) an all-gather
+/// or a reduce-scatter goes in two levels. Measured on pretend hosts, 2 × 4 ranks, against
+/// the flat algorithms (`jaccl bench --dtype u8`, µs, two levels against flat): at 1 Gbit/s
+/// two levels win from 4 KiB (all-gather 64 KiB 281 against 1454, 256 KiB 1104 against
+/// 1926; reduce-scatter 256 KiB 1101 against 1930), but at 10 Gbit/s, where this machine's 2
+/// cores set the pace, they lose up to 1 MiB (all-gather 512 KiB 701 against 443,
+/// reduce-scatter 524 KiB 771 against 491; 1 MiB 1440 against 1343 and 1460 against 1337)
+/// and tie at 2 MiB.
+pub(crate) const GATHER_TWO_LEVEL_MIN: usize = 1 << 20;
+
+/// From this many bytes (the message) an all-reduce goes in two levels: below, on hosts, it
+/// takes Rabenseifner's algorithm (`super::select::Shape::rabenseifner_max`), which crosses
+/// the hosts' ports with about the message as two levels do. Measured there (µs, out of
+/// place / in place): at 1 Gbit/s 512 KiB 4507 / 4556 in two levels, Rabenseifner's
+/// 4608–13 978 / 4608–6394 in 7 runs (its traffic across comes in bursts that the port's
+/// queue does not take evenly), the ring's 7722 / 7681; 1 MiB 9.1–9.4 ms / 9.0–9.1 against
+/// the ring's 15.4 / 15.4, 4 MiB 36.2–36.6 / 36.2 against 61.5–61.9 / 61.5–62.3; at 10 Gbit/s
+/// 512 KiB 1155 / 1108 against Rabenseifner's 1105–1166 / 1163–1200.
+pub(crate) const ALL_REDUCE_TWO_LEVEL_MIN: usize = 512 << 10;
+
+/// From how many bytes `op` goes in two levels on hosts of equal size (`None`: never).
+pub(crate) fn two_levels_from(op: Op) -> Option<usize> {
+    match op {
+        Op::AllReduce => Some(ALL_REDUCE_TWO_LEVEL_MIN),
+        Op::AllGather | Op::ReduceScatter => Some(GATHER_TWO_LEVEL_MIN),
+        _ => None,
+    }
+}
 
 /// The least bytes of a chunk of a two-level all-reduce (of its message).
 pub(crate) const ALL_REDUCE_CHUNK_MIN: usize = 512 << 10;
@@ -147,6 +171,13 @@ impl HostLayout {
     /// How many ranks share this rank's host (itself included).
     pub fn local_size(&self) -> usize {
         self.ranks[self.host()].len()
+    }
+
+    /// Whether the ranks are on several hosts that each hold the same number of them, 2 or
+    /// more: the layouts the two-level collectives work on.
+    pub(crate) fn even(&self) -> bool {
+        let here = self.local_size();
+        self.count() >= 2 && here >= 2 && self.ranks.iter().all(|r| r.len() == here)
     }
 }
 

@@ -285,7 +285,7 @@ fn set_up(
     let liveness =
         Liveness::of_group(rank, job_ranks).map_err(|e| Error::io(rank, "liveness", e))?;
     let board = shared.as_ref().filter(|_| facts.all_here());
-    let collectives = Collectives::new(
+    let mut collectives = Collectives::new(
         choice.geometry,
         channels_all,
         Arc::clone(&liveness),
@@ -294,6 +294,7 @@ fn set_up(
         Some(Box::new(late)),
         config.link,
     );
+    collectives.set_on_hosts(hosts.even());
     side.barrier(deadline)?;
     let heartbeat = (config.liveness != std::time::Duration::MAX)
         .then(|| side.into_heartbeat(config.liveness, Arc::clone(&liveness)))

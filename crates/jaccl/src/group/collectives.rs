@@ -104,7 +104,7 @@ impl Group {
         }
         let reducer = self.reducer(which, dtype, op)?;
         let call = self.call(which, dtype, op, output.len() / dtype.size());
-        if goes_in_two_levels(&self.hosts, output.len()) {
+        if goes_in_two_levels(&self.hosts, which, output.len()) {
             self.in_two_levels(call, |l, call| l.all_reduce(input, output, dtype, op, call))?;
         } else {
             match input {
@@ -141,7 +141,7 @@ impl Group {
         self.check_usable()?;
         self.check_blocks(op, dtype, ("output", output.len()), ("input", input.len()))?;
         let call = self.call(op, dtype, ReduceOp::Sum, input.len() / dtype.size());
-        if goes_in_two_levels(&self.hosts, output.len()) {
+        if goes_in_two_levels(&self.hosts, op, output.len()) {
             return self.in_two_levels(call, |l, call| l.all_gather(input, output, dtype, call));
         }
         self.copy_or_run(call, input, output, |c, i, o, call| {
@@ -185,7 +185,7 @@ impl Group {
         )?;
         let reducer = self.reducer(which, dtype, op)?;
         let call = self.call(which, dtype, op, output.len() / dtype.size());
-        if goes_in_two_levels(&self.hosts, input.len()) {
+        if goes_in_two_levels(&self.hosts, which, input.len()) {
             self.in_two_levels(call, |l, call| {
                 l.reduce_scatter(input, output, dtype, op, call)
             })?;

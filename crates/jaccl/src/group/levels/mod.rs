@@ -8,7 +8,7 @@
 //! interrupting it reaches their waits (their liveness follows the group's,
 //! `Liveness::lead`). Before the data moves, every rank exchanges the call's header with its
 //! ring neighbours in the group, so ranks whose calls differ (a length on either side of
-//! [`TWO_LEVEL_MIN`], `Avg` against `Sum`) fail with [`Error::Mismatch`] as on the flat path,
+//! the size of two levels, `Avg` against `Sum`) fail with [`Error::Mismatch`] as on the flat path,
 //! never wait for each other in different sub-groups.
 
 mod collectives;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::{Group, VERDICT_GRACE};
 use crate::algo::call::Call;
 use crate::algo::collectives::Collectives;
-use crate::algo::hosts::{AcrossHosts, HostLayout, TWO_LEVEL_MIN};
+use crate::algo::hosts::{self, AcrossHosts, HostLayout};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::wait::WaitPolicy;
@@ -45,17 +45,15 @@ enum Level {
     Across,
 }
 
-/// Whether a collective of `bytes` among ranks laid out as `hosts` goes in two levels.
-pub(super) fn goes_in_two_levels(hosts: &HostLayout, bytes: usize) -> bool {
-    two_levels_from(hosts).is_some_and(|min| bytes >= min)
+/// Whether `op` of `bytes` among ranks laid out as `hosts` goes in two levels.
+pub(super) fn goes_in_two_levels(hosts: &HostLayout, op: Op, bytes: usize) -> bool {
+    two_levels_from(hosts, op).is_some_and(|min| bytes >= min)
 }
 
-/// From how many bytes collectives among ranks laid out as `hosts` go in two levels: on
-/// several hosts, each with the same number of ranks, at least 2.
-fn two_levels_from(hosts: &HostLayout) -> Option<usize> {
-    let here = hosts.local_size();
-    let even = (0..hosts.count()).all(|h| hosts.ranks_on(h).len() == here);
-    (hosts.count() >= 2 && here >= 2 && even).then_some(TWO_LEVEL_MIN)
+/// From how many bytes `op` among ranks laid out as `hosts` goes in two levels: on several
+/// hosts, each with the same number of ranks, at least 2.
+fn two_levels_from(hosts: &HostLayout, op: Op) -> Option<usize> {
+    hosts.even().then(|| hosts::two_levels_from(op)).flatten()
 }
 
 impl Levels {
@@ -120,12 +118,13 @@ impl Levels {
 }
 
 impl Group {
-    /// The size in bytes from which this group's all-reduces (the message), all-gathers (the
-    /// output) and reduce-scatters (the input) go in two levels (inside each host, then across
-    /// hosts: docs/algorithms.md), or `None` if they never do: its ranks are on one host, or
-    /// on hosts of different sizes, or alone on theirs.
-    pub fn two_levels_from(&self) -> Option<usize> {
-        two_levels_from(&self.hosts)
+    /// The size in bytes from which this group's `op` goes in two levels (inside each host,
+    /// then across hosts: docs/algorithms.md): all-reduces (the message) from 512 KiB,
+    /// all-gathers (the output) and reduce-scatters (the input) from 1 MiB. `None` if it never
+    /// does: another operation, or the group's ranks are on one host, or on hosts of different
+    /// sizes, or alone on theirs.
+    pub fn two_levels_from(&self, op: Op) -> Option<usize> {
+        two_levels_from(&self.hosts, op)
     }
 
     /// Bytes this rank has sent to and received from ranks on other hosts since the group

@@ -38,7 +38,9 @@ done
 work=$(mktemp -d)
 export PRETEND_HOSTS_NAME=ompi
 cleanup() {
-  for pid in "$work"/sshd-*.pid; do [[ -f $pid ]] && kill "$(cat "$pid")" 2> /dev/null; done
+  for pid in "$work"/sshd-*.pid; do
+    [[ -f $pid ]] && kill "$(cat "$pid")" 2> /dev/null || true
+  done
   scripts/pretend-hosts.sh down
   rm -rf "$work"
 }
@@ -80,18 +82,23 @@ done
 : > "$work/jaccl.txt"
 for size in ${sizes//,/ }; do
   env "${jaccl_env[@]}" "$jaccl" launch --hostfile "$work/hosts.json" -n "$per_host" -- "$jaccl" bench --op "$op" \
-    --dtype u8 -b "$size" -e "$size" 2>&1 | awk -v s="$size" '/^\[0\] +[0-9]/ { print s, $6 }' \
+    --dtype u8 -b "$size" -e "$size" 2>&1 | awk -v s="$size" '/^\[0\] +[0-9]/ { print s, $2, $6 }' \
     >> "$work/jaccl.txt"
 done
 
 python3 - "$work/mpi.jsonl" "$work/jaccl.txt" "$op" "$hosts" "$per_host" "$rate" <<'EOF'
 import json, sys
 mpi = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+# jaccl's lines: the size asked for (as written), the bytes of its row and its time.
 jaccl = [l.split() for l in open(sys.argv[2]) if l.strip()]
+if len(mpi) != len(jaccl):
+    sys.exit(f"mpi_on_pretend_hosts.sh: {len(mpi)} Open MPI rows against {len(jaccl)} of jaccl")
 op, hosts, per_host, rate = sys.argv[3:7]
 print(f"# {op} on {hosts} pretend hosts x {per_host} ranks at {rate}: time per call (us)")
 print(f"{'bytes':>10} {'Open MPI':>12} {'jaccl':>12} {'speed-up':>9}")
-for m, (size, t) in zip(mpi, jaccl):
+for m, (_, size, t) in zip(mpi, jaccl):
+    if int(size) != m["bytes"]:
+        sys.exit(f"mpi_on_pretend_hosts.sh: Open MPI measured {m['bytes']} B where jaccl did {size}")
     t = float(t)
     print(f"{m['bytes']:>10} {m['time_us']:>12.1f} {t:>12.1f} {m['time_us'] / t:>8.2f}x")
 EOF

@@ -43,8 +43,9 @@
 //!   copied (docs/algorithms.md, per algorithm). A reduce of up to 64 KiB over the network goes
 //!   up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root: the same
 //!   from run to run for the same root, not always the bits of an all-reduce of the same
-//!   inputs. An all-reduce or a reduce-scatter of 1 MiB or more among hosts that each hold
-//!   the same number of ranks, at least 2 ([`Group::hosts`]), goes in two levels: each
+//!   inputs. An all-reduce of 512 KiB or more, or a reduce-scatter of 1 MiB or more, among
+//!   hosts that each hold the same number of ranks, at least 2 ([`Group::hosts`]), goes in
+//!   two levels: each
 //!   element reduced within its host first (the host's reduce-scatter), then across hosts
 //!   (the all-reduce or reduce-scatter of the ranks of one local rank), in those algorithms'
 //!   orders.

@@ -132,6 +132,14 @@ impl Cluster {
         h >= 2 && h < n && n % h == 0
     }
 
+    /// The ranks per host where they fill hosts in blocks, a power of two of them on each of
+    /// a power of two of hosts (`HostLayout::blocks`).
+    fn host_blocks(&self) -> Option<usize> {
+        let per_host = self.ranks / self.hosts.max(1);
+        let powers = per_host.is_power_of_two() && self.hosts.is_power_of_two();
+        (self.even_hosts() && powers).then_some(per_host)
+    }
+
     /// Whether start-up builds the mesh among `ranks` ranks on `hosts` hosts
     /// (`Topology::Auto`: 4 to 16 ranks, a host each).
     fn mesh(ranks: usize, hosts: usize) -> bool {
@@ -410,6 +418,7 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
     let g = cluster.geometry(0);
     let shape = Shape {
         on_hosts: cluster.even_hosts(),
+        host_blocks: cluster.host_blocks(),
         ..g.shape(false, false)
     };
     let block = bytes / n;
@@ -440,6 +449,9 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
             ];
             if n > 2 {
                 list.push(("Rabenseifner", AllReduce::Rabenseifner));
+            }
+            if let Some(per_host) = shape.host_blocks {
+                list.push(("doubling in hosts", AllReduce::DoublingOnHosts(per_host)));
             }
             list.into_iter()
                 .filter_map(|(name, choice)| {

@@ -667,6 +667,51 @@ fn every_rank_knows_the_same_host_layout_and_a_sub_group_its_own() {
     }
 }
 
+/// Small all-reduces among hosts that hold 4 ranks or more each in blocks (2 × 4) double
+/// within each host and swap slices across hosts from 2 KiB: lengths on both sides of that,
+/// slices of different lengths, every reduction, in and out of place, against the reference
+/// and the same bits on every rank; a rank sends its slice of a 32 KiB all-reduce across
+/// hosts (1/4 of it), where plain doubling sends all of it. Hosts of 2 ranks (2 × 2, 4 × 2)
+/// and interleaved hosts (2 × 4 alternating) take plain doubling, checked alike: all of it,
+/// once per step across hosts.
+#[test]
+fn small_all_reduces_across_hosts_in_blocks_double_within_hosts() {
+    // Each layout with the bytes of a 32 KiB all-reduce a rank sends across.
+    let s = 32 << 10;
+    let layouts: [(&[usize], usize); 4] = [
+        (&[0, 0, 0, 0, 1, 1, 1, 1], s / 4),
+        (&[0, 0, 1, 1], s),
+        (&[0, 0, 1, 1, 2, 2, 3, 3], 2 * s),
+        (&[0, 1, 0, 1, 0, 1, 0, 1], s),
+    ];
+    for (host_of, across) in layouts {
+        let make = || on_pretend_hosts(host_of);
+        let digests = with_configs(make, |g| {
+            let mut d = all_reduce_case::<f32>(g, &[1, 13, 511, 513, 4099, 8192]);
+            d.extend(all_reduce_case::<u8>(g, &[2, 9, s]));
+            d.extend(all_reduce_case::<f64>(g, &[5, 4095]));
+            let before = g.bytes_across_hosts().unwrap().sent;
+            let mut out = vec![0u8; s];
+            g.all_reduce(&vec![1u8; s], &mut out, ReduceOp::Max)
+                .unwrap();
+            let sent = g.bytes_across_hosts().unwrap().sent - before;
+            // The data, and headers of at most a few hundred bytes.
+            let data = across as u64;
+            assert!(
+                (data..data + 512).contains(&sent),
+                "{host_of:?}: {sent} B across"
+            );
+            d
+        });
+        for (rank, d) in digests.iter().enumerate() {
+            assert_eq!(
+                d, &digests[0],
+                "{host_of:?}: rank {rank} differs from rank 0"
+            );
+        }
+    }
+}
+
 /// All-reduces, all-gathers and reduce-scatters across hosts of equal size, at least 2 ranks
 /// each, go in two levels from 512 KiB and 1 MiB (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts
 /// (4 + 3 + 2) and smaller messages take the flat algorithms. Every result against the reference,

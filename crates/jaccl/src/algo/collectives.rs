@@ -10,6 +10,7 @@ use super::cost::{DEFAULT_REDUCE_RATE, Rates};
 use super::engine::{LateLinks, Network, Rounds, Scratch};
 use super::geometry::{DoublingRole, Geometry, blocks_by_distance, blocks_by_rank};
 use super::hosts::AcrossHosts;
+use super::hosts::HostLayout;
 use super::plan::Span;
 use super::pricing::ByModel;
 use super::select::{
@@ -17,7 +18,7 @@ use super::select::{
     Rooted, Shape,
 };
 use super::shared_memory::{Direct, equal_blocks};
-use super::{bruck, doubling, mesh, p2p, rabenseifner, ring, tree};
+use super::{bruck, doubling, host_doubling, mesh, p2p, rabenseifner, ring, tree};
 use crate::config::LinkSpeed;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op, Result};
@@ -105,10 +106,10 @@ impl Collectives {
         }
     }
 
-    /// Tells the choices that the ranks are on hosts of equal size, 2 or more each
-    /// ([`Shape::on_hosts`]).
-    pub(crate) fn set_on_hosts(&mut self, on_hosts: bool) {
-        self.shape.on_hosts = on_hosts;
+    /// Tells the choices where the ranks are ([`Shape::on_hosts`], [`Shape::host_blocks`]).
+    pub(crate) fn set_hosts(&mut self, hosts: &HostLayout) {
+        self.shape.on_hosts = hosts.even();
+        self.shape.host_blocks = hosts.blocks();
     }
 
     pub(crate) fn geometry(&self) -> &Geometry {
@@ -144,6 +145,10 @@ impl Collectives {
             }
             AllReduce::Doubling => {
                 self.among_any_number(doubling::all_reduce, input, output, reducer, call)
+            }
+            AllReduce::DoublingOnHosts(per_host) => {
+                let (net, scratch) = (&mut self.net, &mut self.scratch);
+                host_doubling::all_reduce(net, &g, scratch, input, output, reducer, call, per_host)
             }
             AllReduce::Rabenseifner => {
                 self.among_any_number(rabenseifner::all_reduce, input, output, reducer, call)

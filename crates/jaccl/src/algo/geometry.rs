@@ -238,6 +238,7 @@ impl Geometry {
             rdma,
             direct,
             on_hosts: false,
+            host_blocks: None,
         }
     }
 }

@@ -179,6 +179,16 @@ impl HostLayout {
         let here = self.local_size();
         self.count() >= 2 && here >= 2 && self.ranks.iter().all(|r| r.len() == here)
     }
+
+    /// The ranks per host where the hosts hold them in blocks of rank order (`L` ranks per
+    /// host, ranks `hL..(h + 1)L` on host `h`, as `jaccl launch` places them), both `L` and
+    /// the number of hosts powers of two: the layouts `super::host_doubling` works on.
+    pub(crate) fn blocks(&self) -> Option<usize> {
+        let here = self.local_size();
+        let in_order = self.host_of.iter().enumerate().all(|(r, &h)| h == r / here);
+        let powers = here.is_power_of_two() && self.count().is_power_of_two();
+        (self.even() && in_order && powers).then_some(here)
+    }
 }
 
 #[cfg(test)]

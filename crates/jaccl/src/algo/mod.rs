@@ -9,7 +9,7 @@
 //! - [`geometry`]: which channel is which wire to which peer, and lanes; [`hosts`]: which
 //!   ranks share a host;
 //! - one file per family: [`ring`], [`mesh`] (one-step exchange), [`doubling`] (recursive
-//!   doubling and halving), [`rabenseifner`] (halving then doubling), [`bruck`] (all-gather in ⌈log2 N⌉ rounds), [`p2p`] (send and receive), [`shared_memory`] (the direct
+//!   doubling and halving), [`host_doubling`] (doubling within hosts, slices across), [`rabenseifner`] (halving then doubling), [`bruck`] (all-gather in ⌈log2 N⌉ rounds), [`p2p`] (send and receive), [`shared_memory`] (the direct
 //!   collectives: every rank of the group on this host reads the others' memory), `any_source` (whose message a receive from any rank
 //!   takes), [`tree`] (binomial trees: the rooted collectives in ⌈log2 N⌉ rounds);
 //! - [`select`]: the one place that decides which algorithm runs for a call, by sizes measured
@@ -29,6 +29,7 @@ pub(crate) mod engine;
 #[cfg(test)]
 mod fake;
 pub(crate) mod geometry;
+pub(crate) mod host_doubling;
 pub(crate) mod hosts;
 pub(crate) mod mesh;
 pub(crate) mod p2p;

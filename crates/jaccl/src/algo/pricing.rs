@@ -11,13 +11,19 @@ use super::cost::{Rates, Spread, Tally};
 use super::geometry::{DoublingRole, Geometry};
 use super::plan::{Plan, Span};
 use super::select::{AllReduce, Shape, SmallGather};
-use super::{bruck, doubling, mesh, rabenseifner, ring};
+use super::{bruck, doubling, host_doubling, mesh, rabenseifner, ring};
 
 /// An algorithm and its size, whose plans a rank's geometry gives.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Algorithm {
     /// Bytes per rank.
     Doubling(usize),
+    /// Elements per rank, of `elem` bytes, among hosts of `per_host` ranks in blocks.
+    DoublingOnHosts {
+        count: usize,
+        elem: usize,
+        per_host: usize,
+    },
     /// Elements per rank, of `elem` bytes.
     Rabenseifner {
         count: usize,
@@ -69,6 +75,16 @@ impl Algorithm {
                 let role = g.doubling_role();
                 let all = doubling::all_reduce_plans(g, &role, bytes);
                 plans(&all, reducing_plans(&role, None))
+            }
+            Algorithm::DoublingOnHosts {
+                count,
+                elem,
+                per_host,
+            } => {
+                let all = host_doubling::all_reduce_plans(g, per_host, count, elem);
+                // The steps within the host and across reduce; the gather does not.
+                let reducing = g.size.trailing_zeros() as usize;
+                plans(&all, reducing)
             }
             Algorithm::Rabenseifner { count, elem } => {
                 let role = g.doubling_role();
@@ -155,6 +171,11 @@ pub(crate) fn all_reduce_algorithm(
     match choice {
         AllReduce::Direct => None,
         AllReduce::Doubling => Some(Algorithm::Doubling(bytes)),
+        AllReduce::DoublingOnHosts(per_host) => Some(Algorithm::DoublingOnHosts {
+            count,
+            elem,
+            per_host,
+        }),
         AllReduce::Rabenseifner => Some(Algorithm::Rabenseifner { count, elem }),
         AllReduce::Ring => Some(Algorithm::RingAllReduce { count, elem }),
         AllReduce::Gather(how) => Some(Algorithm::Gather {
@@ -248,8 +269,15 @@ impl ByModel {
                 best = (choice, seconds);
             }
         }
-        self.chosen.insert(key, best.0);
-        best.0
+        // On hosts in blocks, doubling within hosts sends the message across once, not once
+        // per rank of a host, for rounds within hosts that these rates do not tell apart:
+        // where bytes count, that way (`Shape::doubling`).
+        let choice = match best.0 {
+            AllReduce::Doubling => shape.doubling(class),
+            choice => choice,
+        };
+        self.chosen.insert(key, choice);
+        choice
     }
 }
 

@@ -294,7 +294,7 @@ fn set_up(
         Some(Box::new(late)),
         config.link,
     );
-    collectives.set_on_hosts(hosts.even());
+    collectives.set_hosts(&hosts);
     side.barrier(deadline)?;
     let heartbeat = (config.liveness != std::time::Duration::MAX)
         .then(|| side.into_heartbeat(config.liveness, Arc::clone(&liveness)))

@@ -545,7 +545,7 @@ fn plan_times_every_algorithm_at_4096_ranks_and_marks_the_choice() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("this machine's TCP") && stdout.contains("Bruck"));
-    // Two hosts of 4 ranks: from 1 MiB (512 KiB) jaccl goes in two levels, which carry each byte out of
+    // Two hosts of 4 ranks: from 1 MiB (all-reduces from 512 KiB) jaccl goes in two levels, which carry each byte out of
     // a host once where the flat ring carries it 1.75 times.
     let out = jaccl(&[
         "plan",

@@ -450,8 +450,9 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
             if n > 2 {
                 list.push(("Rabenseifner", AllReduce::Rabenseifner));
             }
-            if let Some(per_host) = shape.host_blocks {
-                list.push(("doubling in hosts", AllReduce::DoublingOnHosts(per_host)));
+            // Where jaccl would double within hosts at some size (`Shape::doubling`).
+            if let on_hosts @ AllReduce::DoublingOnHosts(_) = shape.doubling(usize::MAX) {
+                list.push(("doubling in hosts", on_hosts));
             }
             list.into_iter()
                 .filter_map(|(name, choice)| {
@@ -740,5 +741,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn doubling_within_hosts_is_priced_on_hosts_of_4_ranks_or_more_in_blocks() {
+        let has = |ranks, hosts| {
+            predict(
+                Collective::AllReduce,
+                8 << 10,
+                &on_hosts(ranks, hosts, "1Gb/s,6us"),
+            )
+            .iter()
+            .any(|p| p.algorithm == "doubling in hosts")
+        };
+        assert!(has(8, 2));
+        assert!(has(16, 4));
+        // 2 ranks per host, 3 hosts, a rank per host.
+        assert!(!has(8, 4));
+        assert!(!has(12, 3));
+        assert!(!has(8, 8));
     }
 }

@@ -221,6 +221,20 @@ mod tests {
     }
 
     #[test]
+    fn hosts_in_blocks_of_rank_order_and_powers_of_two() {
+        let blocks = |host_of: Vec<usize>| HostLayout::new(0, host_of).unwrap().blocks();
+        assert_eq!(blocks(vec![0, 0, 0, 0, 1, 1, 1, 1]), Some(4));
+        assert_eq!(blocks(vec![0, 0, 1, 1, 2, 2, 3, 3]), Some(2));
+        // Interleaved, 3 hosts, 3 ranks per host, uneven, one host, a rank per host: none.
+        assert_eq!(blocks(vec![0, 1, 0, 1, 0, 1, 0, 1]), None);
+        assert_eq!(blocks(vec![0, 0, 1, 1, 2, 2]), None);
+        assert_eq!(blocks(vec![0, 0, 0, 1, 1, 1]), None);
+        assert_eq!(blocks(vec![0, 0, 0, 0, 1, 1]), None);
+        assert_eq!(blocks(vec![0, 0, 0, 0]), None);
+        assert_eq!(blocks(vec![0, 1, 2, 3]), None);
+    }
+
+    #[test]
     fn hosts_numbered_out_of_order_or_a_rank_outside_are_refused() {
         assert!(HostLayout::new(0, vec![1, 0]).is_err());
         assert!(HostLayout::new(0, vec![0, 2, 1]).is_err());

@@ -355,4 +355,25 @@ mod tests {
         assert_eq!(model.all_reduce(&shape, &g, 8, 4), AllReduce::Doubling);
         assert_eq!(model.chosen.len(), 2);
     }
+
+    #[test]
+    fn on_hosts_in_blocks_the_models_doubling_goes_within_hosts_from_2_kib() {
+        let g = Geometry {
+            rank: 3,
+            size: 8,
+            wires: 1,
+            mesh: false,
+        };
+        let shape = Shape {
+            on_hosts: true,
+            host_blocks: Some(4),
+            ..g.shape(false, false)
+        };
+        let mut model = ByModel::new(rates("100Gb/s,2us"));
+        assert_eq!(model.all_reduce(&shape, &g, 2047, 1), AllReduce::Doubling);
+        assert_eq!(
+            model.all_reduce(&shape, &g, 2048, 1),
+            AllReduce::DoublingOnHosts(4)
+        );
+    }
 }

@@ -118,9 +118,9 @@ const DOUBLING_MAX_RDMA: usize = 128 * 1024;
 /// doubling sends the whole vector of every rank of a host across at once (L times the
 /// message through the host's port), the hosts' way 1/L of it per rank, for two more rounds
 /// within the host. Measured on pretend hosts (`jaccl bench --dtype u8`, µs, two runs, the
-/// hosts' way against plain doubling): 2 × 4 at 1 Gbit/s 8-512 B 48-54 against 37-45, 2 KiB
-/// 57-62 against 76-78, 8 KiB 79-82 against 281, 32 KiB 281 against 1103 (Open MPI in the
-/// same minutes: 40, 102-121 at 8 KiB and 280 at 32 KiB); at 10 Gbit/s, where this machine's
+/// hosts' way against plain doubling): 2 × 4 at 1 Gbit/s 8-512 B 46-54 against 37-45, 2 KiB
+/// 57-63 against 76-78, 8 KiB 79-82 against 281, 32 KiB 281 against 1103 (Open MPI in the
+/// same minutes: 38-60 at 8 B, 102-156 at 8 KiB and 280 at 32 KiB); at 10 Gbit/s, where this machine's
 /// 2 cores shared by 8 ranks make every round dear, 0.75-0.88x plain doubling's speed at
 /// every size (2 KiB 55-63 against 48-53, 32 KiB 146-155 against 111-129), and 0.69-0.90x on
 /// 4 × 2. Hosts of their own cores pay less for the rounds within, and more ranks per host

@@ -34,7 +34,9 @@ use crate::algo::hosts::{
     ALL_REDUCE_CHUNK_MIN, ALL_REDUCE_TWO_LEVEL_MIN, GATHER_CHUNK_MIN, GATHER_TWO_LEVEL_MIN,
     two_level_chunks,
 };
-use crate::algo::pricing::{Algorithm, ByModel, all_reduce_algorithm, ranks_to_price};
+use crate::algo::pricing::{
+    Algorithm, ByModel, all_gather_algorithm, all_reduce_algorithm, ranks_to_price,
+};
 use crate::algo::select::{AllGather, AllReduce, AllToAll, Shape};
 
 /// The cluster a plan is for.
@@ -354,22 +356,6 @@ fn host_remote(
 
 /// The most ranks of a host whose traffic across hosts is added up one by one.
 const HOST_SAMPLES: usize = 64;
-
-/// The algorithm of an all-gather `choice` of blocks of `block` bytes (the direct one,
-/// through shared memory, is not priced).
-fn all_gather_algorithm(choice: AllGather, block: usize) -> Option<Algorithm> {
-    match choice {
-        AllGather::Direct => None,
-        AllGather::Bruck => Some(Algorithm::BruckAllGather(block)),
-        AllGather::Ring => Some(Algorithm::RingAllGather(block)),
-        AllGather::Doubling => Some(Algorithm::DoublingAllGather(block)),
-        AllGather::Small(how) => Some(Algorithm::Gather {
-            block,
-            how,
-            reduce: false,
-        }),
-    }
-}
 
 /// A collective `jaccl plan` knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

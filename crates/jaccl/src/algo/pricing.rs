@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use super::cost::{Rates, Spread, Tally};
 use super::geometry::{DoublingRole, Geometry};
 use super::plan::{Plan, Span};
-use super::select::{AllReduce, Shape, SmallGather};
+use super::select::{AllGather, AllReduce, Shape, SmallGather};
 use super::{bruck, doubling, host_doubling, mesh, rabenseifner, ring};
 
 /// An algorithm and its size, whose plans a rank's geometry gives.
@@ -182,6 +182,22 @@ pub(crate) fn all_reduce_algorithm(
             block: bytes,
             how,
             reduce: true,
+        }),
+    }
+}
+
+/// The algorithm of an all-gather `choice` of blocks of `block` bytes (the direct one,
+/// through shared memory, is not priced).
+pub(crate) fn all_gather_algorithm(choice: AllGather, block: usize) -> Option<Algorithm> {
+    match choice {
+        AllGather::Direct => None,
+        AllGather::Bruck => Some(Algorithm::BruckAllGather(block)),
+        AllGather::Ring => Some(Algorithm::RingAllGather(block)),
+        AllGather::Doubling => Some(Algorithm::DoublingAllGather(block)),
+        AllGather::Small(how) => Some(Algorithm::Gather {
+            block,
+            how,
+            reduce: false,
         }),
     }
 }

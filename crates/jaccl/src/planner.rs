@@ -30,14 +30,12 @@ pub use crate::config::LinkSpeed;
 
 use crate::algo::cost::{self, Rates, Spread, Tally};
 use crate::algo::geometry::Geometry;
-use crate::algo::hosts::{
-    ALL_REDUCE_CHUNK_MIN, ALL_REDUCE_TWO_LEVEL_MIN, GATHER_CHUNK_MIN, GATHER_TWO_LEVEL_MIN,
-    two_level_chunks,
-};
+use crate::algo::hosts::{self, ALL_REDUCE_CHUNK_MIN, GATHER_CHUNK_MIN, two_level_chunks};
 use crate::algo::pricing::{
     Algorithm, ByModel, all_gather_algorithm, all_reduce_algorithm, ranks_to_price,
 };
 use crate::algo::select::{AllGather, AllReduce, AllToAll, Shape};
+use crate::error::Op;
 
 /// The cluster a plan is for.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -409,12 +407,13 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
     };
     let block = bytes / n;
     let two_levels = cluster.two_levels(op, bytes);
-    let two_levels_from = match op {
-        Collective::AllReduce => ALL_REDUCE_TWO_LEVEL_MIN,
-        Collective::AllGather => GATHER_TWO_LEVEL_MIN,
-        Collective::AllToAll => usize::MAX,
+    let which = match op {
+        Collective::AllReduce => Op::AllReduce,
+        Collective::AllGather => Op::AllGather,
+        Collective::AllToAll => Op::AllToAll,
     };
-    let in_two_levels = two_levels.is_some() && bytes >= two_levels_from;
+    let from = hosts::two_levels_from(which);
+    let in_two_levels = two_levels.is_some() && from.is_some_and(|min| bytes >= min);
     let candidates: Vec<(&'static str, bool, Algorithm)> = match op {
         Collective::AllReduce => {
             let count = bytes / ELEM;
@@ -626,8 +625,8 @@ mod tests {
         };
         let even = on_hosts(8, 2, "1Gb/s,6us");
         for (op, from) in [
-            (Collective::AllReduce, ALL_REDUCE_TWO_LEVEL_MIN),
-            (Collective::AllGather, GATHER_TWO_LEVEL_MIN),
+            (Collective::AllReduce, hosts::ALL_REDUCE_TWO_LEVEL_MIN),
+            (Collective::AllGather, hosts::GATHER_TWO_LEVEL_MIN),
         ] {
             assert_eq!(two_levels(&even, op, from - 4), Some(false));
             assert_eq!(two_levels(&even, op, from), Some(true));

@@ -334,17 +334,28 @@ impl Swap<'_> {
         Ok(())
     }
 
-    /// [`Swap::step`] with `mine` also as `dst` (the higher rank, whose partner's value comes
-    /// first, combines into the partner's vector and copies the result back).
+    /// [`Swap::step`] with `mine` also as `dst`.
     fn step_in_place(&mut self, k: usize, mine: &mut [u8]) -> Result<()> {
         self.steps.run(self.first + k, self.theirs, Some(mine))?;
-        if self.rank < self.partners[k] {
-            self.reducer.accumulate(mine, self.theirs);
-        } else {
-            self.reducer.accumulate(self.theirs, mine);
-            copy(mine, self.theirs);
-        }
+        combine_in_place(self.reducer, self.rank, self.partners[k], mine, self.theirs);
         Ok(())
+    }
+}
+
+/// Combines `theirs`, the partner's partial result, into `mine`, the lower rank's value first
+/// (the higher rank combines into `theirs` and copies the result back).
+pub(crate) fn combine_in_place(
+    reducer: &Reducer,
+    rank: usize,
+    partner: usize,
+    mine: &mut [u8],
+    theirs: &mut [u8],
+) {
+    if rank < partner {
+        reducer.accumulate(mine, theirs);
+    } else {
+        reducer.accumulate(theirs, mine);
+        copy(mine, theirs);
     }
 }
 

@@ -11,7 +11,7 @@
 use std::ops::Range;
 
 use super::call::Call;
-use super::doubling::{aligned_blocks, neighbours_apart, with_peer};
+use super::doubling::{aligned_blocks, combine_in_place, neighbours_apart, with_peer};
 use super::engine::{Network, Rounds, Scratch};
 use super::geometry::{Geometry, lane_slice};
 use super::plan::{Plan, Span};
@@ -122,12 +122,7 @@ pub(crate) fn all_reduce(
     // Combines the partner's `theirs[range]` into `partial[range]`, the lower rank's first.
     let combine = |partial: &mut [u8], theirs: &mut [u8], partner: usize, range: Range<usize>| {
         let (mine, other) = (&mut partial[range.clone()], &mut theirs[range]);
-        if g.rank < partner {
-            reducer.accumulate(mine, other);
-        } else {
-            reducer.accumulate(other, mine);
-            copy(mine, other);
-        }
+        combine_in_place(reducer, g.rank, partner, mine, other);
     };
     copy(partial, input.unwrap_or(&*output));
     let mut round = 0;

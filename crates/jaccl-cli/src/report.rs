@@ -140,8 +140,8 @@ pub(crate) struct Report<'a> {
 /// else the topology over its peers' transports (`ring over shm+tcp (left 3 shm, right 1
 /// tcp)`; with the mesh, `mesh over tcp (left 3 tcp, right 1 tcp, 2 more ranks)`), then the
 /// hosts when there are several (`, 2 hosts × 4 ranks`) and where collectives go in two
-/// levels (`; in two levels: all-reduce from 512 KiB, all-gather and reduce-scatter from 1
-/// MiB`).
+/// levels (`; in two levels: all-reduce and reduce from 512 KiB, all-gather and
+/// reduce-scatter from 1 MiB`).
 pub(crate) fn route(g: &Group) -> String {
     format!("{}{}", links(g), hosts(g))
 }
@@ -149,14 +149,32 @@ pub(crate) fn route(g: &Group) -> String {
 /// The hosts of a group on more than one (`, 2 hosts × 4 ranks`, `, 3 hosts of 4 + 3 + 2
 /// ranks`) and from which sizes collectives go in two levels, else nothing.
 fn hosts(g: &Group) -> String {
-    let from = |op| g.two_levels_from(op).map(human);
-    match (from(Op::AllReduce), from(Op::AllGather)) {
-        (Some(all_reduce), Some(gathers)) => format!(
-            "{}; in two levels: all-reduce from {all_reduce}, all-gather and reduce-scatter \
-             from {gathers}",
-            host_sizes(g)
-        ),
-        _ => host_sizes(g),
+    // The operations that go in two levels, those from the same size together.
+    let mut from: Vec<(usize, Vec<String>)> = Vec::new();
+    for op in [
+        Op::AllReduce,
+        Op::Reduce,
+        Op::AllGather,
+        Op::ReduceScatter,
+        Op::Broadcast,
+    ] {
+        let Some(min) = g.two_levels_from(op) else {
+            continue;
+        };
+        // As `bench --op` names it (`all-reduce`).
+        let name = op.to_string().replace('_', "-");
+        match from.iter_mut().find(|(size, _)| *size == min) {
+            Some((_, ops)) => ops.push(name),
+            None => from.push((min, vec![name])),
+        }
+    }
+    let from: Vec<String> = from
+        .iter()
+        .map(|(min, ops)| format!("{} from {}", ops.join(" and "), human(*min)))
+        .collect();
+    match from.is_empty() {
+        true => host_sizes(g),
+        false => format!("{}; in two levels: {}", host_sizes(g), from.join(", ")),
     }
 }
 

@@ -432,7 +432,7 @@ fn launch_runs_ranks_on_pretend_hosts() {
     // its half of the message to the other host once (0.5 × size, and the headers), where the
     // flat ring's boundary ranks send 0.75 × size.
     assert!(
-        stdout.contains("in two levels: all-reduce from 512 KiB"),
+        stdout.contains("in two levels: all-reduce and reduce from 512 KiB, all-gather and reduce-scatter from 1 MiB"),
         "{stdout}"
     );
     let sent: f64 = stdout

@@ -41,14 +41,14 @@
 //!   of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕ …`; Rabenseifner's halving then doubling: each block
 //!   reduced once, on the rank that owns it, its own partial first in each halving step, and
 //!   copied (docs/algorithms.md, per algorithm). A reduce of up to 64 KiB over the network goes
-//!   up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root: the same
-//!   from run to run for the same root, not always the bits of an all-reduce of the same
-//!   inputs. An all-reduce of 512 KiB or more, or a reduce-scatter of 1 MiB or more, among
-//!   hosts that each hold the same number of ranks, at least 2 ([`Group::hosts`]), goes in
-//!   two levels: each
-//!   element reduced within its host first (the host's reduce-scatter), then across hosts
-//!   (the all-reduce or reduce-scatter of the ranks of one local rank), in those algorithms'
-//!   orders.
+//!   up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root (on
+//!   several hosts, each host's ranks so by distance from the host's head, then the heads'
+//!   results by distance from the root's host): the same from run to run for the same root,
+//!   not always the bits of an all-reduce of the same inputs. An all-reduce or reduce of 512
+//!   KiB or more, or a reduce-scatter of 1 MiB or more, among hosts that each hold the same
+//!   number of ranks, at least 2 ([`Group::hosts`]), goes in two levels: each element reduced
+//!   within its host first (the host's reduce-scatter), then across hosts (the all-reduce,
+//!   reduce or reduce-scatter of the ranks of one local rank), in those algorithms' orders.
 //! - **Integers** wrap on overflow. **`bool`** travels as one byte: sum and max are OR, min is
 //!   AND; received bytes are normalised, never turned into an invalid `bool`.
 //! - **Floats**: max and min propagate NaN (like `numpy.maximum`), and order `-0 < +0`, so the

@@ -729,7 +729,7 @@ mod tests {
     }
 
     #[test]
-    fn doubling_within_hosts_is_priced_on_hosts_of_4_ranks_or_more_in_blocks() {
+    fn doubling_within_hosts_is_priced_on_hosts_in_blocks() {
         let has = |ranks, hosts| {
             predict(
                 Collective::AllReduce,
@@ -741,8 +741,8 @@ mod tests {
         };
         assert!(has(8, 2));
         assert!(has(16, 4));
-        // 2 ranks per host, 3 hosts, a rank per host.
-        assert!(!has(8, 4));
+        assert!(has(8, 4));
+        // 3 hosts, a rank per host.
         assert!(!has(12, 3));
         assert!(!has(8, 8));
     }

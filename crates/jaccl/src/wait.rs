@@ -21,7 +21,8 @@ pub(crate) type GoOn = Arc<dyn Fn() -> crate::error::Result<()> + Send + Sync>;
 /// How a rank waits for shared-memory peers: busy-wait for `spin` after the last progress, then
 /// give the CPU away between checks (`sched_yield`) until `spin + yield_for` has passed, then
 /// sleep until woken. [`Config::wait`](crate::Config::wait) / `JACCL_WAIT` set it; by default
-/// ([`WaitPolicy::auto`]) it depends on whether every rank of this host has a CPU of its own.
+/// ([`WaitPolicy::auto`]) it depends on whether every rank of this machine (its host, and the
+/// hosts that are namespaces or containers of the same kernel) has a CPU of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WaitPolicy {
     /// How long to busy-wait.
@@ -37,7 +38,7 @@ impl WaitPolicy {
         yield_for: Duration::ZERO,
     };
 
-    /// The measured default for `ranks` ranks on a host with `cpus` CPUs (docs/algorithms.md,
+    /// The measured default for `ranks` ranks on a machine with `cpus` CPUs (docs/algorithms.md,
     /// "Waiting"). With a CPU per rank, spin long enough to catch a peer that is a few µs behind;
     /// with more ranks than CPUs, never spin: yield, so the peer can run.
     pub fn auto(ranks: usize, cpus: usize) -> WaitPolicy {

@@ -667,22 +667,26 @@ fn every_rank_knows_the_same_host_layout_and_a_sub_group_its_own() {
     }
 }
 
-/// Small all-reduces among hosts that hold 4 ranks or more each in blocks (2 × 4) double
+/// Small all-reduces among hosts that hold the ranks in blocks (2 × 4, 2 × 2, 4 × 2) double
 /// within each host and swap slices across hosts from 2 KiB: lengths on both sides of that,
 /// slices of different lengths, every reduction, in and out of place, against the reference
 /// and the same bits on every rank; a rank sends its slice of a 32 KiB all-reduce across
-/// hosts (1/4 of it), where plain doubling sends all of it. Hosts of 2 ranks (2 × 2, 4 × 2)
-/// and interleaved hosts (2 × 4 alternating) take plain doubling, checked alike: all of it,
-/// once per step across hosts; so do RDMA rings (in the RDMA VM).
+/// hosts (1/L of it) at each step across, where plain doubling sends all of it. Interleaved
+/// hosts (2 × 4 alternating) take plain doubling, checked alike; so do RDMA rings (in the RDMA
+/// VM).
 #[test]
 fn small_all_reduces_across_hosts_in_blocks_double_within_hosts() {
-    // Each layout with the bytes of a 32 KiB all-reduce a rank sends across.
+    // Each layout with the bytes of a 32 KiB all-reduce a rank sends across: its slice (1/L) at
+    // each of the steps across hosts, or the whole message where plain doubling runs.
     let s = 32 << 10;
-    let in_blocks = if rdma_here() { s } else { s / 4 };
+    let in_blocks = |per_host: usize, steps: usize| match rdma_here() {
+        true => s * steps,
+        false => s / per_host * steps,
+    };
     let layouts: [(&[usize], usize); 4] = [
-        (&[0, 0, 0, 0, 1, 1, 1, 1], in_blocks),
-        (&[0, 0, 1, 1], s),
-        (&[0, 0, 1, 1, 2, 2, 3, 3], 2 * s),
+        (&[0, 0, 0, 0, 1, 1, 1, 1], in_blocks(4, 1)),
+        (&[0, 0, 1, 1], in_blocks(2, 1)),
+        (&[0, 0, 1, 1, 2, 2, 3, 3], in_blocks(2, 2)),
         (&[0, 1, 0, 1, 0, 1, 0, 1], s),
     ];
     for (host_of, across) in layouts {
@@ -716,8 +720,9 @@ fn small_all_reduces_across_hosts_in_blocks_double_within_hosts() {
     }
 }
 
-/// All-reduces, all-gathers and reduce-scatters across hosts of equal size, at least 2 ranks
-/// each, go in two levels from 512 KiB and 1 MiB (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts
+/// All-reduces, reduces, all-gathers, reduce-scatters and (on hosts whose ranks alternate)
+/// broadcasts across hosts of equal size, at least 2 ranks each, go in two levels from 512 KiB
+/// (the first two) and 1 MiB (4 hosts × 2 ranks, 3 × 3 interleaved); uneven hosts
 /// (4 + 3 + 2) and smaller messages take the flat algorithms. Every result against the reference,
 /// in and out of place, with the averaging left to the group, and the same on every rank.
 #[test]
@@ -746,6 +751,26 @@ fn collectives_across_pretend_hosts_in_two_levels() {
                     g.all_reduce_in_place(&mut data, op).unwrap();
                     assert_same_values(&data, &expect, &what);
                     digest.extend(bits(&out[..64]));
+                    // Reduces to two roots: rank 1 and the last.
+                    for root in [1, size - 1] {
+                        let mut out = vec![0f32; if g.rank() == root { len } else { 0 }];
+                        g.reduce(input, &mut out, op, root).unwrap();
+                        if g.rank() == root {
+                            assert_same_values(&out, &expect, &format!("{what} reduce"));
+                        }
+                    }
+                }
+                // Broadcasts from two roots: from 1 MiB in two levels where the hosts' ranks
+                // alternate (else along the chain), below down the trees there.
+                for root in [1, size - 1] {
+                    let expect = &inputs::<f32>(size, len, ReduceOp::Sum)[root];
+                    let mut data = match g.rank() == root {
+                        true => expect.clone(),
+                        false => vec![0f32; len],
+                    };
+                    g.broadcast(&mut data, root).unwrap();
+                    let what = format!("{host_of:?} rank {} {len} from {root}", g.rank());
+                    assert_same_values(&data, expect, &what);
                 }
                 let ints = &inputs::<i32>(size, len, ReduceOp::Prod)[g.rank()];
                 let mut out = vec![0i32; len];

@@ -52,6 +52,8 @@ pub(crate) struct Collectives {
     spare: Scratch,
     /// The sender of the last receive from any rank: the next one looks at the others first.
     last_source: usize,
+    /// Which ranks share a host, where they are on several: the trees cross to each host once.
+    hosts: Option<HostLayout>,
 }
 
 impl Collectives {
@@ -103,13 +105,17 @@ impl Collectives {
             scratch: Scratch::default(),
             spare: Scratch::default(),
             last_source: geometry.rank,
+            hosts: None,
         }
     }
 
-    /// Tells the choices where the ranks are ([`Shape::on_hosts`], [`Shape::host_blocks`]).
+    /// Tells the choices where the ranks are ([`Shape::on_hosts`], [`Shape::host_blocks`]), and
+    /// the trees (`tree::broadcast`, `tree::reduce`).
     pub(crate) fn set_hosts(&mut self, hosts: &HostLayout) {
         self.shape.on_hosts = hosts.even();
         self.shape.host_blocks = hosts.blocks();
+        self.shape.scattered_hosts = hosts.count() > 1 && !hosts.contiguous();
+        self.hosts = (hosts.count() > 1).then(|| hosts.clone());
     }
 
     pub(crate) fn geometry(&self) -> &Geometry {
@@ -370,7 +376,7 @@ impl Collectives {
                 direct.broadcast(data, root, call, &mut self.net.channels)
             }
             Broadcast::Tree => {
-                let plans = tree::broadcast(&g, root, data.len());
+                let plans = tree::broadcast(&g, self.hosts.as_ref(), root, data.len());
                 Rounds::new(&mut self.net, &plans, call).run_all(data)
             }
             Broadcast::Chain => {
@@ -398,7 +404,7 @@ impl Collectives {
             }
             Rooted::Tree => {
                 let (g, bytes) = (self.geometry, input.len());
-                let plans = tree::reduce(&g, root, bytes);
+                let (plans, receives) = tree::reduce(&g, self.hosts.as_ref(), root, bytes);
                 let mut spare = std::mem::take(&mut self.spare);
                 // This rank's partial result: its input, then each child's reduced after it.
                 let partial = match g.rank == root {
@@ -410,7 +416,7 @@ impl Collectives {
                 let mut rounds = Rounds::new(&mut self.net, &plans, call);
                 let result = (0..plans.len()).try_for_each(|k| {
                     rounds.run(k, &mut *theirs, Some(&*partial))?;
-                    if tree::reduce_receives(&g, root, k) {
+                    if receives[k] {
                         reducer.accumulate(partial, theirs);
                     }
                     Ok(())

@@ -239,6 +239,7 @@ impl Geometry {
             direct,
             on_hosts: false,
             host_blocks: None,
+            scattered_hosts: false,
         }
     }
 }

@@ -27,8 +27,8 @@ pub(crate) const ALL_REDUCE_TWO_LEVEL_MIN: usize = 512 << 10;
 /// From how many bytes `op` goes in two levels on hosts of equal size (`None`: never).
 pub(crate) fn two_levels_from(op: Op) -> Option<usize> {
     match op {
-        Op::AllReduce => Some(ALL_REDUCE_TWO_LEVEL_MIN),
-        Op::AllGather | Op::ReduceScatter => Some(GATHER_TWO_LEVEL_MIN),
+        Op::AllReduce | Op::Reduce => Some(ALL_REDUCE_TWO_LEVEL_MIN),
+        Op::AllGather | Op::ReduceScatter | Op::Broadcast => Some(GATHER_TWO_LEVEL_MIN),
         _ => None,
     }
 }
@@ -36,8 +36,8 @@ pub(crate) fn two_levels_from(op: Op) -> Option<usize> {
 /// The least bytes of a chunk of a two-level all-reduce (of its message).
 pub(crate) const ALL_REDUCE_CHUNK_MIN: usize = 512 << 10;
 
-/// The least bytes of a chunk of a two-level all-gather (of its output) or reduce-scatter (of
-/// its input). Chunks of 512 KiB made them uneven, often slower than none, on 2 pretend hosts ×
+/// The least bytes of a chunk of a two-level all-gather (of its output), reduce-scatter (of
+/// its input) or broadcast (whose host part is an all-gather). Chunks of 512 KiB made them uneven, often slower than none, on 2 pretend hosts ×
 /// 4 ranks at 1 Gbit/s (all-gather of 4 MiB: 18.2–41.9 ms in three runs, reduce-scatter
 /// 24.8–36.5, against 23.7–25.9 and 25.3–25.7 in one piece); of 2 MiB: 19.5–19.8 and
 /// 22.5–23.5, and 16 MiB in 75–79 ms against 103–116.
@@ -158,6 +158,13 @@ impl HostLayout {
         self.host_of.get(rank).copied()
     }
 
+    /// The host of rank `rank` and its place among that host's ranks; `None` if the group has
+    /// no such rank.
+    pub(crate) fn place_of(&self, rank: usize) -> Option<(usize, usize)> {
+        let host = self.host_of(rank)?;
+        Some((host, self.ranks[host].partition_point(|&r| r < rank)))
+    }
+
     /// The ranks on host `host`, ascending (empty if there is no such host).
     pub fn ranks_on(&self, host: usize) -> &[usize] {
         self.ranks.get(host).map_or(&[], Vec::as_slice)
@@ -178,6 +185,12 @@ impl HostLayout {
     pub(crate) fn even(&self) -> bool {
         let here = self.local_size();
         self.count() >= 2 && here >= 2 && self.ranks.iter().all(|r| r.len() == here)
+    }
+
+    /// Whether the ranks of every host are consecutive in rank order (the ring then crosses
+    /// between hosts once per host each way).
+    pub(crate) fn contiguous(&self) -> bool {
+        self.host_of.windows(2).all(|w| w[0] <= w[1])
     }
 
     /// The ranks per host where the hosts hold them in blocks of rank order (`L` ranks per
@@ -212,6 +225,11 @@ mod tests {
         assert_eq!((layouts[8].local_rank(), layouts[8].local_size()), (3, 4));
         assert_eq!((layouts[6].host(), layouts[6].local_rank()), (2, 1));
         assert_eq!((l.host_of(3), l.host_of(9)), (Some(2), None));
+        assert_eq!(
+            (l.place_of(7), l.place_of(3), l.place_of(9)),
+            (Some((1, 2)), Some((2, 0)), None)
+        );
+        assert!(!l.contiguous());
         assert!(l.ranks_on(3).is_empty());
         // Every rank holds the same layout but for its own place in it.
         for (r, layout) in layouts.iter().enumerate() {
@@ -223,6 +241,9 @@ mod tests {
     #[test]
     fn hosts_in_blocks_of_rank_order_and_powers_of_two() {
         let blocks = |host_of: Vec<usize>| HostLayout::new(0, host_of).unwrap().blocks();
+        let contiguous = |host_of: Vec<usize>| HostLayout::new(0, host_of).unwrap().contiguous();
+        assert!(contiguous(vec![0, 0, 0, 1, 1, 2]) && contiguous(vec![0, 1, 2]));
+        assert!(!contiguous(vec![0, 0, 1, 0]) && !contiguous(vec![0, 1, 0, 1]));
         assert_eq!(blocks(vec![0, 0, 0, 0, 1, 1, 1, 1]), Some(4));
         assert_eq!(blocks(vec![0, 0, 1, 1, 2, 2, 3, 3]), Some(2));
         // Interleaved, 3 hosts, 3 ranks per host, uneven, one host, a rank per host: none.

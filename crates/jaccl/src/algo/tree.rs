@@ -13,33 +13,51 @@
 //! so each subtree's blocks are one span.
 
 use super::geometry::{Geometry, whole_frame};
+use super::hosts::HostLayout;
 use super::plan::{Plan, Span, Step, Transfer};
 
-/// A rank's place in the tree of `root`.
-#[derive(Debug, Clone, Copy)]
+/// A binomial tree over some of the group's ranks, as this rank, one of them, sees it.
+#[derive(Debug, Clone)]
 struct Tree {
-    n: usize,
-    root: usize,
+    /// The tree's ranks by distance from its root (the root first).
+    ranks: Vec<usize>,
     /// This rank's distance from the root.
     me: usize,
 }
 
+/// A tree that a broadcast or reduce goes through, in the same rounds on every rank: `tree` is
+/// `None` on ranks outside it, which idle those rounds.
+struct Stage {
+    tree: Option<Tree>,
+    rounds: usize,
+}
+
+/// ⌈log2 n⌉: the rounds of a binomial tree of `n` ranks.
+fn rounds(n: usize) -> usize {
+    (usize::BITS - n.saturating_sub(1).leading_zeros()) as usize
+}
+
 impl Tree {
+    /// The tree of all the group's ranks, from `root`.
     fn of(g: &Geometry, root: usize) -> Tree {
         Tree {
-            n: g.size,
-            root,
+            ranks: (0..g.size).map(|v| (v + root) % g.size).collect(),
             me: (g.rank + g.size - root) % g.size,
         }
     }
 
-    /// ⌈log2 n⌉.
-    fn rounds(&self) -> usize {
-        (usize::BITS - (self.n - 1).leading_zeros()) as usize
+    /// The tree of `ranks` (by distance from its root), if this rank is one of them.
+    fn over(g: &Geometry, ranks: Vec<usize>) -> Option<Tree> {
+        let me = ranks.iter().position(|&r| r == g.rank)?;
+        Some(Tree { ranks, me })
+    }
+
+    fn n(&self) -> usize {
+        self.ranks.len()
     }
 
     fn rank_of(&self, v: usize) -> usize {
-        (v + self.root) % self.n
+        self.ranks[v]
     }
 
     /// In round `k`: the rank (by distance) this one hands its subtree to, if it does.
@@ -51,13 +69,16 @@ impl Tree {
     /// In round `k`: the rank (by distance) that hands this one its subtree, if any.
     fn child(&self, k: usize) -> Option<usize> {
         let step = 1 << k;
-        (self.me.is_multiple_of(2 * step) && self.me + step < self.n).then(|| self.me + step)
+        (self.me.is_multiple_of(2 * step) && self.me + step < self.n()).then(|| self.me + step)
     }
 
     /// The span of this rank's buffer holding the subtree that `v` heads in round `k`: `v`
     /// and the `2^k − 1` after it, as far as there are ranks.
     fn subtree(&self, v: usize, k: usize, block: usize) -> (usize, usize) {
-        ((v - self.me) * block, (1usize << k).min(self.n - v) * block)
+        (
+            (v - self.me) * block,
+            (1usize << k).min(self.n() - v) * block,
+        )
     }
 
     /// One transfer with the rank at distance `v`: sending `send`, receiving into `recv`; with
@@ -82,23 +103,75 @@ impl Tree {
     }
 }
 
-/// The rounds of a binomial-tree broadcast of `bytes` from `root`: in round k every rank that
-/// has the data (distance below 2^k) sends it to the rank 2^k further, so ⌈log2 size⌉ rounds
-/// reach every rank. Headers travel with the data only, as in the ring's chains
+/// The trees a broadcast from `root` goes through, in order (a reduce's, reversed): among
+/// ranks on one host, the binomial tree of all; across hosts (`hosts`), first the tree of the
+/// hosts' heads (the root, and the lowest rank of every other host, hosts in order from the
+/// root's), so that the data crosses to each host once, then each host's tree from its head
+/// (the ranks of the host in order from it), its rounds as many as the largest host's.
+fn stages(g: &Geometry, hosts: Option<&HostLayout>, root: usize) -> Vec<Stage> {
+    let Some(hosts) = hosts.filter(|h| h.count() > 1) else {
+        let tree = Tree::of(g, root);
+        return vec![Stage {
+            rounds: rounds(tree.n()),
+            tree: Some(tree),
+        }];
+    };
+    let (count, home) = (hosts.count(), hosts.host_of(root).unwrap_or(0));
+    let head = |h: usize| match h == home {
+        true => root,
+        false => hosts.ranks_on(h).first().copied().unwrap_or(root),
+    };
+    let heads = (0..count).map(|i| head((home + i) % count)).collect();
+    let mine = hosts.ranks_on(hosts.host());
+    let at = mine
+        .iter()
+        .position(|&r| r == head(hosts.host()))
+        .unwrap_or(0);
+    let host = mine[at..].iter().chain(&mine[..at]).copied().collect();
+    let largest = (0..count).map(|h| hosts.ranks_on(h).len()).max();
+    vec![
+        Stage {
+            tree: Tree::over(g, heads),
+            rounds: rounds(count),
+        },
+        Stage {
+            tree: Tree::over(g, host),
+            rounds: rounds(largest.unwrap_or(1)),
+        },
+    ]
+}
+
+/// The rounds of a binomial-tree broadcast of `bytes` from `root` (over hosts `hosts`, where
+/// the group spans several: [`stages`]): in round k of a tree every rank that has the data
+/// (distance below 2^k) sends it to the rank 2^k further, so ⌈log2 size⌉ rounds reach every
+/// rank. Headers travel with the data only, as in the ring's chains
 /// (`super::ring::broadcast`).
-pub(crate) fn broadcast(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
-    let t = Tree::of(g, root);
+pub(crate) fn broadcast(
+    g: &Geometry,
+    hosts: Option<&HostLayout>,
+    root: usize,
+    bytes: usize,
+) -> Vec<Plan> {
     let data = Span::output(0, bytes);
-    (0..t.rounds())
-        .map(|k| {
-            let step = 1 << k;
-            if t.me < step && t.me + step < t.n {
-                t.with(g, t.me + step, data, Span::EMPTY, false)
-            } else if (step..2 * step).contains(&t.me) {
-                t.with(g, t.me - step, Span::EMPTY, data, false)
-            } else {
-                Plan::default()
-            }
+    let in_round = |t: &Tree, k: usize| {
+        let step = 1 << k;
+        if t.me < step && t.me + step < t.n() {
+            t.with(g, t.me + step, data, Span::EMPTY, false)
+        } else if (step..2 * step).contains(&t.me) {
+            t.with(g, t.me - step, Span::EMPTY, data, false)
+        } else {
+            Plan::default()
+        }
+    };
+    let stages = stages(g, hosts, root);
+    let rounds = stages
+        .iter()
+        .flat_map(|s| (0..s.rounds).map(move |k| (s, k)));
+    rounds
+        .map(|(s, k)| {
+            s.tree
+                .as_ref()
+                .map_or_else(Plan::default, |t| in_round(t, k))
         })
         .collect()
 }
@@ -108,7 +181,7 @@ pub(crate) fn broadcast(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
 /// each rank receives its children's subtrees, then sends its own subtree up.
 pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
     let t = Tree::of(g, root);
-    (0..t.rounds())
+    (0..rounds(t.n()))
         .map(|k| {
             if let Some(parent) = t.parent(k) {
                 let (off, len) = t.subtree(t.me, k, block);
@@ -129,7 +202,7 @@ pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
 /// subtree first. A rank's own block ends first in its buffer.
 pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
     let t = Tree::of(g, root);
-    (0..t.rounds())
+    (0..rounds(t.n()))
         .rev()
         .map(|k| {
             if let Some(parent) = t.parent(k) {
@@ -145,24 +218,46 @@ pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
         .collect()
 }
 
-/// The rounds of a binomial-tree reduce of `bytes` per rank to `root`: in each round a rank
-/// receives a child's partial result into its output (and the caller reduces it into its own,
-/// [`reduce_receives`]), or sends its partial result, from its input, to its parent. So the
-/// root's result is `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance from the root, the own partial
-/// first at every step.
-pub(crate) fn reduce(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
-    let t = Tree::of(g, root);
-    (0..t.rounds())
-        .map(|k| {
-            if let Some(parent) = t.parent(k) {
-                t.with(g, parent, Span::input(0, bytes), Span::EMPTY, true)
-            } else if let Some(child) = t.child(k) {
-                t.with(g, child, Span::EMPTY, Span::output(0, bytes), true)
-            } else {
-                Plan::default()
-            }
+/// The rounds of a binomial-tree reduce of `bytes` per rank to `root` (over hosts `hosts`,
+/// where the group spans several: [`stages`], in reverse), and whether this rank receives a
+/// partial result in each: in each round of a tree a rank receives a child's partial result
+/// into its output (and the caller reduces it into its own), or sends its partial result, from
+/// its input, to its parent. So the root's result is `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by
+/// distance from the root, the own partial first at every step; across hosts, each host's
+/// ranks are so reduced by distance from the host's head, then the heads' results by distance
+/// from the root's host.
+pub(crate) fn reduce(
+    g: &Geometry,
+    hosts: Option<&HostLayout>,
+    root: usize,
+    bytes: usize,
+) -> (Vec<Plan>, Vec<bool>) {
+    let in_round = |t: &Tree, k: usize| {
+        if let Some(parent) = t.parent(k) {
+            (
+                t.with(g, parent, Span::input(0, bytes), Span::EMPTY, true),
+                false,
+            )
+        } else if let Some(child) = t.child(k) {
+            (
+                t.with(g, child, Span::EMPTY, Span::output(0, bytes), true),
+                true,
+            )
+        } else {
+            (Plan::default(), false)
+        }
+    };
+    let stages = stages(g, hosts, root);
+    let rounds = stages
+        .iter()
+        .rev()
+        .flat_map(|s| (0..s.rounds).map(move |k| (s, k)));
+    rounds
+        .map(|(s, k)| match &s.tree {
+            Some(t) => in_round(t, k),
+            None => (Plan::default(), false),
         })
-        .collect()
+        .unzip()
 }
 
 /// The blocks of a rank's subtree in a gather or scatter from `root`: all for the root, else
@@ -171,14 +266,9 @@ pub(crate) fn reduce(g: &Geometry, root: usize, bytes: usize) -> Vec<Plan> {
 pub(crate) fn subtree_blocks(g: &Geometry, root: usize) -> usize {
     let t = Tree::of(g, root);
     match t.me {
-        0 => t.n,
-        me => (1usize << me.trailing_zeros()).min(t.n - me),
+        0 => t.n(),
+        me => (1usize << me.trailing_zeros()).min(t.n() - me),
     }
-}
-
-/// Whether this rank receives a child's partial result in round `k` of [`reduce`].
-pub(crate) fn reduce_receives(g: &Geometry, root: usize, k: usize) -> bool {
-    Tree::of(g, root).child(k).is_some()
 }
 
 #[cfg(test)]
@@ -247,9 +337,10 @@ mod tests {
                         )
                     })
                     .collect();
-                for (r, (_, out)) in by_rounds(size, |g| broadcast(g, root, 6), start, |_, _, _| {})
-                    .iter()
-                    .enumerate()
+                for (r, (_, out)) in
+                    by_rounds(size, |g| broadcast(g, None, root, 6), start, |_, _, _| {})
+                        .iter()
+                        .enumerate()
                 {
                     assert_eq!(
                         out,
@@ -291,10 +382,80 @@ mod tests {
                 let start = (0..size).map(|r| (vec![1i64 << r], vec![0])).collect();
                 let reduced = by_rounds(
                     size,
-                    |g| reduce(g, root, 1),
+                    |g| reduce(g, None, root, 1).0,
                     start,
                     |r, k, state| {
-                        if reduce_receives(&geometry(r, size), root, k) {
+                        if reduce(&geometry(r, size), None, root, 1).1[k] {
+                            state.0[0] += state.1[0];
+                        }
+                    },
+                );
+                assert_eq!(reduced[root].0[0], (1i64 << size) - 1, "reduce, {at}");
+            }
+        }
+    }
+
+    /// How many times rank `g.rank` sends data to a rank on another host in `plans` (not
+    /// counting bare headers).
+    fn sends_across(g: &Geometry, hosts: &HostLayout, plans: &[Plan]) -> usize {
+        let transfers = plans.iter().flat_map(|p| &p.transfers);
+        let data = transfers.filter(|t| t.steps.iter().any(|s| s.send.len > 0));
+        let peers = data.filter_map(|t| t.tx.and_then(|c| g.peer_on(c)));
+        peers
+            .filter(|&p| hosts.host_of(p) != Some(hosts.host()))
+            .count()
+    }
+
+    #[test]
+    fn trees_across_hosts_cross_to_each_host_once_and_reach_every_rank() {
+        let layouts: [&[usize]; 6] = [
+            &[0, 0, 0, 0, 1, 1, 1, 1],
+            &[0, 1, 0, 1, 0, 1, 0, 1],
+            &[0, 1, 2, 0, 1, 2, 0, 1, 2],
+            &[0, 1, 0, 2, 1, 0, 2, 1, 0],
+            &[0, 0, 1, 1, 2, 2, 3, 3],
+            &[0, 1, 2, 3, 4],
+        ];
+        for host_of in layouts {
+            let size = host_of.len();
+            let hosts_seen = |r: usize| HostLayout::new(r, host_of.to_vec()).unwrap();
+            let count = hosts_seen(0).count();
+            for root in 0..size {
+                let at = format!("{host_of:?}, root {root}");
+                let broadcast_of = |g: &Geometry| broadcast(g, Some(&hosts_seen(g.rank)), root, 6);
+                let reduce_of = |g: &Geometry| reduce(g, Some(&hosts_seen(g.rank)), root, 1);
+                // Each rank of a host other than the root's gets the data from across once; the
+                // root's host gets nothing from across. A reduce goes the other way.
+                let across: usize = (0..size)
+                    .map(|r| {
+                        let g = geometry(r, size);
+                        sends_across(&g, &hosts_seen(r), &broadcast_of(&g))
+                    })
+                    .sum();
+                assert_eq!(across, count - 1, "broadcast, {at}");
+                let across: usize = (0..size)
+                    .map(|r| {
+                        let g = geometry(r, size);
+                        sends_across(&g, &hosts_seen(r), &reduce_of(&g).0)
+                    })
+                    .sum();
+                assert_eq!(across, count - 1, "reduce, {at}");
+                let start = (0..size)
+                    .map(|r| (vec![], vec![if r == root { 7 } else { -1 }; 6]))
+                    .collect();
+                for (r, (_, out)) in by_rounds(size, broadcast_of, start, |_, _, _| {})
+                    .iter()
+                    .enumerate()
+                {
+                    assert_eq!(out, &vec![7; 6], "broadcast, {at}, rank {r}");
+                }
+                let start = (0..size).map(|r| (vec![1i64 << r], vec![0])).collect();
+                let reduced = by_rounds(
+                    size,
+                    |g| reduce_of(g).0,
+                    start,
+                    |r, k, state| {
+                        if reduce_of(&geometry(r, size)).1[k] {
                             state.0[0] += state.1[0];
                         }
                     },

@@ -9,6 +9,7 @@ use crate::algo::geometry::Geometry;
 use crate::config::{Topology, Transport};
 use crate::error::{Error, Result};
 use crate::transport::connector::{End, Want};
+use crate::transport::shm::machine_of;
 
 /// What the choice depends on, the same on every rank once all have published (but `rank`).
 #[derive(Debug, Clone)]
@@ -66,10 +67,13 @@ impl Facts {
         (0..self.size).all(|r| r == self.rank || self.local[r])
     }
 
-    /// How many ranks share this rank's host.
-    pub(crate) fn ranks_here(&self) -> usize {
-        let mine = self.host_of[self.rank];
-        self.host_of.iter().filter(|&&h| h == mine).count()
+    /// How many ranks run on this rank's machine (its kernel: the boot id of the host
+    /// identities), so share its CPUs: those of this host, and of the other hosts that are
+    /// namespaces or containers on the same machine (pretend hosts).
+    pub(crate) fn ranks_on_this_machine(&self) -> usize {
+        let machine = |r: usize| self.hosts.get(self.host_of[r]).map(|h| machine_of(h));
+        let mine = machine(self.rank);
+        (0..self.size).filter(|&r| machine(r) == mine).count()
     }
 
     /// The choice, or an error when the transport forced cannot serve every ring pair: every
@@ -230,7 +234,22 @@ mod tests {
         assert_eq!(peers(&links.shm), [(0, End::Left, 2)]);
         assert_eq!(peers(&links.tcp), [(2, End::Right, 2)]);
         assert!(!f.all_here());
-        assert_eq!(f.ranks_here(), 2);
+        // Hosts without a boot id count as machines of their own.
+        assert_eq!(f.ranks_on_this_machine(), 2);
+    }
+
+    #[test]
+    fn hosts_on_one_machine_share_its_cpus() {
+        // Pretend hosts: namespaces of one kernel (one boot id), and a host of another.
+        let hosts = [
+            "a boot 1 netns 10",
+            "a boot 1 netns 10",
+            "b boot 1 netns 11",
+            "c boot 2 netns 10",
+        ];
+        let f = |rank| facts(rank, &hosts, &[false; 4], Transport::Auto);
+        let seen: Vec<usize> = (0..4).map(|r| f(r).ranks_on_this_machine()).collect();
+        assert_eq!(seen, [3, 3, 3, 1]);
     }
 
     #[test]

@@ -229,7 +229,7 @@ fn set_up(
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let wait = config
         .wait
-        .unwrap_or_else(|| WaitPolicy::auto(facts.ranks_here(), cpus));
+        .unwrap_or_else(|| WaitPolicy::auto(facts.ranks_on_this_machine(), cpus));
     let (mut shm_links, shared) = match &mut shm {
         Some(connector) if !wanted.shm.is_empty() => {
             connector.offer_asymmetric_fences(!wait.spin.is_zero());

@@ -226,6 +226,9 @@ impl Group {
         self.check_root(op, root)?;
         let mut call = self.call(op, dtype, ReduceOp::Sum, data.len() / dtype.size());
         call.root = root;
+        if goes_in_two_levels(&self.hosts, op, data.len()) {
+            return self.in_two_levels(call, |l, call| l.broadcast(data, dtype, call));
+        }
         self.run(call, |c, call| c.broadcast(data, call))
     }
 
@@ -265,9 +268,13 @@ impl Group {
         let reducer = self.reducer(which, dtype, op)?;
         let mut call = self.call(which, dtype, op, count);
         call.root = root;
-        self.copy_or_run(call, input, output, |c, i, o, call| {
-            c.reduce(i, o, &reducer, call)
-        })?;
+        if goes_in_two_levels(&self.hosts, which, input.len()) {
+            self.in_two_levels(call, |l, call| l.reduce(input, output, dtype, op, call))?;
+        } else {
+            self.copy_or_run(call, input, output, |c, i, o, call| {
+                c.reduce(i, o, &reducer, call)
+            })?;
+        }
         if self.rank == root {
             reducer.finish(output, self.size);
         }

@@ -35,6 +35,11 @@ pub(crate) struct Shape {
     /// on each of a power of two of hosts (`super::hosts::HostLayout::blocks`): small
     /// all-reduces double within hosts and swap slices across ([`Shape::doubling`]).
     pub(crate) host_blocks: Option<usize>,
+    /// The ranks are on several hosts, some of whose ranks are not consecutive in rank order
+    /// (`super::hosts::HostLayout::contiguous`), so the ring crosses between hosts more often
+    /// than once per host: broadcasts and reduces take trees, which cross to each host once,
+    /// at every size below the two levels' ([`Shape::broadcast`], [`Shape::reduce`]).
+    pub(crate) scattered_hosts: bool,
 }
 
 /// Messages up to this many bytes use one direction on one wire (as upstream).
@@ -123,16 +128,13 @@ const DOUBLING_MAX_RDMA: usize = 128 * 1024;
 /// same minutes: 38-60 at 8 B, 102-156 at 8 KiB and 280 at 32 KiB); at 10 Gbit/s, where this machine's
 /// 2 cores shared by 8 ranks make every round dear, 0.75-0.88x plain doubling's speed at
 /// every size (2 KiB 55-63 against 48-53, 32 KiB 146-155 against 111-129), and 0.69-0.90x on
-/// 4 × 2. Hosts of their own cores pay less for the rounds within, and more ranks per host
-/// pay more for plain doubling's bytes, so the hosts' way is the default where bytes count,
-/// from [`HOST_DOUBLING_MIN_PER_HOST`] ranks per host.
+/// 4 × 2. With 2 ranks per host, at 1 Gbit/s, 2 × 2: 2 KiB 22-28 against 37, 8 KiB 73 against
+/// 139, 32 KiB 279 against 551; 4 × 2: 2 KiB 69-72 against 76-81, 8 KiB 144 against 281; at 10
+/// Gbit/s 0.59-0.97x on 2 × 2, 0.90-1.22x on 4 × 2. Hosts of their own cores pay less for the
+/// rounds within, and more ranks per host pay more for plain doubling's bytes, so the hosts'
+/// way is the default where bytes count. (Measured before the pretend hosts' ranks stopped
+/// spinning on shared cores, `crate::wait::WaitPolicy::auto`, 2 × 2 had lost 0.42-0.52x.)
 const HOST_DOUBLING_MIN: usize = 2048;
-
-/// The fewest ranks per host that double within hosts ([`HOST_DOUBLING_MIN`]): with 2, the
-/// bytes saved are half, and the swap across goes to a rank that is no ring neighbour, where
-/// plain doubling among 4 ranks stays on the ring: 2 × 2 at 1 Gbit/s, 2 and 8 KiB took 270-344
-/// µs against 141-152, at 10 Gbit/s 2-32 KiB 272-346 against 140-166.
-const HOST_DOUBLING_MIN_PER_HOST: usize = 4;
 
 /// All-reduces of more than this many bytes per rank (up to [`rabenseifner_max`]) among 3 or
 /// more ranks over TCP and shared memory take Rabenseifner's halving then doubling instead
@@ -426,15 +428,11 @@ impl Shape {
     }
 
     /// Recursive doubling of `bytes` per rank: within hosts and across in slices on hosts in
-    /// blocks of [`HOST_DOUBLING_MIN_PER_HOST`] ranks or more, from [`HOST_DOUBLING_MIN`] (not
+    /// blocks ([`Shape::host_blocks`]), from [`HOST_DOUBLING_MIN`] (not
     /// where the ring uses RDMA: unmeasured), else plain.
     pub(crate) fn doubling(&self, bytes: usize) -> AllReduce {
         match self.host_blocks {
-            Some(per_host)
-                if !self.rdma
-                    && bytes >= HOST_DOUBLING_MIN
-                    && per_host >= HOST_DOUBLING_MIN_PER_HOST =>
-            {
+            Some(per_host) if !self.rdma && bytes >= HOST_DOUBLING_MIN => {
                 AllReduce::DoublingOnHosts(per_host)
             }
             _ => AllReduce::Doubling,
@@ -501,7 +499,10 @@ impl Shape {
         }
     }
 
-    /// Broadcast of `bytes`.
+    /// Broadcast of `bytes`: on hosts whose ranks the ring visits in turns
+    /// ([`Shape::scattered_hosts`]) down the tree at every size, as the chain would cross
+    /// between hosts at most hops (2 pretend hosts × 4 ranks, alternating, at 1 Gbit/s: 512
+    /// KiB 17.6 ms along the chain, 4 times what the tree takes to cross once).
     pub(crate) fn broadcast(&self, bytes: usize) -> Broadcast {
         if self.direct && bytes <= EAGER_DATA_BYTES {
             Broadcast::Eager
@@ -509,7 +510,10 @@ impl Shape {
             Broadcast::Flat
         } else if self.direct {
             Broadcast::Direct
-        } else if (self.mesh || !self.rdma) && self.size > 3 && bytes <= TREE_BROADCAST_MAX {
+        } else if (self.mesh || !self.rdma)
+            && self.size > 3
+            && (bytes <= TREE_BROADCAST_MAX || self.scattered_hosts)
+        {
             Broadcast::Tree
         } else {
             Broadcast::Chain
@@ -523,13 +527,14 @@ impl Shape {
         !self.direct && (self.mesh || !self.rdma)
     }
 
-    /// Reduce of `bytes` to a root: up a binomial tree up to [`TREE_REDUCE_MAX`], else as an
+    /// Reduce of `bytes` to a root: up a binomial tree up to [`TREE_REDUCE_MAX`] (at every size
+    /// on hosts the ring visits in turns, [`Shape::scattered_hosts`]), else as an
     /// all-reduce (the ring's reduce-scatter and all-gather: twice the bytes a reduce-scatter
     /// then gather would move; docs/algorithms.md, "Reduce").
     pub(crate) fn reduce(&self, bytes: usize) -> Rooted {
         if self.direct {
             Rooted::Direct
-        } else if self.trees() && bytes <= TREE_REDUCE_MAX {
+        } else if self.trees() && (bytes <= TREE_REDUCE_MAX || self.scattered_hosts) {
             Rooted::Tree
         } else {
             Rooted::ViaAll

@@ -11,6 +11,7 @@ fn shape(size: usize, mesh: bool, pairs: bool) -> Shape {
         direct: false,
         on_hosts: false,
         host_blocks: None,
+        scattered_hosts: false,
     }
 }
 
@@ -63,6 +64,14 @@ fn each_size_has_its_algorithm() {
     assert_eq!(
         blocks.all_reduce(RABENSEIFNER_MIN + 1),
         AllReduce::Rabenseifner
+    );
+    let pairs = Shape {
+        host_blocks: Some(2),
+        ..hosts
+    };
+    assert_eq!(
+        pairs.all_reduce(HOST_DOUBLING_MIN),
+        AllReduce::DoublingOnHosts(2)
     );
     assert_eq!(
         hosts.all_reduce(ALL_REDUCE_TWO_LEVEL_MIN),
@@ -179,6 +188,14 @@ fn each_size_has_its_algorithm() {
     assert_eq!(four.broadcast(TREE_BROADCAST_MAX + 1), Broadcast::Chain);
     assert_eq!(rdma.broadcast(8), Broadcast::Chain);
     assert_eq!(three.broadcast(8), Broadcast::Chain);
+    // On hosts whose ranks alternate, the trees at every size (the two levels take over above).
+    let scattered = Shape {
+        scattered_hosts: true,
+        ..four
+    };
+    assert_eq!(scattered.broadcast(64 << 20), Broadcast::Tree);
+    assert_eq!(scattered.reduce(64 << 20), Rooted::Tree);
+    assert_eq!(four.reduce(64 << 20), Rooted::ViaAll);
     let direct = Shape {
         direct: true,
         ..three

@@ -12,7 +12,7 @@ use super::{Level, Levels};
 use crate::algo::call::Call;
 use crate::algo::hosts::{ALL_REDUCE_CHUNK_MIN, GATHER_CHUNK_MIN, two_level_chunks};
 use crate::dtype::{Dtype, ReduceOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::liveness::INTERRUPT_EVERY;
 use crate::reduce::copy;
 
@@ -29,31 +29,16 @@ impl Levels {
         call: &Call,
     ) -> Result<()> {
         let op = summed(op);
-        let size = dtype.size();
-        let count = output.len() / size;
         let chunks = two_level_chunks(output.len(), ALL_REDUCE_CHUNK_MIN);
-        let ranks = self.local.size();
-        // Chunk `c`'s bytes, and each local rank's elements of it.
-        let parts = |c: usize| {
-            let span = part(count, chunks, c);
-            let counts: Vec<usize> = (0..ranks)
-                .map(|r| part(span.len(), ranks, r).len())
-                .collect();
-            (span.start * size..span.end * size, counts)
-        };
+        let parts = slices(output.len(), chunks, self.local.size(), dtype);
         self.in_chunks(
             chunks,
             call,
             (input, output),
             |levels, (input, output), c| {
                 let (bytes, counts) = parts(c);
-                let mut slice = vec![0u8; counts[levels.local.rank()] * size];
                 let whole = &input.unwrap_or(&**output)[bytes];
-                levels
-                    .local
-                    .reduce_scatter_v_raw(whole, &mut slice, &counts, dtype, op)
-                    .map_err(|e| levels.in_group(e, Level::Host, call))?;
-                Ok(slice)
+                levels.host_slice(whole, &counts, dtype, op, call)
             },
             move |cross, mut slice: Vec<u8>| {
                 cross.all_reduce_raw_in_place(&mut slice, dtype, op)?;
@@ -61,10 +46,112 @@ impl Levels {
             },
             |levels, (_, output), c, slice| {
                 let (bytes, counts) = parts(c);
+                levels.host_gather(&slice, &mut output[bytes], &counts, dtype, call)
+            },
+        )
+    }
+
+    /// The reduce of `input` with `op` into `output` of the group's `call.root` (elsewhere
+    /// not written): the host reduce-scatters, the ranks of each local rank reduce their slice
+    /// across hosts to the root's host, whose ranks gather the slices to the root
+    /// ([`Levels::in_chunks`]). Across hosts it moves what the all-reduce's level across does
+    /// one way only; the host's last part gathers to one rank instead of all.
+    pub(in crate::group) fn reduce(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: Dtype,
+        op: ReduceOp,
+        call: &Call,
+    ) -> Result<()> {
+        let op = summed(op);
+        let chunks = two_level_chunks(input.len(), ALL_REDUCE_CHUNK_MIN);
+        let parts = slices(input.len(), chunks, self.local.size(), dtype);
+        let (root_host, root_here) = self.place_of(call.root)?;
+        let on_root_host = root_host == self.hosts.host();
+        self.in_chunks(
+            chunks,
+            call,
+            (input, output),
+            |levels, (input, _), c| {
+                let (bytes, counts) = parts(c);
+                levels.host_slice(&input[bytes], &counts, dtype, op, call)
+            },
+            move |cross, slice: Vec<u8>| {
+                let mut reduced = match cross.rank() == root_host {
+                    true => vec![0u8; slice.len()],
+                    false => Vec::new(),
+                };
+                cross.reduce_raw(&slice, &mut reduced, dtype, op, root_host)?;
+                Ok(reduced)
+            },
+            |levels, (_, output), c, reduced| {
+                if !on_root_host {
+                    return Ok(());
+                }
+                let (bytes, counts) = parts(c);
+                let block = block_of(&counts, dtype);
+                let mut padded = reduced;
+                padded.resize(block, 0);
+                let is_root = levels.local.rank() == root_here;
+                let mut gathered = vec![0u8; if is_root { block * counts.len() } else { 0 }];
                 levels
                     .local
-                    .all_gather_v_raw(&slice, &mut output[bytes], &counts, dtype)
-                    .map_err(|e| levels.in_group(e, Level::Host, call))
+                    .gather_raw(&padded, &mut gathered, dtype, root_here)
+                    .map_err(|e| levels.in_group(e, Level::Host, call))?;
+                if is_root {
+                    for (message, blocks) in in_blocks(bytes.start, &counts, dtype) {
+                        copy(&mut output[message], &gathered[blocks]);
+                    }
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// The broadcast of `data` from the group's `call.root`: the root scatters it over the
+    /// ranks of its host, the ranks of each local rank broadcast their slice across hosts from
+    /// the root's host, and every host all-gathers the slices ([`Levels::in_chunks`]).
+    pub(in crate::group) fn broadcast(
+        &mut self,
+        data: &mut [u8],
+        dtype: Dtype,
+        call: &Call,
+    ) -> Result<()> {
+        let chunks = two_level_chunks(data.len(), GATHER_CHUNK_MIN);
+        let parts = slices(data.len(), chunks, self.local.size(), dtype);
+        let (root_host, root_here) = self.place_of(call.root)?;
+        let on_root_host = root_host == self.hosts.host();
+        self.in_chunks(
+            chunks,
+            call,
+            data,
+            |levels, data, c| {
+                let (bytes, counts) = parts(c);
+                let block = block_of(&counts, dtype);
+                let mut slice = vec![0u8; block];
+                if on_root_host {
+                    let mut blocks = Vec::new();
+                    if levels.local.rank() == root_here {
+                        blocks = vec![0u8; block * counts.len()];
+                        for (message, at) in in_blocks(bytes.start, &counts, dtype) {
+                            copy(&mut blocks[at], &data[message]);
+                        }
+                    }
+                    levels
+                        .local
+                        .scatter_raw(&blocks, &mut slice, dtype, root_here)
+                        .map_err(|e| levels.in_group(e, Level::Host, call))?;
+                }
+                Ok(slice)
+            },
+            move |cross, mut slice: Vec<u8>| {
+                cross.broadcast_raw(&mut slice, dtype, root_host)?;
+                Ok(slice)
+            },
+            |levels, data, c, slice| {
+                let (bytes, counts) = parts(c);
+                levels.host_gather(&slice, &mut data[bytes], &counts, dtype, call)
             },
         )
     }
@@ -160,6 +247,48 @@ impl Levels {
         )
     }
 
+    /// The host of the group's rank `root` and its place among that host's ranks: the ranks
+    /// of the cross group and of that host's group that stand for it.
+    fn place_of(&self, root: usize) -> Result<(usize, usize)> {
+        self.hosts.place_of(root).ok_or_else(|| {
+            Error::InvalidArgument(format!("root {root} is not a rank of the group"))
+        })
+    }
+
+    /// This rank's slice of `whole` (`counts` elements for each of the host's ranks) reduced
+    /// with `op` over the host: the host's first part of the all-reduce and the reduce.
+    fn host_slice(
+        &mut self,
+        whole: &[u8],
+        counts: &[usize],
+        dtype: Dtype,
+        op: ReduceOp,
+        call: &Call,
+    ) -> Result<Vec<u8>> {
+        let mut slice = vec![0u8; counts[self.local.rank()] * dtype.size()];
+        self.local
+            .reduce_scatter_v_raw(whole, &mut slice, counts, dtype, op)
+            .map_err(|e| self.in_group(e, Level::Host, call))?;
+        Ok(slice)
+    }
+
+    /// Gathers every rank's slice (`counts` elements each; this rank's at the start of
+    /// `slice`) into `whole` over the host: the host's last part of the all-reduce and the
+    /// broadcast.
+    fn host_gather(
+        &mut self,
+        slice: &[u8],
+        whole: &mut [u8],
+        counts: &[usize],
+        dtype: Dtype,
+        call: &Call,
+    ) -> Result<()> {
+        let mine = &slice[..counts[self.local.rank()] * dtype.size()];
+        self.local
+            .all_gather_v_raw(mine, whole, counts, dtype)
+            .map_err(|e| self.in_group(e, Level::Host, call))
+    }
+
     /// Runs a collective chunk by chunk: for each chunk, the host's first part on this thread
     /// (`host_first`), the network's part on the cross group's progress thread (`across`),
     /// then the host's last part (`host_then`), so that the network works on one chunk while
@@ -244,6 +373,50 @@ fn block_chunks(
         span.start * size..span.end * size
     };
     (chunks, bytes)
+}
+
+/// How a two-level all-reduce or reduce of a message of `bytes` in `chunks` cuts chunk `c`:
+/// its bytes in the message, and the elements of it each of the host's `ranks` reduces.
+fn slices(
+    bytes: usize,
+    chunks: usize,
+    ranks: usize,
+    dtype: Dtype,
+) -> impl Fn(usize) -> (Range<usize>, Vec<usize>) + Copy {
+    let size = dtype.size();
+    let count = bytes / size;
+    move |c| {
+        let span = part(count, chunks, c);
+        let counts = (0..ranks)
+            .map(|r| part(span.len(), ranks, r).len())
+            .collect();
+        (span.start * size..span.end * size, counts)
+    }
+}
+
+/// The bytes of a block that holds the longest of slices of `counts` elements of `dtype`: the
+/// host's gather and scatter move the slices, which differ by an element at most, in blocks
+/// of one length.
+fn block_of(counts: &[usize], dtype: Dtype) -> usize {
+    counts.iter().max().copied().unwrap_or(0) * dtype.size()
+}
+
+/// Where each slice of `counts` elements of `dtype` is in the message (the first from byte
+/// `start`) and in blocks of [`block_of`] bytes.
+fn in_blocks(
+    start: usize,
+    counts: &[usize],
+    dtype: Dtype,
+) -> impl Iterator<Item = (Range<usize>, Range<usize>)> {
+    let block = block_of(counts, dtype);
+    let message = counts.iter().scan(start, move |at, &n| {
+        let len = n * dtype.size();
+        *at += len;
+        Some(*at - len..*at)
+    });
+    let at =
+        move |(r, span): (usize, Range<usize>)| (span.clone(), r * block..r * block + span.len());
+    message.enumerate().map(at)
 }
 
 /// Part `i` of `n` near-equal parts of `0..count` (the first `count % n` one longer).

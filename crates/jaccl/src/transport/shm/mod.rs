@@ -82,6 +82,15 @@ pub(crate) fn host_identity(pretend: Option<&str>) -> String {
     format!("{host} boot {boot} netns {netns}{pretend}")
 }
 
+/// The machine (kernel) part of a host identity ([`host_identity`]): its boot id, which
+/// namespaces and containers on one machine share; the whole identity if it has none.
+pub(crate) fn machine_of(identity: &str) -> &str {
+    identity
+        .split_once(" boot ")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .unwrap_or(identity)
+}
+
 /// Checks that shared memory works here: a sealed segment, its mapping (also mirrored), a
 /// doorbell and an abstract socket.
 pub(crate) fn probe() -> Result<(), String> {

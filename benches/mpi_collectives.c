@@ -1,12 +1,14 @@
 /* MPI_Bcast, MPI_Alltoall, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Reduce, MPI_Gather,
- * MPI_Scatter and MPI_Allreduce timed the way `jaccl bench --dtype u8` times broadcast,
- * all-to-all, all-gather, reduce-scatter, reduce, gather, scatter and all-reduce, for
+ * MPI_Scatter, MPI_Allreduce and MPI_Barrier timed the way `jaccl bench --dtype u8` times
+ * broadcast, all-to-all, all-gather, reduce-scatter, reduce, gather, scatter, all-reduce and
+ * barrier (size 0), for
  * benches/compare_mpi.sh (the side-by-side with jaccl):
  *
  *   mpicc -O2 -o mpi_collectives benches/mpi_collectives.c -lm
  *   mpirun -np 4 ./mpi_collectives OP SIZES [TRANSPORT]
  *
- * OP: bcast, alltoall, allgather, reducescatter, reduce, gather, scatter or allreduce; rooted
+ * OP: bcast, alltoall, allgather, reducescatter, reduce, gather, scatter, allreduce or barrier
+ * (give it size 0); rooted
  * ones with root 0, reductions with MPI_SUM. SIZES: comma list of bytes (K/M suffixes): for
  * bcast, reduce and allreduce the message, for alltoall each rank's whole input (SIZE / N bytes
  * to every rank), for allgather the gathered output (SIZE / N bytes from every rank), for
@@ -66,13 +68,17 @@ static void sum_table(int n, unsigned char *sums) {
     }
 }
 
-typedef enum { BCAST, ALLTOALL, ALLGATHER, REDUCESCATTER, REDUCE, GATHER, SCATTER, ALLREDUCE } Kind;
-#define KINDS 8
+typedef enum {
+    BCAST, ALLTOALL, ALLGATHER, REDUCESCATTER, REDUCE, GATHER, SCATTER, ALLREDUCE, BARRIER
+} Kind;
+#define KINDS 9
 
 static const char *const NAMES[KINDS] = {"bcast",  "alltoall", "allgather", "reducescatter",
-                                         "reduce", "gather",   "scatter",   "allreduce"};
+                                         "reduce", "gather",   "scatter",   "allreduce",
+                                         "barrier"};
 static const char *const OPS[KINDS] = {"broadcast", "all-to-all", "all-gather", "reduce-scatter",
-                                       "reduce",    "gather",     "scatter",    "all-reduce"};
+                                       "reduce",    "gather",     "scatter",    "all-reduce",
+                                       "barrier"};
 
 typedef struct {
     Kind kind;
@@ -108,6 +114,7 @@ static void run(Op *op) {
     case ALLREDUCE:
         MPI_Allreduce(op->in, op->out, bytes, MPI_UNSIGNED_CHAR, MPI_SUM, MPI_COMM_WORLD);
         break;
+    case BARRIER: MPI_Barrier(MPI_COMM_WORLD); break;
     }
 }
 
@@ -115,6 +122,7 @@ static long wrong(const Op *op) {
     long bad = 0;
     const unsigned char *out = op->out;
     switch (op->kind) {
+    case BARRIER: break; /* Nothing to check: no data. */
     case BCAST:
         for (long i = 0; i < op->bytes; i++) bad += out[i] != pattern(0, 0, i);
         break;
@@ -155,7 +163,7 @@ int main(int argc, char **argv) {
     if (argc < 3 || kind == KINDS) {
         if (!rank)
             fprintf(stderr, "usage: mpi_collectives bcast|alltoall|allgather|reducescatter|reduce|"
-                            "gather|scatter|allreduce SIZES [TRANSPORT]\n");
+                            "gather|scatter|allreduce|barrier SIZES [TRANSPORT]\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     const char *transport = argc > 3 ? argv[3] : "default";

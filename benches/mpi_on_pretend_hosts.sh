@@ -11,7 +11,7 @@
 #
 # Prints, per size, Open MPI's time and jaccl's (µs; the bench's mean per call, out of place)
 # and jaccl's speed-up (above 1: jaccl is faster). Operations as benches/compare_mpi.sh (u8,
-# sums). Open MPI is told to yield when idle (`mpi_yield_when_idle`), as `--oversubscribe`
+# sums), and barrier (`-O barrier -s 0`). Open MPI is told to yield when idle (`mpi_yield_when_idle`), as `--oversubscribe`
 # does on one host: the ranks outnumber the cores. Needs root, mpicc, mpirun, sshd; builds
 # jaccl in release. -e sets a variable for jaccl's ranks (its links' figures, say). Removes the
 # pretend hosts and the sshds when done.
@@ -28,7 +28,7 @@ done
 case $op in
   broadcast) mpi_op=bcast ;; all-to-all) mpi_op=alltoall ;; all-gather) mpi_op=allgather ;;
   reduce-scatter) mpi_op=reducescatter ;; reduce) mpi_op=reduce ;; gather) mpi_op=gather ;;
-  scatter) mpi_op=scatter ;; all-reduce) mpi_op=allreduce ;;
+  scatter) mpi_op=scatter ;; all-reduce) mpi_op=allreduce ;; barrier) mpi_op=barrier ;;
   *) echo "mpi_on_pretend_hosts.sh: unknown operation $op" >&2; exit 2 ;;
 esac
 for tool in mpicc mpirun /usr/sbin/sshd; do

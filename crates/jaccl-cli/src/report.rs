@@ -170,11 +170,20 @@ fn hosts(g: &Group) -> String {
     }
     let from: Vec<String> = from
         .iter()
-        .map(|(min, ops)| format!("{} from {}", ops.join(" and "), human(*min)))
+        .map(|(min, ops)| format!("{} from {}", in_words(ops), human(*min)))
         .collect();
     match from.is_empty() {
         true => host_sizes(g),
         false => format!("{}; in two levels: {}", host_sizes(g), from.join(", ")),
+    }
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn in_words(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 

@@ -173,15 +173,6 @@ fn every_collective_from_every_root_among_64_ranks() {
     }
 }
 
-/// The configurations of ranks on pretend hosts: rank r on host `host_of[r]`.
-fn on_pretend_hosts(host_of: &[usize]) -> Vec<Config> {
-    let cfgs = configs(Net::Mixed, host_of.len(), 1, Duration::from_secs(60));
-    let ranks = cfgs.into_iter().enumerate();
-    ranks
-        .map(|(r, c)| c.host_id(format!("host{}", host_of[r])))
-        .collect()
-}
-
 /// Every collective from every root across pretend hosts of each layout: 2 × 4, 3 × 3
 /// interleaved, 4 + 3 + 2 interleaved and 4 × 2 (shared memory within a host, TCP between
 /// hosts, or RDMA where the machine has a port; the sizes of the flat algorithms), every

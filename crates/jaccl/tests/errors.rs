@@ -519,6 +519,42 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
     }
 }
 
+/// Reduces and broadcasts whose lengths fall on either side of the two levels' size (512 KiB
+/// and 1 MiB) fail with `Mismatch` on every rank, never at the timeout: the odd rank takes a
+/// tree (whose edges need not be ring neighbours) or a flat all-reduce while the others take
+/// the two levels. On pretend hosts whose ranks alternate (where broadcasts go in two levels)
+/// and in blocks, the odd rank first or last.
+#[test]
+fn rooted_calls_on_either_side_of_the_two_levels_give_mismatch() {
+    let layouts: [&[usize]; 2] = [&[0, 1, 0, 1], &[0, 0, 0, 1, 1, 1]];
+    for host_of in layouts {
+        let size = host_of.len();
+        let alternate = host_of[1] != host_of[0];
+        for odd in [1, size - 1] {
+            let make = || on_pretend_hosts_within(host_of, Duration::from_secs(30));
+            // Reduces of 512 KiB against one down the tree and one just below.
+            for odd_len in [1000, (1 << 17) - 1] {
+                let r = with_configs(make, |g| {
+                    let len = if g.rank() == odd { odd_len } else { 1 << 17 };
+                    let mut out = vec![0f32; if g.rank() == 0 { len } else { 0 }];
+                    g.reduce(&vec![1f32; len], &mut out, ReduceOp::Sum, 0)
+                });
+                expect_mismatch(size, odd, r);
+            }
+            // Broadcasts of 1 MiB against one down the tree.
+            if alternate {
+                for odd_len in [1000, (1 << 18) - 1] {
+                    let r = with_configs(make, |g| {
+                        let len = if g.rank() == odd { odd_len } else { 1 << 18 };
+                        g.broadcast(&mut vec![1f32; len], 0)
+                    });
+                    expect_mismatch(size, odd, r);
+                }
+            }
+        }
+    }
+}
+
 /// A two-level all-reduce (1 MiB on 2 pretend hosts) that waits inside one of its levels
 /// stops when its group is aborted from another thread or interrupted, or when the timeout set
 /// after the levels were formed runs out: the group's controls reach the waits of the

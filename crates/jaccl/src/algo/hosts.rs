@@ -4,8 +4,9 @@
 
 use crate::error::Op;
 
-/// From this many bytes (the all-gather's output, the reduce-scatter's input) an all-gather
-/// or a reduce-scatter goes in two levels. Measured on pretend hosts, 2 × 4 ranks, against
+/// From this many bytes (the all-gather's output, the reduce-scatter's input, the broadcast's
+/// message) an all-gather, a reduce-scatter or (on hosts whose ranks are not consecutive) a
+/// broadcast goes in two levels. Measured on pretend hosts, 2 × 4 ranks, against
 /// the flat algorithms (`jaccl bench --dtype u8`, µs, two levels against flat): at 1 Gbit/s
 /// two levels win from 4 KiB (all-gather 64 KiB 281 against 1454, 256 KiB 1104 against
 /// 1926; reduce-scatter 256 KiB 1101 against 1930), but at 10 Gbit/s, where this machine's 2
@@ -14,9 +15,9 @@ use crate::error::Op;
 /// and tie at 2 MiB.
 pub(crate) const GATHER_TWO_LEVEL_MIN: usize = 1 << 20;
 
-/// From this many bytes (the message) an all-reduce goes in two levels: below, on hosts, it
-/// takes Rabenseifner's algorithm (`super::select::Shape::rabenseifner_max`), which crosses
-/// the hosts' ports with about the message as two levels do. Measured there (µs, out of
+/// From this many bytes (the message) an all-reduce or a reduce goes in two levels: below, on
+/// hosts, the all-reduce takes Rabenseifner's algorithm (`super::select::Shape::rabenseifner_max`),
+/// which crosses the hosts' ports with about the message as two levels do. Measured there (µs, out of
 /// place / in place): at 1 Gbit/s 512 KiB 4507 / 4556 in two levels, Rabenseifner's
 /// 4608–13 978 / 4608–6394 in 7 runs (its traffic across comes in bursts that the port's
 /// queue does not take evenly), the ring's 7722 / 7681; 1 MiB 9.1–9.4 ms / 9.0–9.1 against
@@ -24,7 +25,9 @@ pub(crate) const GATHER_TWO_LEVEL_MIN: usize = 1 << 20;
 /// 512 KiB 1155 / 1108 against Rabenseifner's 1105–1166 / 1163–1200.
 pub(crate) const ALL_REDUCE_TWO_LEVEL_MIN: usize = 512 << 10;
 
-/// From how many bytes `op` goes in two levels on hosts of equal size (`None`: never).
+/// From how many bytes `op` goes in two levels on hosts of equal size (`None`: never), but for
+/// broadcasts, which do only where some host's ranks are not consecutive
+/// ([`HostLayout::two_levels_from`]).
 pub(crate) fn two_levels_from(op: Op) -> Option<usize> {
     match op {
         Op::AllReduce | Op::Reduce => Some(ALL_REDUCE_TWO_LEVEL_MIN),
@@ -185,6 +188,17 @@ impl HostLayout {
     pub(crate) fn even(&self) -> bool {
         let here = self.local_size();
         self.count() >= 2 && here >= 2 && self.ranks.iter().all(|r| r.len() == here)
+    }
+
+    /// From how many bytes `op` among these ranks goes in two levels: on several hosts, each
+    /// with the same number of ranks, at least 2 ([`two_levels_from`]). Broadcasts only where
+    /// some host's ranks are not consecutive: elsewhere the ring's chain already crosses to
+    /// each host once, and two levels measured no faster (2 pretend hosts × 4 ranks at 1
+    /// Gbit/s, 2–32 MiB: 0.99–1.02×; 4 × 2: 0.83–0.91×).
+    pub(crate) fn two_levels_from(&self, op: Op) -> Option<usize> {
+        let chain_crosses_once = op == Op::Broadcast && self.contiguous();
+        let two_levels = self.even() && !chain_crosses_once;
+        two_levels.then(|| two_levels_from(op)).flatten()
     }
 
     /// Whether the ranks of every host are consecutive in rank order (the ring then crosses

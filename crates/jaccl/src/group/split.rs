@@ -169,7 +169,7 @@ impl Group {
         members.sort_unstable();
         let members: Vec<usize> = members.into_iter().map(|(_, rank)| rank).collect();
         let id = group_id("split", self.family.id, &[&split, &color.to_le_bytes()]);
-        let formed = self.form(&members, id, None, true);
+        let formed = self.form(&members, id, None, Watch::Split);
         if formed.is_ok() {
             self.end_split();
         }
@@ -195,7 +195,7 @@ impl Group {
             return Ok(None);
         }
         let id = group_id("subgroup", self.family.id, &[&split, &list]);
-        let formed = self.form(ranks, id, None, true);
+        let formed = self.form(ranks, id, None, Watch::Split);
         if formed.is_ok() {
             self.end_split();
         }
@@ -283,20 +283,20 @@ impl Group {
             self.family.id,
             &[name.as_bytes(), &list, &made.to_le_bytes()],
         );
-        self.form(ranks, id, timeout, false)
+        self.form(ranks, id, timeout, Watch::Members)
     }
 
     /// A sub-group of `ranks` (this rank among them) that jaccl makes for its own use, named
-    /// `purpose`, formed by its members alone as [`Group::subgroup_of_members`], at most once
-    /// per purpose and list: its id is of a kind of its own, which no name a caller gives to
-    /// a sub-group can take.
+    /// `purpose`, at most once per purpose and list: its id is of a kind of its own, which no
+    /// name a caller gives to a sub-group can take. Every rank of this group forms its own in
+    /// the same call, within the call's timeout.
     pub(super) fn internal_subgroup(&self, ranks: &[usize], purpose: &str) -> Result<Group> {
         let parts: [&[u8]; 2] = [purpose.as_bytes(), &list_digest(ranks)];
         self.form(
             ranks,
             group_id("internal", self.family.id, &parts),
-            None,
-            false,
+            Some(self.operation_timeout()),
+            Watch::Call,
         )
     }
 
@@ -357,14 +357,13 @@ impl Group {
 
     /// Forms the group of `members` (ranks of this group, in their new order; this rank among
     /// them) whose connections carry `id`, with `timeout` as its start-up and operation
-    /// timeouts (`None`: this group's). `in_a_split`: every rank of this group called the
-    /// split, and ends it with [`Group::end_split`].
+    /// timeouts (`None`: this group's), watching the ranks `watch` says while it waits.
     fn form(
         &self,
         members: &[usize],
         id: u64,
         timeout: Option<Duration>,
-        in_a_split: bool,
+        watch: Watch,
     ) -> Result<Group> {
         let rank = members
             .iter()
@@ -406,18 +405,19 @@ impl Group {
             let why = std::io::Error::other("a group of one has no connections to split");
             Error::io(self.rank, "split", why)
         })?;
-        // Forming waits for the members: it ends early when one of them is lost or has left
-        // this group without forming the new one, or when this group is aborted, closed or
-        // interrupted. Only a split tells a member that formed it and left from one that
-        // did not: outside a split, every member that left counts.
+        // Forming waits for the members: it ends early when one of them (within a call, any
+        // rank of this group) is lost or has left this group without forming the new one, or
+        // when this group is aborted, closed or interrupted.
         let (parent, interruptible) = (self.liveness.clone(), !self.on_progress_thread);
-        let parent_ranks = members.to_vec();
+        let watched = match watch {
+            Watch::Members | Watch::Split => members.to_vec(),
+            Watch::Call => (0..self.size).filter(|&r| r != self.rank).collect(),
+        };
         let go_on: GoOn = Arc::new(move || match &parent {
             Some(parent) => {
-                if in_a_split {
-                    parent.check_collective(Op::Split, &parent_ranks)?;
-                } else {
-                    parent.check_peers(Op::Split, &parent_ranks)?;
+                match watch {
+                    Watch::Members => parent.check_peers(Op::Split, &watched)?,
+                    Watch::Split | Watch::Call => parent.check_collective(Op::Split, &watched)?,
                 }
                 parent.check_interrupt(Op::Split, interruptible)
             }
@@ -432,6 +432,22 @@ impl Group {
             })?;
         Ok(Group::connected(&config, connected, family))
     }
+}
+
+/// Whom forming a sub-group watches while it waits for its members ([`Group::form`]).
+#[derive(Clone, Copy)]
+enum Watch {
+    /// Members that form it when they come to it: any that is lost or has left this group
+    /// ends the wait.
+    Members,
+    /// A split, which every rank of this group calls and ends with [`Group::end_split`]: a
+    /// member whose group failed, or that left before the split, ends the wait (one that
+    /// formed it and left did its part).
+    Split,
+    /// A call of every rank of this group in which each forms its sub-groups (the two
+    /// levels): any rank of this group that failed, or left before the call, ends the wait,
+    /// as the call cannot succeed.
+    Call,
 }
 
 #[cfg(test)]

@@ -285,6 +285,21 @@ pub fn with_group_timeout<R: Send>(
     with_configs(|| configs(net, size, wires, timeout), f)
 }
 
+/// The configurations of ranks on pretend hosts: rank r on host `host_of[r]`, within reach of
+/// each other as [`Net::Mixed`]'s, each call waiting up to `timeout`.
+pub fn on_pretend_hosts_within(host_of: &[usize], timeout: Duration) -> Vec<Config> {
+    let cfgs = configs(Net::Mixed, host_of.len(), 1, timeout);
+    let ranks = cfgs.into_iter().enumerate();
+    ranks
+        .map(|(r, c)| c.host_id(format!("host{}", host_of[r])))
+        .collect()
+}
+
+/// [`on_pretend_hosts_within`] a minute.
+pub fn on_pretend_hosts(host_of: &[usize]) -> Vec<Config> {
+    on_pretend_hosts_within(host_of, Duration::from_secs(60))
+}
+
 /// Like [`with_group`], with the configs `make` returns (called again for each attempt).
 pub fn with_configs<R: Send>(
     make: impl Fn() -> Vec<Config>,

@@ -1,6 +1,6 @@
 //! The collectives that go in two levels ([`Levels`]). Each element is reduced within its
 //! host first (in the order of the host's reduce-scatter), then across hosts (in the order of
-//! the cross group's all-reduce or reduce-scatter), the same on every rank: the result is
+//! the cross group's all-reduce, reduce or reduce-scatter), the same on every rank: the result is
 //! bit-identical on every rank and from run to run. `Avg` is summed on both levels, for the
 //! caller to divide once.
 
@@ -54,8 +54,9 @@ impl Levels {
     /// The reduce of `input` with `op` into `output` of the group's `call.root` (elsewhere
     /// not written): the host reduce-scatters, the ranks of each local rank reduce their slice
     /// across hosts to the root's host, whose ranks gather the slices to the root
-    /// ([`Levels::in_chunks`]). Across hosts it moves what the all-reduce's level across does
-    /// one way only; the host's last part gathers to one rank instead of all.
+    /// ([`Levels::in_chunks`]). Across hosts it moves what the all-reduce's level does (the
+    /// cross group's reduce of slices of 64 KiB or more is its all-reduce); the gain is the
+    /// host's last part, which gathers to one rank instead of all.
     pub(in crate::group) fn reduce(
         &mut self,
         input: &[u8],

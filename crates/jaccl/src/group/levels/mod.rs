@@ -2,14 +2,18 @@
 //! run them: a sub-group of the ranks of each host (shared memory) and a sub-group of the
 //! ranks of the same local rank on every host (the network), so that each byte crosses the
 //! network once each way and every rank's connection works. The collectives themselves (the
-//! all-reduce, the all-gather and the reduce-scatter) are in `collectives`.
+//! all-reduce, the reduce, the broadcast, the all-gather and the reduce-scatter) are in
+//! `collectives`.
 //!
 //! The two sub-groups work for the group: its timeout is theirs, and closing, aborting or
 //! interrupting it reaches their waits (their liveness follows the group's,
 //! `Liveness::lead`). Before the data moves, every rank exchanges the call's header with its
 //! ring neighbours in the group, so ranks whose calls differ (a length on either side of
 //! the size of two levels, `Avg` against `Sum`) fail with [`Error::Mismatch`] as on the flat path,
-//! never wait for each other in different sub-groups.
+//! never wait for each other in different sub-groups (the trees that broadcasts and reduces
+//! take below that size swap headers with the ring neighbours too, `algo::tree`). Forming
+//! the levels waits as long as an operation would, and ends when any rank of the group failed
+//! or left.
 
 mod collectives;
 
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::{Group, VERDICT_GRACE};
 use crate::algo::call::Call;
 use crate::algo::collectives::Collectives;
-use crate::algo::hosts::{self, AcrossHosts, HostLayout};
+use crate::algo::hosts::{AcrossHosts, HostLayout};
 use crate::error::{Error, Op, Result};
 use crate::liveness::Liveness;
 use crate::wait::WaitPolicy;
@@ -47,18 +51,7 @@ enum Level {
 
 /// Whether `op` of `bytes` among ranks laid out as `hosts` goes in two levels.
 pub(super) fn goes_in_two_levels(hosts: &HostLayout, op: Op, bytes: usize) -> bool {
-    two_levels_from(hosts, op).is_some_and(|min| bytes >= min)
-}
-
-/// From how many bytes `op` among ranks laid out as `hosts` goes in two levels: on several
-/// hosts, each with the same number of ranks, at least 2. Broadcasts only where some host's
-/// ranks are not consecutive: elsewhere the ring's chain already crosses to each host once, and
-/// two levels measured no faster (2 pretend hosts × 4 ranks at 1 Gbit/s, 2–32 MiB: 0.99–1.02×;
-/// 4 × 2: 0.83–0.91×).
-fn two_levels_from(hosts: &HostLayout, op: Op) -> Option<usize> {
-    let chain_crosses_once = op == Op::Broadcast && hosts.contiguous();
-    let two_levels = hosts.even() && !chain_crosses_once;
-    two_levels.then(|| hosts::two_levels_from(op)).flatten()
+    hosts.two_levels_from(op).is_some_and(|min| bytes >= min)
 }
 
 impl Levels {
@@ -130,7 +123,7 @@ impl Group {
     /// does: another operation, or the group's ranks are on one host, or on hosts of different
     /// sizes, or alone on theirs.
     pub fn two_levels_from(&self, op: Op) -> Option<usize> {
-        two_levels_from(&self.hosts, op)
+        self.hosts.two_levels_from(op)
     }
 
     /// Bytes this rank has sent to and received from ranks on other hosts since the group

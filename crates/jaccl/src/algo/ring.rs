@@ -167,16 +167,6 @@ pub(crate) fn neighbour_headers(g: &Geometry) -> Plan {
     }
 }
 
-/// `plan` with this call's header swapped with both ring neighbours too: for a call whose
-/// other ranks may have taken a path that begins so ([`neighbour_headers`]), so that they meet.
-pub(crate) fn add_neighbour_headers(g: &Geometry, plan: &mut Plan) {
-    for channel in [g.left_channel(0), g.right_channel(0)] {
-        if !plan.headers_both_ways.contains(&channel) {
-            plan.headers_both_ways.push(channel);
-        }
-    }
-}
-
 /// Whole blocks forwarded in both directions at once, for small messages: after step `s` a
 /// rank holds the blocks of the `s + 1` nearest ranks on each side, so ⌈(n − 1)/2⌉ steps
 /// (instead of the ring's n − 1, or 2(n − 1) for an all-reduce) gather all. The output holds

@@ -15,8 +15,6 @@
 use super::geometry::{Geometry, whole_frame};
 use super::hosts::HostLayout;
 use super::plan::{Plan, Span, Step, Transfer};
-use super::ring;
-use crate::error::Op;
 
 /// A binomial tree over some of the group's ranks, as this rank, one of them, sees it.
 #[derive(Debug, Clone)]
@@ -169,26 +167,13 @@ pub(crate) fn broadcast(
     let rounds = stages
         .iter()
         .flat_map(|s| (0..s.rounds).map(move |k| (s, k)));
-    let mut plans: Vec<Plan> = rounds
+    rounds
         .map(|(s, k)| {
             s.tree
                 .as_ref()
                 .map_or_else(Plan::default, |t| in_round(t, k))
         })
-        .collect();
-    meet_two_levels(g, hosts, Op::Broadcast, &mut plans);
-    plans
-}
-
-/// Where `op` goes in two levels from some size on `hosts`, a tree's first round swaps the
-/// call's header with the ring neighbours too, as the two levels begin (`Group::in_two_levels`):
-/// ranks whose lengths fall on either side of that size then fail with `Mismatch`, where the
-/// tree's ranks and the levels' would wait for each other until the timeout.
-fn meet_two_levels(g: &Geometry, hosts: Option<&HostLayout>, op: Op, plans: &mut [Plan]) {
-    let levels = hosts.and_then(|h| h.two_levels_from(op));
-    if let (Some(_), Some(first)) = (levels, plans.first_mut()) {
-        ring::add_neighbour_headers(g, first);
-    }
+        .collect()
 }
 
 /// The rounds of a binomial-tree gather of `block` bytes per rank to `root`, over a buffer of
@@ -267,14 +252,12 @@ pub(crate) fn reduce(
         .iter()
         .rev()
         .flat_map(|s| (0..s.rounds).map(move |k| (s, k)));
-    let (mut plans, receives): (Vec<Plan>, Vec<bool>) = rounds
+    rounds
         .map(|(s, k)| match &s.tree {
             Some(t) => in_round(t, k),
             None => (Plan::default(), false),
         })
-        .unzip();
-    meet_two_levels(g, hosts, Op::Reduce, &mut plans);
-    (plans, receives)
+        .unzip()
 }
 
 /// The blocks of a rank's subtree in a gather or scatter from `root`: all for the root, else

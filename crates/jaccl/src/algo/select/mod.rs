@@ -528,13 +528,18 @@ impl Shape {
     }
 
     /// Reduce of `bytes` to a root: up a binomial tree up to [`TREE_REDUCE_MAX`] (at every size
-    /// on hosts the ring visits in turns, [`Shape::scattered_hosts`]), else as an
+    /// on hosts the ring visits in turns, [`Shape::scattered_hosts`], and on even hosts, where
+    /// it crosses to each host once as the two levels above do, and the two levels' ranks meet
+    /// a rank whose length is below theirs on the tree, `Collectives::open_two_levels`), else
+    /// as an
     /// all-reduce (the ring's reduce-scatter and all-gather: twice the bytes a reduce-scatter
     /// then gather would move; docs/algorithms.md, "Reduce").
     pub(crate) fn reduce(&self, bytes: usize) -> Rooted {
         if self.direct {
             Rooted::Direct
-        } else if self.trees() && (bytes <= TREE_REDUCE_MAX || self.scattered_hosts) {
+        } else if self.trees()
+            && (bytes <= TREE_REDUCE_MAX || self.on_hosts || self.scattered_hosts)
+        {
             Rooted::Tree
         } else {
             Rooted::ViaAll

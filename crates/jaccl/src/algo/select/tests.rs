@@ -196,6 +196,11 @@ fn each_size_has_its_algorithm() {
     assert_eq!(scattered.broadcast(64 << 20), Broadcast::Tree);
     assert_eq!(scattered.reduce(64 << 20), Rooted::Tree);
     assert_eq!(four.reduce(64 << 20), Rooted::ViaAll);
+    let even = Shape {
+        on_hosts: true,
+        ..four
+    };
+    assert_eq!(even.reduce(64 << 20), Rooted::Tree);
     let direct = Shape {
         direct: true,
         ..three

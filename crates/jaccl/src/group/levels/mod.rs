@@ -7,11 +7,12 @@
 //!
 //! The two sub-groups work for the group: its timeout is theirs, and closing, aborting or
 //! interrupting it reaches their waits (their liveness follows the group's,
-//! `Liveness::lead`). Before the data moves, every rank exchanges the call's header with its
-//! ring neighbours in the group, so ranks whose calls differ (a length on either side of
-//! the size of two levels, `Avg` against `Sum`) fail with [`Error::Mismatch`] as on the flat path,
-//! never wait for each other in different sub-groups (the trees that broadcasts and reduces
-//! take below that size swap headers with the ring neighbours too, `algo::tree`). Forming
+//! `Liveness::lead`). Before the data moves, every rank exchanges the call's header as the
+//! call's flat path begins (with its ring neighbours in the group; for reduces and broadcasts
+//! that take trees at every smaller size, over the trees), so ranks whose calls differ (a length
+//! on either side of the size of two levels, `Avg` against `Sum`) fail with
+//! [`Error::Mismatch`] as on the flat path, never wait for each other in different sub-groups
+//! (`Collectives::open_two_levels`). Forming
 //! the levels waits as long as an operation would, and ends when any rank of the group failed
 //! or left.
 
@@ -160,7 +161,7 @@ impl Group {
     ) -> Result<()> {
         // Before any rank waits in a level, or forms them: the data goes through the levels,
         // which cannot tell that the calls differ.
-        self.run(call, Collectives::check_neighbours)?;
+        self.run(call, Collectives::open_two_levels)?;
         // A failure to form them fails the call, as one while data moves would.
         let levels = self.levels(call.op);
         self.run(call, |_, call| {

@@ -520,17 +520,19 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
 }
 
 /// Reduces and broadcasts whose lengths fall on either side of the two levels' size (512 KiB
-/// and 1 MiB) fail with `Mismatch` on every rank (or, hearing of it, `PeerLost` naming it), never
-/// at the timeout: the odd rank takes a tree or a flat all-reduce while the others take the two
-/// levels, which begin over the same trees. On pretend hosts whose ranks alternate (where
-/// broadcasts go in two levels) and in blocks, the odd rank second or last, the root 0 or the
-/// odd rank (whose tree's first edge may be a link made on first use).
+/// and 1 MiB), or whose roots differ there, fail with `Mismatch` on every rank (or, hearing of
+/// it, `PeerLost` naming it), never at the timeout: the odd rank takes a tree (whose edges may
+/// be links made on first use, and need not be ring neighbours) or a flat all-reduce while the
+/// others take the two levels. On pretend hosts whose ranks alternate (where broadcasts go in
+/// two levels), singly or in pairs, and in blocks; the odd rank second or last, the root 0 or
+/// the odd rank.
 #[test]
 fn rooted_calls_on_either_side_of_the_two_levels_give_mismatch() {
-    let layouts: [&[usize]; 3] = [
+    let layouts: [&[usize]; 4] = [
         &[0, 1, 0, 1],
         &[0, 0, 0, 1, 1, 1],
         &[0, 1, 0, 1, 0, 1, 0, 1],
+        &[0, 0, 1, 1, 0, 0, 1, 1],
     ];
     for host_of in layouts {
         let size = host_of.len();
@@ -546,6 +548,18 @@ fn rooted_calls_on_either_side_of_the_two_levels_give_mismatch() {
                 });
                 expect_mismatch_named(size, odd, r, false);
             }
+            // Reduces of 1 MiB, the odd rank naming another root.
+            let r = with_configs(make, |g| {
+                let len = 1 << 18;
+                let at = if g.rank() == odd {
+                    (root + 1) % size
+                } else {
+                    root
+                };
+                let mut out = vec![0f32; if g.rank() == at { len } else { 0 }];
+                g.reduce(&vec![1f32; len], &mut out, ReduceOp::Sum, at)
+            });
+            expect_mismatch_named(size, odd, r, false);
             // Broadcasts of 1 MiB against one down the tree.
             if alternate {
                 for odd_len in [1000, (1 << 18) - 1] {

@@ -229,6 +229,7 @@ impl Group {
         if goes_in_two_levels(&self.hosts, op, data.len()) {
             return self.in_two_levels(call, |l, call| l.broadcast(data, dtype, call));
         }
+        self.agree_before_trees(call)?;
         self.run(call, |c, call| c.broadcast(data, call))
     }
 
@@ -271,6 +272,7 @@ impl Group {
         if goes_in_two_levels(&self.hosts, which, input.len()) {
             self.in_two_levels(call, |l, call| l.reduce(input, output, dtype, op, call))?;
         } else {
+            self.agree_before_trees(call)?;
             self.copy_or_run(call, input, output, |c, i, o, call| {
                 c.reduce(i, o, &reducer, call)
             })?;

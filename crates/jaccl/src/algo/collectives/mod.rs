@@ -19,7 +19,7 @@ use super::shared_memory::{Direct, equal_blocks};
 use super::{bruck, doubling, host_doubling, mesh, p2p, rabenseifner, ring, tree};
 use crate::config::LinkSpeed;
 use crate::dtype::{Dtype, ReduceOp};
-use crate::error::{Error, Op, Result};
+use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::reduce::{Reducer, copy};
 use crate::transport::shm::Board;
@@ -185,26 +185,6 @@ impl Collectives {
     pub(crate) fn check_neighbours(&mut self, call: &Call) -> Result<()> {
         let plan = ring::neighbour_headers(&self.geometry);
         self.net.run(&plan, Buffers::none(), None, call)
-    }
-
-    /// Before `call`'s data goes in two levels (`Group::in_two_levels`), the ranks meet as the
-    /// call's flat path begins, so that one whose length falls on the other side of the two
-    /// levels' size and the others fail with `Mismatch` rather than wait for each other: where
-    /// reduces or broadcasts take the trees at every smaller size, the trees with headers only
-    /// (every way of splitting the ranks in two has an edge between the parts), else the
-    /// header swap with the ring neighbours with which the flat algorithms begin.
-    pub(crate) fn open_two_levels(&mut self, call: &Call) -> Result<()> {
-        let (g, hosts, root) = (self.geometry, self.hosts.as_ref(), call.root);
-        let plans = match call.op {
-            Op::Reduce if self.shape.reduce(usize::MAX) == Rooted::Tree => {
-                tree::reduce(&g, hosts, root, 0).0
-            }
-            Op::Broadcast if self.shape.broadcast(usize::MAX) == Broadcast::Tree => {
-                tree::broadcast(&g, hosts, root, 0)
-            }
-            _ => return self.check_neighbours(call),
-        };
-        Rounds::new(&mut self.net, &plans, call).run_all(&mut [])
     }
 
     /// All-gather of `input` into `output` (`size` blocks of `input.len()` bytes).

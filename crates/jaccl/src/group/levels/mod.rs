@@ -7,12 +7,12 @@
 //!
 //! The two sub-groups work for the group: its timeout is theirs, and closing, aborting or
 //! interrupting it reaches their waits (their liveness follows the group's,
-//! `Liveness::lead`). Before the data moves, every rank exchanges the call's header as the
-//! call's flat path begins (with its ring neighbours in the group; for reduces and broadcasts
-//! that take trees at every smaller size, over the trees), so ranks whose calls differ (a length
-//! on either side of the size of two levels, `Avg` against `Sum`) fail with
-//! [`Error::Mismatch`] as on the flat path, never wait for each other in different sub-groups
-//! (`Collectives::open_two_levels`). Forming
+//! `Liveness::lead`). Before the data moves, every rank exchanges the call's header with its
+//! ring neighbours in the group, as the flat path of the same call does first (the flat
+//! broadcasts and reduces too, where the call goes in two levels at some size:
+//! [`Group::agree_before_trees`]), so ranks whose calls differ (a length on either side of the
+//! size of two levels, another root, `Avg` against `Sum`) fail with [`Error::Mismatch`], never
+//! wait for each other in different sub-groups or trees. Forming
 //! the levels waits as long as an operation would, and ends when any rank of the group failed
 //! or left.
 
@@ -161,7 +161,7 @@ impl Group {
     ) -> Result<()> {
         // Before any rank waits in a level, or forms them: the data goes through the levels,
         // which cannot tell that the calls differ.
-        self.run(call, Collectives::open_two_levels)?;
+        self.run(call, Collectives::check_neighbours)?;
         // A failure to form them fails the call, as one while data moves would.
         let levels = self.levels(call.op);
         self.run(call, |_, call| {
@@ -176,6 +176,21 @@ impl Group {
             }
             result
         })
+    }
+
+    /// Before a broadcast or reduce that does not go in two levels where the same call of
+    /// another length would: the ring neighbours agree on the call, as they do first on the two
+    /// levels' path ([`Group::in_two_levels`]). The trees these take talk to other ranks than the
+    /// neighbours (over links made on first use), so a rank whose length falls on the other side
+    /// of the two levels' size, or that names another root, would otherwise wait in its tree
+    /// while the others wait in theirs or in the levels, until the timeout; now all fail with
+    /// [`Error::Mismatch`]. The other collectives' flat algorithms begin with the neighbours'
+    /// headers anyway.
+    pub(super) fn agree_before_trees(&mut self, call: Call) -> Result<()> {
+        match self.hosts.two_levels_from(call.op) {
+            Some(_) => self.run(call, Collectives::check_neighbours),
+            None => Ok(()),
+        }
     }
 
     /// The group's two levels ([`Levels`]), formed on the first call that needs them.

@@ -447,7 +447,7 @@ enum Watch {
     /// A call of every rank of this group in which each forms its sub-groups (the two
     /// levels): any rank of this group that failed, or left before finishing this call, ends
     /// the wait, as the call cannot succeed (a rank that passed the call's opening,
-    /// `Collectives::open_two_levels`, has counted it).
+    /// `Collectives::check_neighbours`, has counted it).
     Call,
 }
 

@@ -64,6 +64,11 @@ pub(crate) enum Purpose {
     Shm = 3,
     /// A TCP data connection made on first use: to a rank off the ring (`crate::connect::late`).
     Late = 4,
+    /// A question to a rank's job listener: what it knows of an agreement
+    /// (`crate::transport::questions`); its answer also shows that the process lives.
+    Ask = 5,
+    /// News for a rank's job listener: a member revoked the group the claim names.
+    Revoke = 6,
 }
 
 /// Who the connecting side says it is, and what for. Authenticated by the handshake.
@@ -116,6 +121,8 @@ impl Claim {
             2 => Purpose::Data,
             3 => Purpose::Shm,
             4 => Purpose::Late,
+            5 => Purpose::Ask,
+            6 => Purpose::Revoke,
             other => return Err(format!("unknown purpose {other}")),
         };
         Ok(Claim {

@@ -10,7 +10,7 @@
 //! (an all-gather) or what rank 0 made of them (`SideChannel::gather_reply`). Every read and
 //! write has a deadline.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::time::Instant;
@@ -20,7 +20,8 @@ use crate::config::{Config, split_host_port};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Heartbeat, Liveness};
 use crate::op_header::{Reader, to_u32};
-use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after, time_left};
+use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after};
+use crate::transport::frame::{read_frame, write_frame};
 use crate::transport::listener::{DialError, JobListener};
 
 /// Side-channel messages are small (start-up data of one rank); anything larger is not ours.
@@ -441,32 +442,6 @@ fn attend(cfg: &Config, addr: SocketAddr, deadline: Instant) -> Result<SideChann
             )));
         }
     }
-}
-
-fn write_frame(stream: &mut TcpStream, payload: &[u8], deadline: Instant) -> io::Result<()> {
-    stream.set_write_timeout(Some(time_left(deadline)?))?;
-    let mut frame = Vec::with_capacity(4 + payload.len());
-    frame.extend_from_slice(&to_u32(payload.len()).to_le_bytes());
-    frame.extend_from_slice(payload);
-    stream.write_all(&frame)
-}
-
-/// Reads one frame of at most `most` bytes.
-fn read_frame(stream: &mut TcpStream, deadline: Instant, most: usize) -> io::Result<Vec<u8>> {
-    stream.set_read_timeout(Some(time_left(deadline)?))?;
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > most {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a side-channel message of {len} bytes is not jaccl's"),
-        ));
-    }
-    let mut payload = vec![0u8; len];
-    stream.set_read_timeout(Some(time_left(deadline)?))?;
-    stream.read_exact(&mut payload)?;
-    Ok(payload)
 }
 
 #[cfg(test)]

@@ -41,6 +41,10 @@ pub enum Op {
     ReduceScatterV,
     /// `split` and `subgroup`: forming a sub-group.
     Split,
+    /// `agree`: agreeing on a flag and on the ranks alive.
+    Agree,
+    /// `shrink` and `shrink_excluding`: forming the group of the ranks alive.
+    Shrink,
 }
 
 impl Op {
@@ -63,6 +67,8 @@ impl Op {
             Op::AllGatherV => "all_gather_v",
             Op::ReduceScatterV => "reduce_scatter_v",
             Op::Split => "split",
+            Op::Agree => "agree",
+            Op::Shrink => "shrink",
         }
     }
 }
@@ -175,6 +181,28 @@ pub enum Error {
         /// The rank reporting the error.
         rank: usize,
     },
+    /// A member revoked the group ([`crate::Group::revoke`]): the operation in flight stopped
+    /// at its next wait and every later call fails with this error. The group can still
+    /// agree and shrink ([`crate::Group::shrink`]).
+    #[error("rank {rank}: the group was revoked by rank {by}")]
+    Revoked {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The rank that revoked the group.
+        by: usize,
+    },
+    /// The other ranks agreed on the ranks alive without this one (they took it for lost: it
+    /// was stopped or unreachable for the liveness window), or left it out of a shrink: it is
+    /// not in the group they formed.
+    #[error("rank {rank}: {op}: the other ranks went on without this rank: {detail}")]
+    LeftOut {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The operation that was running.
+        op: Op,
+        /// What the others decided.
+        detail: String,
+    },
     /// Start-up failed: the coordinator is unreachable or refused us, a rank did not join in
     /// time, ranks disagree on the configuration, or data connections could not be made.
     #[error("bootstrap failed: {0}")]
@@ -256,6 +284,15 @@ impl Error {
             },
             Error::Closed { rank } => Error::Closed { rank: map(rank) },
             Error::Aborted { rank } => Error::Aborted { rank: map(rank) },
+            Error::Revoked { rank, by } => Error::Revoked {
+                rank: map(rank),
+                by: map(by),
+            },
+            Error::LeftOut { rank, detail, .. } => Error::LeftOut {
+                rank: map(rank),
+                op: in_op,
+                detail: noted(detail),
+            },
             Error::Io {
                 rank,
                 context,

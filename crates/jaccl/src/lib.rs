@@ -89,6 +89,7 @@
 //! [`init`] reads the environment (see [`config`] for the variables: `JACCL_*`, MLX's,
 //! torchrun's, Open MPI's, PMI's and Slurm's); [`init_with`] takes a [`Config`].
 
+mod agreement;
 mod algo;
 mod auth;
 mod bootstrap;
@@ -110,7 +111,7 @@ pub use algo::hosts::{AcrossHosts, HostLayout};
 pub use config::{Config, DeviceMatrix, Topology, Transport};
 pub use dtype::{Dtype, Element, ReduceOp};
 pub use error::{Error, Op, Result};
-pub use group::{AbortHandle, Group, Request};
+pub use group::{AbortHandle, Agreed, Group, Request};
 /// The crate providing [`half::f16`] and [`half::bf16`].
 pub use half;
 /// The crate providing [`num_complex::Complex32`].

@@ -3,141 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::children::*;
 use common::*;
-
-const MODE: &str = "JACCL_TEST_CHILD";
-
-/// Starts this test binary in child `mode` with `env`; its stdout lines arrive on the channel,
-/// tagged with `tag`.
-fn spawn_child(
-    mode: &str,
-    env: &[(String, String)],
-    tag: usize,
-    lines: &mpsc::Sender<(usize, String)>,
-) -> Child {
-    spawn_child_in(None, mode, env, tag, lines)
-}
-
-/// [`spawn_child`] inside network namespace `netns`.
-fn spawn_child_in(
-    netns: Option<&str>,
-    mode: &str,
-    env: &[(String, String)],
-    tag: usize,
-    lines: &mpsc::Sender<(usize, String)>,
-) -> Child {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(exe);
-            c
-        }
-        None => Command::new(exe),
-    };
-    cmd.args([
-        "--exact",
-        "child",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env_clear()
-    .env("PATH", std::env::var("PATH").unwrap_or_default())
-    .env(MODE, mode)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let tx = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send((tag, line));
-        }
-    });
-    child
-}
-
-fn rank_env(rank: usize, size: usize, coordinator: &str, token: &str) -> Vec<(String, String)> {
-    vec![
-        ("JACCL_RANK".into(), rank.to_string()),
-        ("JACCL_SIZE".into(), size.to_string()),
-        ("JACCL_COORDINATOR".into(), coordinator.into()),
-        ("JACCL_JOB_TOKEN".into(), token.into()),
-    ]
-}
-
-/// Starts the `size` ranks of a new job in child `mode`, each with its `rank_env` and `extra`;
-/// their lines arrive on the returned channel, tagged with the rank.
-fn spawn_ranks(
-    mode: &str,
-    size: usize,
-    extra: &[(&str, &str)],
-) -> (Vec<Child>, mpsc::Receiver<(usize, String)>) {
-    let coordinator = free_coordinator();
-    let token = random_token();
-    let (tx, rx) = mpsc::channel();
-    let children = (0..size)
-        .map(|r| {
-            let mut env = rank_env(r, size, &coordinator, &token);
-            env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-            spawn_child(mode, &env, r, &tx)
-        })
-        .collect();
-    (children, rx)
-}
-
-/// Collects the `RESULT ...` line of each child and when it arrived, until every child but
-/// `silent` has answered or `limit` passed; then kills them all.
-fn results_at(
-    children: &mut [Child],
-    rx: &mpsc::Receiver<(usize, String)>,
-    limit: Duration,
-    silent: Option<usize>,
-) -> Vec<(String, Instant)> {
-    let deadline = Instant::now() + limit;
-    let mut out = vec![(String::new(), deadline); children.len()];
-    let waiting = |out: &[(String, Instant)]| {
-        out.iter()
-            .enumerate()
-            .any(|(i, (l, _))| l.is_empty() && Some(i) != silent)
-    };
-    while waiting(&out) {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((tag, line)) => {
-                // libtest may print "test child ... " on the same line first.
-                if let Some((_, rest)) = line.split_once("RESULT ") {
-                    out[tag] = (rest.to_string(), Instant::now());
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    for c in children.iter_mut() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    out
-}
-
-fn results(
-    children: &mut [Child],
-    rx: &mpsc::Receiver<(usize, String)>,
-    limit: Duration,
-) -> Vec<String> {
-    results_at(children, rx, limit, None)
-        .into_iter()
-        .map(|(l, _)| l)
-        .collect()
-}
 
 /// Names in `dir` that jaccl could have left behind (all of /dev/shm; jaccl's in /tmp).
 fn leftovers(dir: &str) -> Vec<String> {
@@ -151,18 +22,6 @@ fn leftovers(dir: &str) -> Vec<String> {
         .unwrap_or_default();
     names.sort();
     names
-}
-
-/// Waits until each of `size` ranks has said `READY` (a minute at most).
-fn wait_ready(rx: &mpsc::Receiver<(usize, String)>, size: usize) {
-    let mut ready = vec![false; size];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready.iter().all(|&r| r) {
-        let (tag, line) = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("ranks did not start");
-        ready[tag] |= line.ends_with("READY");
-    }
 }
 
 /// Starts `size` ranks looping on `op` (`all_reduce`, `broadcast` or `all_to_all`: large and
@@ -183,7 +42,7 @@ fn signal_mid(
     let pid = rustix::process::Pid::from_raw(children[victim].id() as i32).unwrap();
     rustix::process::kill_process(pid, signal).unwrap();
     let signalled = Instant::now();
-    let got = results_at(&mut children, &rx, Duration::from_secs(60), Some(victim));
+    let got = results_at(&mut children, &rx, Duration::from_secs(60), &[victim]);
     let survivors = got
         .into_iter()
         .enumerate()
@@ -191,33 +50,6 @@ fn signal_mid(
         .map(|(r, (line, at))| (r, line, at))
         .collect();
     (survivors, signalled)
-}
-
-/// The nets of `nets()` (see common) that a process can be told to use alone: `tcp`, `shm`,
-/// `rdma`, `mesh` (the mesh topology over TCP), or `meshlocal` (the mesh with the default
-/// transport).
-fn transports() -> Vec<&'static str> {
-    let names = nets().into_iter().filter_map(|net| match net {
-        Net::Tcp => Some("tcp"),
-        Net::Shm => Some("shm"),
-        Net::Rdma => Some("rdma"),
-        Net::Mesh => Some("mesh"),
-        Net::MeshLocal => Some("meshlocal"),
-        Net::Mixed => None,
-    });
-    names.collect()
-}
-
-/// The environment that selects one of [`transports`].
-fn net_env(name: &str) -> &'static [(&'static str, &'static str)] {
-    match name {
-        "tcp" => &[("JACCL_TRANSPORT", "tcp")],
-        "shm" => &[("JACCL_TRANSPORT", "shm")],
-        "rdma" => &[("JACCL_TRANSPORT", "rdma")],
-        "mesh" => &[("JACCL_TRANSPORT", "tcp"), ("JACCL_TOPOLOGY", "mesh")],
-        "meshlocal" => &[("JACCL_TOPOLOGY", "mesh")],
-        other => panic!("unknown net {other}"),
-    }
 }
 
 #[test]
@@ -269,7 +101,7 @@ fn sigkill_mid_two_level_all_reduce_is_named_on_every_host() {
     wait_ready(&rx, 8);
     let pid = rustix::process::Pid::from_raw(children[victim].id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
-    let got = results_at(&mut children, &rx, Duration::from_secs(60), Some(victim));
+    let got = results_at(&mut children, &rx, Duration::from_secs(60), &[victim]);
     for (rank, (line, _)) in got.iter().enumerate().filter(|(r, _)| *r != victim) {
         eprintln!("two levels: rank {rank}: {line}");
         assert!(line.starts_with("PeerLost"), "rank {rank}: {line:?}");
@@ -384,7 +216,7 @@ fn a_connection_made_on_first_use_to_a_stopped_rank_ends_by_liveness_or_abort() 
         let pid = rustix::process::Pid::from_raw(children[2].id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
         std::fs::write(&trigger, b"").unwrap();
-        let got = results_at(&mut children, &rx, Duration::from_secs(60), Some(2));
+        let got = results_at(&mut children, &rx, Duration::from_secs(60), &[2]);
         let line = &got[0].0;
         eprintln!("liveness {liveness}: rank 0: {line}");
         assert!(
@@ -491,7 +323,7 @@ fn a_job_of_256_ranks_checks_every_collective_and_names_a_killed_rank_everywhere
     let pid = rustix::process::Pid::from_raw(children[victim].id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
     let killed = Instant::now();
-    let got = results_at(&mut children, &rx, Duration::from_secs(120), Some(victim));
+    let got = results_at(&mut children, &rx, Duration::from_secs(120), &[victim]);
     let _ = std::fs::remove_file(&trigger);
     let mut slowest = Duration::ZERO;
     for (rank, (line, at)) in got.iter().enumerate().filter(|(r, _)| *r != victim) {
@@ -826,13 +658,6 @@ fn init_on_pretend_host() -> jaccl::Result<jaccl::Group> {
     let config = jaccl::Config::from_env()?;
     let host = config.rank * hosts.parse::<usize>().unwrap() / config.size;
     jaccl::init_with(config.host_id(format!("host{host}")))
-}
-
-/// Microseconds since the Unix epoch: a clock all the test's processes share.
-fn unix_micros() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros())
 }
 
 /// The CPU time this process has used, in microseconds.
@@ -1315,7 +1140,7 @@ fn a_cut_link_fails_every_rank_within_the_liveness_window() {
     wait_ready(&rx, size);
     assert!(ip(&["-n", &a.0, "link", "set", &va, "down"]));
     let cut = Instant::now();
-    let got = results_at(&mut children, &rx, Duration::from_secs(60), None);
+    let got = results_at(&mut children, &rx, Duration::from_secs(60), &[]);
     for (rank, (line, at)) in got.iter().enumerate() {
         let after = at.duration_since(cut);
         eprintln!("rank {rank} failed {after:?} after the cut: {line}");

@@ -1,10 +1,16 @@
 //! [`AbortHandle`]: stops a group's operations from any thread.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use super::Group;
+use super::{Family, Group};
 use crate::error::Error;
 use crate::liveness::Liveness;
+use crate::transport::listener::JobListener;
+use crate::transport::questions::Revoker;
+
+/// How long telling one member of a revocation may take.
+const TELL_WITHIN: Duration = Duration::from_secs(1);
 
 /// Stops a [`Group`]'s operations from any thread, while another thread may be blocked in one
 /// ([`Group::abort_handle`]). For watchdogs (torchft's `abort()`), Python's `close()` from
@@ -21,6 +27,10 @@ pub struct AbortHandle {
     rank: usize,
     failure: Arc<OnceLock<Error>>,
     liveness: Option<Arc<Liveness>>,
+    /// Where the other members are told of a revocation.
+    job: Option<Arc<JobListener>>,
+    group: u64,
+    job_rank: Arc<[usize]>,
 }
 
 impl AbortHandle {
@@ -29,6 +39,31 @@ impl AbortHandle {
         let _ = self.failure.set(Error::Aborted { rank: self.rank });
         if let Some(liveness) = &self.liveness {
             liveness.abort();
+        }
+    }
+
+    /// Revokes the group on every member ([`Group::revoke`]): at once here, and on the others
+    /// as soon as a thread of this rank has told their listeners. Idempotent, non-blocking.
+    pub fn revoke(&self) {
+        let _ = self.failure.set(Error::Revoked {
+            rank: self.rank,
+            by: self.rank,
+        });
+        let Some(liveness) = &self.liveness else {
+            return;
+        };
+        if !liveness.revoke(self.rank) {
+            return;
+        }
+        if let Some(job) = &self.job {
+            let me = self.job_rank.get(self.rank).copied();
+            let others: Vec<usize> = self
+                .job_rank
+                .iter()
+                .copied()
+                .filter(|&r| Some(r) != me)
+                .collect();
+            job.tell_revoked(&others, self.group, TELL_WITHIN);
         }
     }
 
@@ -55,6 +90,46 @@ impl Group {
             rank: self.rank,
             failure: Arc::clone(&self.failure),
             liveness: self.liveness.clone(),
+            job: self.family.job.clone(),
+            group: self.family.id,
+            job_rank: Arc::clone(&self.family.job_rank),
         }
     }
+
+    /// Revokes this group on every member, as MPI's `MPIX_Comm_revoke` does: the operation in
+    /// flight on any member (blocking, or started with [`Group::start`]) stops at its next
+    /// wait, which the revocation wakes, and every later call fails, each with
+    /// [`Error::Revoked`] naming this rank. Non-blocking (the others are told from a thread of
+    /// this rank, through their job listeners, which answer while their application
+    /// computes) and idempotent; from another thread, use [`AbortHandle::revoke`]. A
+    /// revoked group can still [`Group::agree`] and [`Group::shrink`]; its sub-groups are
+    /// groups of their own and are not revoked with it. A member that forms the group after
+    /// the revocation was sent does not hear of it, and fails at its first call on the
+    /// revoker's closed connections instead.
+    pub fn revoke(&self) {
+        self.abort_handle().revoke();
+    }
+}
+
+/// What a member's revocation of the group of `rank` in `family` calls: it poisons the group
+/// with [`Error::Revoked`] and stops its operation in flight; registered with the job's
+/// listener for as long as the group keeps it.
+pub(super) fn revoker(
+    rank: usize,
+    family: &Family,
+    failure: &Arc<OnceLock<Error>>,
+    liveness: &Arc<Liveness>,
+) -> Option<Revoker> {
+    let job = family.job.as_ref()?;
+    let (failure, liveness) = (Arc::clone(failure), Arc::clone(liveness));
+    let job_rank = Arc::clone(&family.job_rank);
+    let revoke: Revoker = Arc::new(move |by_job_rank: usize| {
+        let Some(by) = job_rank.iter().position(|&r| r == by_job_rank) else {
+            return;
+        };
+        let _ = failure.set(Error::Revoked { rank, by });
+        liveness.revoke(by);
+    });
+    job.answers().on_revoke(family.id, &revoke);
+    Some(revoke)
 }

@@ -17,11 +17,13 @@ use crate::liveness::{Heartbeat, Liveness};
 use crate::op_header::Digest;
 use crate::reduce::Reducer;
 use crate::transport::listener::{JobListener, Registration};
+use crate::transport::questions::Revoker;
 use crate::wait::WaitPolicy;
 use levels::Levels;
 
 mod abort;
 mod collectives;
+mod elastic;
 mod forms;
 mod levels;
 mod point_to_point;
@@ -30,6 +32,7 @@ mod split;
 mod uneven;
 
 pub use abort::AbortHandle;
+pub use elastic::Agreed;
 use progress::Progress;
 pub use progress::Request;
 
@@ -83,6 +86,9 @@ pub struct Group {
     on_progress_thread: bool,
     /// What sub-groups are made from.
     family: Family,
+    /// What a member's revocation of this group calls, while the group lives (`None` for a
+    /// group of one).
+    revoker: Option<Revoker>,
 }
 
 /// Where a group's [`State`] lives.
@@ -145,6 +151,9 @@ pub(super) struct Family {
     /// How many splits this group has made: with the id, it names the next sub-groups alike
     /// on every rank (shared with the progress thread's view).
     pub(super) splits: Arc<AtomicU64>,
+    /// How many agreements (and shrinks) this group has run: with the id, it names the next
+    /// alike on every rank (shared with the progress thread's view).
+    pub(super) agreements: Arc<AtomicU64>,
     /// How many sub-groups this rank made with [`Group::subgroup_of_members`], by name and
     /// list: a name and list used again make another group.
     pub(super) made_by_members: Arc<Mutex<HashMap<(String, Digest), u64>>>,
@@ -166,6 +175,7 @@ impl Family {
             job,
             id: 0,
             splits: Arc::default(),
+            agreements: Arc::default(),
             made_by_members: Arc::default(),
             _registration: None,
         }
@@ -207,12 +217,15 @@ impl Group {
             progress: None,
             on_progress_thread: false,
             family,
+            revoker: None,
         }
     }
 
     /// The group of `config`'s rank and size over `connected`.
     fn connected(config: &Config, connected: Connected, family: Family) -> Group {
         tracing::debug!(rank = config.rank, size = config.size, "jaccl group ready");
+        let failure = Arc::default();
+        let revoker = abort::revoker(config.rank, &family, &failure, &connected.liveness);
         Group {
             rank: config.rank,
             size: config.size,
@@ -227,10 +240,11 @@ impl Group {
             opened_late: Some(Arc::clone(&connected.opened_late)),
             liveness: Some(Arc::clone(&connected.liveness)),
             state: Holder::Own(State::Connected(Box::new(connected))),
-            failure: Arc::default(),
+            failure,
             progress: None,
             on_progress_thread: false,
             family,
+            revoker,
         }
     }
 
@@ -261,6 +275,7 @@ impl Group {
             progress: None,
             on_progress_thread: true,
             family: self.family.clone(),
+            revoker: self.revoker.clone(),
         }
     }
 

@@ -89,7 +89,7 @@ impl Ask {
 }
 
 /// The SHA-256 digest of a list of ranks, standing for it in asks and group ids.
-fn list_digest(ranks: &[usize]) -> Digest {
+pub(super) fn list_digest(ranks: &[usize]) -> Digest {
     let mut h = Sha256::new();
     h.update((ranks.len() as u64).to_le_bytes());
     for &r in ranks {
@@ -101,7 +101,7 @@ fn list_digest(ranks: &[usize]) -> Digest {
 /// A sub-group's id: the first 64 bits of the SHA-256 of what tells it apart (`kind`, its
 /// parent's id, then `parts`), never 0 (the group `init` made). Members compute it alike;
 /// the registry of live groups (`JobListener::register`) refuses a second group with one id.
-fn group_id(kind: &str, parent: u64, parts: &[&[u8]]) -> u64 {
+pub(super) fn group_id(kind: &str, parent: u64, parts: &[&[u8]]) -> u64 {
     let mut h = Sha256::new();
     h.update(b"jaccl group id\0");
     h.update(kind.as_bytes());
@@ -169,7 +169,7 @@ impl Group {
         members.sort_unstable();
         let members: Vec<usize> = members.into_iter().map(|(_, rank)| rank).collect();
         let id = group_id("split", self.family.id, &[&split, &color.to_le_bytes()]);
-        let formed = self.form(&members, id, None, Watch::Split);
+        let formed = self.form(&members, id, (None, None), Watch::Split);
         if formed.is_ok() {
             self.end_split();
         }
@@ -195,7 +195,7 @@ impl Group {
             return Ok(None);
         }
         let id = group_id("subgroup", self.family.id, &[&split, &list]);
-        let formed = self.form(ranks, id, None, Watch::Split);
+        let formed = self.form(ranks, id, (None, None), Watch::Split);
         if formed.is_ok() {
             self.end_split();
         }
@@ -283,7 +283,7 @@ impl Group {
             self.family.id,
             &[name.as_bytes(), &list, &made.to_le_bytes()],
         );
-        self.form(ranks, id, timeout, Watch::Members)
+        self.form(ranks, id, (timeout, timeout), Watch::Members)
     }
 
     /// A sub-group of `ranks` (this rank among them) that jaccl makes for its own use, named
@@ -295,7 +295,10 @@ impl Group {
         self.form(
             ranks,
             group_id("internal", self.family.id, &parts),
-            Some(self.operation_timeout()),
+            (
+                Some(self.operation_timeout()),
+                Some(self.operation_timeout()),
+            ),
             Watch::Call,
         )
     }
@@ -356,13 +359,13 @@ impl Group {
     }
 
     /// Forms the group of `members` (ranks of this group, in their new order; this rank among
-    /// them) whose connections carry `id`, with `timeout` as its start-up and operation
-    /// timeouts (`None`: this group's), watching the ranks `watch` says while it waits.
-    fn form(
+    /// them) whose connections carry `id`, with `(startup, operation)` as its timeouts
+    /// (`None`: this group's), watching the ranks `watch` says while it waits.
+    pub(super) fn form(
         &self,
         members: &[usize],
         id: u64,
-        timeout: Option<Duration>,
+        (startup, operation): (Option<Duration>, Option<Duration>),
         watch: Watch,
     ) -> Result<Group> {
         let rank = members
@@ -378,9 +381,11 @@ impl Group {
             size: members.len(),
             ..(*self.family.config).clone()
         };
-        if let Some(timeout) = timeout {
-            config.timeout = timeout;
-            config.startup_timeout = timeout;
+        if let Some(startup) = startup {
+            config.startup_timeout = startup;
+        }
+        if let Some(operation) = operation {
+            config.timeout = operation;
         }
         let registration = match &self.family.job {
             Some(job) if members.len() > 1 => Some(Arc::new(
@@ -395,6 +400,7 @@ impl Group {
             job_rank: Arc::clone(&job_rank),
             id,
             splits: Arc::default(),
+            agreements: Arc::default(),
             made_by_members: Arc::default(),
             _registration: registration,
         };
@@ -410,7 +416,7 @@ impl Group {
         // when this group is aborted, closed or interrupted.
         let (parent, interruptible) = (self.liveness.clone(), !self.on_progress_thread);
         let watched = match watch {
-            Watch::Members | Watch::Split => members.to_vec(),
+            Watch::Members | Watch::Split | Watch::Survivors => members.to_vec(),
             Watch::Call => (0..self.size).filter(|&r| r != self.rank).collect(),
         };
         let go_on: GoOn = Arc::new(move || match &parent {
@@ -418,6 +424,9 @@ impl Group {
                 match watch {
                     Watch::Members => parent.check_peers(Op::Split, &watched)?,
                     Watch::Split | Watch::Call => parent.check_collective(Op::Split, &watched)?,
+                    Watch::Survivors => {
+                        return parent.check_interrupt_only(Op::Shrink, interruptible);
+                    }
                 }
                 parent.check_interrupt(Op::Split, interruptible)
             }
@@ -436,7 +445,7 @@ impl Group {
 
 /// Whom forming a sub-group watches while it waits for its members ([`Group::form`]).
 #[derive(Clone, Copy)]
-enum Watch {
+pub(super) enum Watch {
     /// Members that form it when they come to it: any that is lost or has left this group
     /// ends the wait.
     Members,
@@ -449,6 +458,10 @@ enum Watch {
     /// the wait, as the call cannot succeed (a rank that passed the call's opening,
     /// `Collectives::check_neighbours`, has counted it).
     Call,
+    /// The survivors of a failure ([`Group::shrink`]): this group has failed, so its
+    /// heartbeat says nothing of them; only an interrupt ends the wait early, and a member
+    /// lost meanwhile makes the formation fail at its start-up timeout.
+    Survivors,
 }
 
 #[cfg(test)]

@@ -43,6 +43,18 @@ pub(crate) struct Goodbye {
     /// `None`: it dropped the group; else its group failed, for this reason (the first cause
     /// of a chain of failures).
     pub(crate) farewell: Option<String>,
+    /// The rank that revoked the group, when that is why it failed (first or down a chain):
+    /// a rank that fails on its connections then reports the revocation, not a lost peer.
+    pub(crate) revoked_by: Option<usize>,
+}
+
+/// A goodbye's `revoked_by` on the wire (`u32::MAX`: none).
+fn revoked_to_wire(by: Option<usize>) -> [u8; 4] {
+    by.map_or(u32::MAX, to_u32).to_le_bytes()
+}
+
+fn revoked_from_wire(x: u32) -> Option<usize> {
+    (x != u32::MAX).then_some(x as usize)
 }
 
 /// The longest text a verdict carries.
@@ -100,6 +112,7 @@ impl Message {
             Message::Bye(goodbye) => {
                 let mut m = vec![BYE];
                 m.extend(goodbye.calls.to_le_bytes());
+                m.extend(revoked_to_wire(goodbye.revoked_by));
                 m.extend(text(goodbye.farewell.as_deref().unwrap_or_default()));
                 m
             }
@@ -107,6 +120,7 @@ impl Message {
                 let mut m = vec![GONE];
                 m.extend(to_u32(*rank).to_le_bytes());
                 m.extend(goodbye.calls.to_le_bytes());
+                m.extend(revoked_to_wire(goodbye.revoked_by));
                 m.extend(text(goodbye.farewell.as_deref().unwrap_or_default()));
                 m
             }
@@ -169,12 +183,14 @@ impl Message {
             }
             BYE => Message::Bye(Goodbye {
                 calls: r.u64()?,
+                revoked_by: revoked_from_wire(r.u32()?),
                 farewell: reason(r.rest()),
             }),
             GONE => Message::Gone {
                 rank: r.u32()? as usize,
                 goodbye: Goodbye {
                     calls: r.u64()?,
+                    revoked_by: revoked_from_wire(r.u32()?),
                     farewell: reason(r.rest()),
                 },
             },
@@ -262,19 +278,22 @@ mod tests {
             Message::Bye(Goodbye {
                 calls: u64::MAX,
                 farewell: Some("rank 3: all_reduce: timed out".into()),
+                revoked_by: None,
             }),
             Message::Gone {
                 rank: 2,
                 goodbye: Goodbye {
                     calls: 7,
                     farewell: None,
+                    revoked_by: None,
                 },
             },
             Message::Gone {
                 rank: 0,
                 goodbye: Goodbye {
                     calls: 0,
-                    farewell: Some("rank 1 left the group".into()),
+                    farewell: Some("rank 1's group failed: revoked".into()),
+                    revoked_by: Some(1),
                 },
             },
         ];

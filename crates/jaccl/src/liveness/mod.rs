@@ -71,6 +71,9 @@ pub(crate) struct Liveness {
     closing: AtomicBool,
     /// Set when the group was aborted: stopped operations fail with [`Error::Aborted`].
     aborted: AtomicBool,
+    /// The rank that revoked the group, once one did: stopped operations fail with
+    /// [`Error::Revoked`].
+    revoked_by: OnceLock<usize>,
     /// What the call in progress waits for, while it sleeps.
     blocked: Mutex<Option<Blocked>>,
     /// Numbers the stretches of waiting ([`Blocked::episode`]).
@@ -229,6 +232,7 @@ impl Liveness {
             interrupt: Mutex::new(None),
             closing: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
+            revoked_by: OnceLock::new(),
             blocked: Mutex::new(None),
             episodes: AtomicU64::new(0),
             shown_stamp: OnceLock::new(),
@@ -295,6 +299,7 @@ impl Liveness {
         Goodbye {
             calls: self.calls.load(Ordering::Acquire),
             farewell: self.farewell(),
+            revoked_by: self.revoked_by.get().copied(),
         }
     }
 
@@ -352,6 +357,13 @@ impl Liveness {
         if self.closing() {
             return Err(self.stopped());
         }
+        self.check_interrupt_only(op, interruptible)
+    }
+
+    /// [`Error::Interrupted`] if the interrupt check asks to stop (see
+    /// [`Liveness::check_interrupt`]), whether or not the group is closing: for what a failed,
+    /// aborted or revoked group still does (agree, shrink).
+    pub(crate) fn check_interrupt_only(&self, op: Op, interruptible: bool) -> Result<(), Error> {
         if !interruptible {
             return Ok(());
         }
@@ -380,6 +392,22 @@ impl Liveness {
         self.stop(true);
     }
 
+    /// Rank `by` revoked the group: as [`Liveness::abort`], but the operations stopped fail
+    /// with [`Error::Revoked`] naming it. The first revocation stays; true if this is it.
+    pub(crate) fn revoke(&self, by: usize) -> bool {
+        let first = self.revoked_by.set(by).is_ok();
+        self.stop(true);
+        first
+    }
+
+    /// The rank the heartbeat declared lost, if it did.
+    pub(crate) fn lost_peer(&self) -> Option<usize> {
+        match self.verdict()? {
+            Verdict::Lost { peer, .. } => Some(peer),
+            Verdict::Deadlock { .. } => None,
+        }
+    }
+
     /// [`Liveness::close`] (`aborted`: [`Liveness::abort`]), here and in the followers.
     fn stop(&self, aborted: bool) {
         if aborted {
@@ -394,6 +422,12 @@ impl Liveness {
 
     /// The error of an operation stopped by [`Liveness::close`] or [`Liveness::abort`].
     pub(crate) fn stopped(&self) -> Error {
+        if let Some(&by) = self.revoked_by.get() {
+            return Error::Revoked {
+                rank: self.rank,
+                by,
+            };
+        }
         match self.aborted.load(Ordering::Acquire) {
             true => Error::Aborted { rank: self.rank },
             false => Error::Closed { rank: self.rank },
@@ -499,6 +533,15 @@ impl Liveness {
     fn lost(&self, departed: &Departure, op: Op) -> Error {
         if let Ok(mut root) = self.root.lock() {
             *root = Some(departed.root());
+        }
+        // Its group was revoked: so is this one (the revocation may not have reached this
+        // rank yet), and its goodbye says so in turn.
+        if let Some(by) = departed.goodbye.revoked_by {
+            let by = *self.revoked_by.get_or_init(|| by);
+            return Error::Revoked {
+                rank: self.rank,
+                by,
+            };
         }
         Error::PeerLost {
             rank: self.rank,
@@ -628,6 +671,7 @@ mod tests {
             Goodbye {
                 calls: 0,
                 farewell: Some(left(1)),
+                revoked_by: None,
             },
         );
         live.depart(2, Goodbye::default()); // the first word about a rank stays

@@ -16,6 +16,7 @@ use rustix::event::{PollFd, PollFlags};
 use crate::auth::{self, Admission, AuthError, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
 use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after};
+use crate::transport::questions::{self, Answer, Answers};
 use crate::transport::tcp::link::{MIN_STAGING, STAGING_PER_RANK, TcpLink};
 
 /// TCP connections made after start-up: when a call first needs them (to a rank off the
@@ -48,6 +49,8 @@ struct Parked {
     failure: Mutex<Option<String>>,
     /// Signalled when a connection is parked or the thread fails.
     arrived: std::os::fd::OwnedFd,
+    /// What the thread answers other ranks' questions and news from.
+    answers: Answers,
 }
 
 /// The links [`establish`] opens: `outgoing[i][w]` is wire `w` to the i-th peer it connects
@@ -63,7 +66,7 @@ fn parks(claim: &Claim, me: &Identity) -> bool {
     let purpose = match claim.purpose {
         Purpose::Late => true,
         Purpose::Side | Purpose::Data => claim.group != 0,
-        Purpose::Shm => false,
+        Purpose::Shm | Purpose::Ask | Purpose::Revoke => false,
     };
     purpose && claim.size == me.size && claim.rank < me.size && claim.rank != me.rank
 }
@@ -121,6 +124,7 @@ impl JobListener {
             kept_for,
             failure: Mutex::new(None),
             arrived: crate::os::event_counter()?,
+            answers: Answers::default(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let rank = me.rank;
@@ -216,6 +220,34 @@ impl JobListener {
         dial(&self.me, peer, addr, claim, deadline, go_on)
     }
 
+    /// Opens and authenticates a connection for `purpose` of group `group` to the job's rank
+    /// `peer` in one attempt, within `within`: for a peer known to be listening, where a
+    /// refusal means it has just died (the caller asks again rather than retrying).
+    ///
+    /// # Errors
+    /// Why the connection could not be made.
+    pub(crate) fn dial_once(
+        &self,
+        purpose: Purpose,
+        group: u64,
+        peer: usize,
+        within: Duration,
+    ) -> std::result::Result<TcpStream, String> {
+        let addr = (self.addresses)(peer)
+            .ok_or_else(|| format!("rank {peer} published no TCP address"))?;
+        let mut stream = TcpStream::connect_timeout(&addr, within).map_err(|e| e.to_string())?;
+        let claim = Claim {
+            purpose,
+            rank: self.me.rank,
+            size: self.me.size,
+            wire: 0,
+            group,
+        };
+        auth::connect(&mut stream, &self.me.token, claim, deadline_after(within))
+            .map_err(|e| e.to_string())?;
+        Ok(stream)
+    }
+
     /// The connection the job's rank `peer` opened for wire `wire` of group `group`, if it has
     /// arrived.
     ///
@@ -227,7 +259,7 @@ impl JobListener {
         peer: usize,
         wire: usize,
     ) -> std::result::Result<Option<TcpLink>, String> {
-        let stream = self.take_stream((Purpose::Late, group, peer, wire))?;
+        let stream = self.take_parked((Purpose::Late, group, peer, wire))?;
         stream
             .map(late_link)
             .transpose()
@@ -238,7 +270,7 @@ impl JobListener {
     ///
     /// # Errors
     /// Why the thread that accepts connections stopped.
-    fn take_stream(&self, slot: Slot) -> std::result::Result<Option<TcpStream>, String> {
+    pub(crate) fn take_parked(&self, slot: Slot) -> std::result::Result<Option<TcpStream>, String> {
         let stream = match self.parked.streams.lock() {
             Ok(mut streams) => {
                 self.parked.purge(&mut streams);
@@ -273,7 +305,7 @@ impl JobListener {
         loop {
             for (stream, slot) in got.iter_mut().zip(slots).filter(|(s, _)| s.is_none()) {
                 *stream = self
-                    .take_stream(*slot)
+                    .take_parked(*slot)
                     .map_err(|why| Error::Bootstrap(format!("rank {rank}: {why}")))?;
             }
             if got.iter().all(Option::is_some) {
@@ -346,6 +378,30 @@ impl JobListener {
         links(outgoing, incoming, connect_to, accept_from, &self.me)
     }
 
+    /// What this process answers the other ranks' questions and news from.
+    pub(crate) fn answers(&self) -> &Answers {
+        &self.parked.answers
+    }
+
+    /// Asks the job's rank `peer` what it knows of agreement `id`, within `within`
+    /// ([`questions::ask`]).
+    pub(crate) fn ask(&self, peer: usize, id: u64, within: Duration) -> Answer {
+        match (self.addresses)(peer) {
+            Some(addr) => questions::ask(&self.me, peer, addr, id, within),
+            None => Answer::Silent,
+        }
+    }
+
+    /// Tells the job's ranks `peers`, from another thread, that this rank revoked group
+    /// `group` ([`questions::tell_revoked`]).
+    pub(crate) fn tell_revoked(&self, peers: &[usize], group: u64, within: Duration) {
+        let peers = peers
+            .iter()
+            .filter_map(|&p| Some((p, (self.addresses)(p)?)))
+            .collect();
+        questions::tell_revoked(&self.me, peers, group, within);
+    }
+
     /// This rank's address, as it published it.
     pub(crate) fn own_address(&self) -> Option<SocketAddr> {
         (self.addresses)(self.me.rank)
@@ -380,6 +436,12 @@ fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &
         forever,
         Some(&tick),
         |claim, mut stream| {
+            if matches!(claim.purpose, Purpose::Ask | Purpose::Revoke) {
+                if claim.size == me.size && claim.rank < me.size {
+                    parked.answers.serve(&claim, stream);
+                }
+                return Ok(Admission::More);
+            }
             let reply_by = deadline_after(auth::HANDSHAKE_TIMEOUT);
             let fits = parks(&claim, me);
             let Ok(mut streams) = parked.streams.lock() else {

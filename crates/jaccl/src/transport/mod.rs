@@ -31,7 +31,9 @@ use std::os::fd::BorrowedFd;
 use rustix::event::PollFd;
 
 pub(crate) mod connector;
+pub(crate) mod frame;
 pub(crate) mod listener;
+pub(crate) mod questions;
 pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;

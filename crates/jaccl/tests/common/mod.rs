@@ -10,6 +10,7 @@
     clippy::panic
 )]
 
+pub mod children;
 mod every_collective;
 #[allow(unused_imports)] // not every test binary calls it
 pub use every_collective::every_collective_once;

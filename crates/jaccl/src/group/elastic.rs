@@ -1,0 +1,195 @@
+//! Going on after a lost rank: [`Group::agree`] among the living ranks and [`Group::shrink`]
+//! to them, as MPI's ULFM (`MPIX_Comm_agree`, `MPIX_Comm_shrink`) and NCCL's
+//! `ncclCommShrink` do. Both run the agreement of `crate::agreement` through the job's
+//! listeners, so they need nothing of this group's connections, heartbeat or rank 0.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::Group;
+use super::split::{Watch, group_id, list_digest};
+use crate::agreement::{Agreement, Bringing, Decision};
+use crate::error::{Error, Op, Result};
+use crate::os::deadline_after;
+
+/// What [`Group::agree`] decided: the same on every rank that returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agreed {
+    /// The AND of the flags of the ranks in `alive`.
+    pub flag: bool,
+    /// The ranks that took part, in rank order.
+    pub alive: Vec<usize>,
+    /// The ranks that did not: their process ended, or they did not answer for the liveness
+    /// window ([`crate::Config::liveness`]).
+    pub lost: Vec<usize>,
+}
+
+impl Group {
+    /// Agrees, among the ranks alive, on the AND of `flag` and on which ranks are alive, as
+    /// MPI's `MPIX_Comm_agree` does: every rank that returns gets the same [`Agreed`],
+    /// whichever ranks die before or during the call (rank 0 included), and whether or not
+    /// this group has failed or was revoked. Every living rank of the group must call it
+    /// (as the n-th agreement or shrink of this group on each); a rank counts as lost when
+    /// its process has ended (found at once: its listener refuses connections) or when it
+    /// has not answered for the liveness window (stopped or cut off). It waits for living
+    /// ranks that have not called it yet up to the operation timeout.
+    ///
+    /// ```no_run
+    /// # fn main() -> jaccl::Result<()> {
+    /// let mut group = jaccl::init()?;
+    /// let step_ok = group.barrier().is_ok();
+    /// // Every survivor learns whether every survivor finished the step, and who is gone.
+    /// let agreed = group.agree(step_ok)?;
+    /// if !agreed.flag {
+    ///     let mut group = group.shrink()?; // the survivors, renumbered
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LeftOut`] when the others agreed without this rank (they took it for lost);
+    /// [`Error::Timeout`] when a living rank did not come within the operation timeout;
+    /// [`Error::Interrupted`] from the interrupt check ([`Group::interrupt_when`]).
+    pub fn agree(&mut self, flag: bool) -> Result<Agreed> {
+        let round = self.family.agreements.fetch_add(1, Ordering::Relaxed);
+        let deadline = deadline_after(self.operation_timeout());
+        let bringing = Bringing {
+            flag,
+            left_out: Vec::new(),
+        };
+        let (flag, alive) = self.agree_on(Op::Agree, round, 0, &bringing, deadline)?;
+        let lost = (0..self.size).filter(|r| !alive.contains(r)).collect();
+        Ok(Agreed { flag, alive, lost })
+    }
+
+    /// Forms the group of the ranks alive, as MPI's `MPIX_Comm_shrink` and NCCL's
+    /// `ncclCommShrink` do: after a rank died or stopped (this group then fails with
+    /// [`Error::PeerLost`]), or after [`Group::revoke`], every survivor calls it and gets a new
+    /// group of exactly the ranks alive, renumbered in their order here, with its connections,
+    /// transports and algorithms chosen afresh (ranks left on one host get shared memory).
+    /// Any rank may be the one lost, rank 0 included, and a rank lost during the shrink is
+    /// left out too. Which ranks are alive is agreed as [`Group::agree`] agrees it; the new
+    /// group then forms through the listener each rank opened at start-up. On a group that
+    /// has not failed, it makes a fresh copy of the group.
+    ///
+    /// This group is left as it was (failed, revoked, or not): drop it. A new group forms in
+    /// well under a second after a rank's death (measured: docs/elastic.md).
+    ///
+    /// ```no_run
+    /// # fn main() -> jaccl::Result<()> {
+    /// let mut group = jaccl::init()?;
+    /// let mut grads = vec![1.0f32; 1024];
+    /// if let Err(jaccl::Error::PeerLost { .. } | jaccl::Error::Revoked { .. }) =
+    ///     group.all_reduce_in_place(&mut grads, jaccl::ReduceOp::Sum)
+    /// {
+    ///     group = group.shrink()?;
+    ///     // redo the step on the survivors
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Group::agree`]; the new group cannot form within the operation timeout (its
+    /// members keep dying).
+    pub fn shrink(&mut self) -> Result<Group> {
+        self.shrink_excluding(&[])
+    }
+
+    /// [`Group::shrink`] to the ranks alive except `ranks`, for callers that decide whom to
+    /// drop (PyTorch's `shrink_group(ranks_to_exclude)`): the ranks listed are not waited
+    /// for and are left out whether they live or not (they do not call it). Every caller must
+    /// pass the same ranks (in any order).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a rank out of range or this rank; [`Error::Mismatch`] on
+    /// every rank when the lists differ; otherwise as [`Group::shrink`].
+    pub fn shrink_excluding(&mut self, ranks: &[usize]) -> Result<Group> {
+        let mut left_out = ranks.to_vec();
+        left_out.sort_unstable();
+        left_out.dedup();
+        if let Some(&r) = left_out.iter().find(|&&r| r >= self.size || r == self.rank) {
+            let why = match r == self.rank {
+                true => "a rank cannot leave itself out (the ranks left out do not call it)".into(),
+                false => format!("rank {r} does not exist in a group of {}", self.size),
+            };
+            return Err(self.invalid(Op::Shrink, why));
+        }
+        let round = self.family.agreements.fetch_add(1, Ordering::Relaxed);
+        let deadline = deadline_after(self.operation_timeout());
+        let bringing = Bringing {
+            flag: true,
+            left_out,
+        };
+        let window = self.family.config.liveness;
+        let mut attempt = 0u64;
+        loop {
+            let (_, alive) = self.agree_on(Op::Shrink, round, attempt, &bringing, deadline)?;
+            let parts: [&[u8]; 3] = [
+                &round.to_le_bytes(),
+                &attempt.to_le_bytes(),
+                &list_digest(&alive),
+            ];
+            let id = group_id("shrink", self.family.id, &parts);
+            // A member lost since the agreement makes the forming fail, on every member, within
+            // the liveness window: then agree again (without it) and form again.
+            match self.form(&alive, id, (Some(window), None), Watch::Survivors) {
+                Ok(group) => return Ok(group),
+                Err(e @ (Error::Interrupted { .. } | Error::InvalidArgument(_))) => return Err(e),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(e) => {
+                    tracing::info!(rank = self.rank, error = %e, "shrink: forming failed, agreeing again");
+                }
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Runs agreement `round` (its `attempt`) of this group: the flag and the ranks alive.
+    fn agree_on(
+        &self,
+        op: Op,
+        round: u64,
+        attempt: u64,
+        bringing: &Bringing,
+        deadline: Instant,
+    ) -> Result<(bool, Vec<usize>)> {
+        let job = match &self.family.job {
+            Some(job) if self.size > 1 => job,
+            _ => return Ok((bringing.flag, vec![self.rank])),
+        };
+        let parts: [&[u8]; 2] = [&round.to_le_bytes(), &attempt.to_le_bytes()];
+        let liveness = self.liveness.clone();
+        let interruptible = !self.on_progress_thread;
+        let go_on = || match &liveness {
+            Some(l) => l.check_interrupt_only(op, interruptible),
+            None => Ok(()),
+        };
+        let hints: Vec<usize> = self.liveness.iter().filter_map(|l| l.lost_peer()).collect();
+        let agreement = Agreement {
+            job,
+            id: group_id("agreement", self.family.id, &parts),
+            job_rank: &self.family.job_rank,
+            rank: self.rank,
+            window: self.family.config.liveness,
+            deadline,
+            op,
+            go_on: &go_on,
+        };
+        match agreement.run(bringing, &hints)? {
+            Decision::Agreed { flag, alive } if alive.contains(&self.rank) => Ok((flag, alive)),
+            Decision::Agreed { alive, .. } => Err(Error::LeftOut {
+                rank: self.rank,
+                op,
+                detail: format!("they agreed on ranks {alive:?} alive"),
+            }),
+            Decision::Mismatch { peer, detail, .. } => Err(Error::Mismatch {
+                rank: self.rank,
+                peer,
+                op,
+                detail,
+            }),
+        }
+    }
+}

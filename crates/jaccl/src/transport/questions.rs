@@ -1,0 +1,191 @@
+//! What a rank's job listener answers for the other ranks without its application's help:
+//! what this process knows of an agreement (`crate::agreement`), and revocations of its groups
+//! ([`crate::Group::revoke`]). The accepting thread serves both, so they reach a process whose
+//! threads are all busy, or whose group has failed, for as long as the process lives; and
+//! whether a question is answered at all tells whether it does: a process that died no longer
+//! listens (its host's kernel refuses the connection at once), one that is stopped does not
+//! answer.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crate::auth::{self, AuthError, Claim, Identity, Purpose};
+use crate::os::deadline_after;
+use crate::transport::frame::{read_frame, write_frame};
+
+/// What a revocation calls: it is given the job's rank that revoked the group.
+pub(crate) type Revoker = Arc<RevokeFn>;
+
+/// A group's reaction to a revocation (see [`Revoker`]).
+pub(crate) type RevokeFn = dyn Fn(usize) + Send + Sync;
+
+/// The decisions this process keeps answering for: the newest ones (an agreement is asked
+/// about only while its survivors finish it).
+const DECISIONS_KEPT: usize = 256;
+
+/// The longest decision answered (an agreement's: a few bytes per rank).
+pub(crate) const MAX_DECISION: usize = 1 << 20;
+
+/// What the accepting thread answers from.
+#[derive(Default)]
+pub(crate) struct Answers {
+    /// Agreements decided here, by id, oldest first.
+    decided: Mutex<VecDeque<(u64, Vec<u8>)>>,
+    /// The groups alive here that a member may revoke, by id.
+    revokers: Mutex<HashMap<u64, Weak<RevokeFn>>>,
+}
+
+impl Answers {
+    /// Agreement `id` was decided here as `decision`: asked about it, this process answers so.
+    pub(crate) fn decide(&self, id: u64, decision: &[u8]) {
+        if let Ok(mut decided) = self.decided.lock() {
+            if decided.iter().any(|(i, _)| *i == id) {
+                return;
+            }
+            if decided.len() >= DECISIONS_KEPT {
+                decided.pop_front();
+            }
+            decided.push_back((id, decision.to_vec()));
+        }
+    }
+
+    /// What agreement `id` decided here, if it did.
+    pub(crate) fn decision(&self, id: u64) -> Option<Vec<u8>> {
+        let decided = self.decided.lock().ok()?;
+        decided
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, d)| d.clone())
+    }
+
+    /// A revocation of group `group` calls `revoker` while it lives.
+    pub(crate) fn on_revoke(&self, group: u64, revoker: &Revoker) {
+        if let Ok(mut revokers) = self.revokers.lock() {
+            revokers.retain(|_, r| r.strong_count() > 0);
+            revokers.insert(group, Arc::downgrade(revoker));
+        }
+    }
+
+    /// Serves an authenticated question or piece of news (the accepting thread's part):
+    /// `Ask` is answered with a frame (0: undecided; 1 and the decision), `Revoke` is passed
+    /// to the group's revoker.
+    pub(crate) fn serve(&self, claim: &Claim, mut stream: TcpStream) {
+        let reply_by = deadline_after(auth::HANDSHAKE_TIMEOUT);
+        if auth::verdict(&mut stream, Ok(()), reply_by).is_err() {
+            return;
+        }
+        match claim.purpose {
+            Purpose::Ask => {
+                let answer = match self.decision(claim.group) {
+                    Some(d) => [&[1u8][..], &d].concat(),
+                    None => vec![0],
+                };
+                let _ = write_frame(&mut stream, &answer, reply_by);
+            }
+            Purpose::Revoke => {
+                let revoker = match self.revokers.lock() {
+                    Ok(revokers) => revokers.get(&claim.group).and_then(Weak::upgrade),
+                    Err(_) => None,
+                };
+                if let Some(revoke) = revoker {
+                    revoke(claim.rank);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What asking a rank's listener about an agreement found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Nothing listens there any more: the process has ended.
+    Gone,
+    /// No answer in time (the process is stopped or hung, or its host or network is gone),
+    /// or the connection broke on the way.
+    Silent,
+    /// The process lives and has not decided the agreement.
+    Undecided,
+    /// The process lives and decided the agreement so.
+    Decided(Vec<u8>),
+}
+
+/// Asks the job's rank `peer`, listening at `addr`, about agreement `id`, within `within`:
+/// one attempt, no retry (the caller asks again).
+pub(crate) fn ask(
+    me: &Identity,
+    peer: usize,
+    addr: SocketAddr,
+    id: u64,
+    within: Duration,
+) -> Answer {
+    let deadline = deadline_after(within);
+    let mut stream = match TcpStream::connect_timeout(&addr, within) {
+        Ok(stream) => stream,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Answer::Gone,
+        Err(_) => return Answer::Silent,
+    };
+    let _ = stream.set_nodelay(true);
+    let claim = Claim {
+        purpose: Purpose::Ask,
+        rank: me.rank,
+        size: me.size,
+        wire: 0,
+        group: id,
+    };
+    match auth::connect(&mut stream, &me.token, claim, deadline) {
+        Ok(()) => {}
+        Err(AuthError::Failed(_)) => return Answer::Silent,
+        Err(why) => {
+            tracing::warn!(rank = me.rank, peer, %why, "a question was refused");
+            return Answer::Silent;
+        }
+    }
+    match read_frame(&mut stream, deadline, MAX_DECISION + 1) {
+        Ok(answer) => match answer.split_first() {
+            Some((1, decision)) => Answer::Decided(decision.to_vec()),
+            _ => Answer::Undecided,
+        },
+        Err(_) => Answer::Silent,
+    }
+}
+
+/// Tells each `(job rank, address)` of `peers` that the job's rank `me` revoked group
+/// `group`, from a thread of its own, so the caller does not wait; each is tried once, within
+/// `within` (a member that does not hear it fails on the revoker's closed connections).
+pub(crate) fn tell_revoked(
+    me: &Identity,
+    peers: Vec<(usize, SocketAddr)>,
+    group: u64,
+    within: Duration,
+) {
+    let me = me.clone();
+    let told = std::thread::Builder::new()
+        .name(format!("jaccl-revoke-{}", me.rank))
+        .spawn(move || {
+            for (peer, addr) in peers {
+                let claim = Claim {
+                    purpose: Purpose::Revoke,
+                    rank: me.rank,
+                    size: me.size,
+                    wire: 0,
+                    group,
+                };
+                let deadline = deadline_after(within);
+                let told = TcpStream::connect_timeout(&addr, within)
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut s| {
+                        auth::connect(&mut s, &me.token, claim, deadline).map_err(|e| e.to_string())
+                    });
+                if let Err(why) = told {
+                    tracing::info!(rank = me.rank, peer, %why, "could not tell a rank of a revocation");
+                }
+            }
+        });
+    if let Err(e) = told {
+        tracing::warn!(rank = me.rank, error = %e, "cannot start the thread that tells of a revocation");
+    }
+}

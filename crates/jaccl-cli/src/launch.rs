@@ -11,7 +11,8 @@
 //! local `ssh`, which dies with it) is gone. Stopping a remote rank runs `kill` on its host.
 //!
 //! Every line a rank prints reaches our stdout or stderr whole, prefixed with the rank. When a
-//! rank fails, the others are stopped and the launcher exits non-zero naming it; SIGINT,
+//! rank fails, the others are stopped and the launcher exits non-zero naming it (with
+//! `--elastic`, a rank that dies of a signal is only reported: the others go on); SIGINT,
 //! SIGTERM and SIGHUP are forwarded to every rank, and after a grace period the stragglers are
 //! killed.
 
@@ -73,6 +74,8 @@ pub(crate) struct Job {
     pub(crate) prefix: bool,
     /// Print what is started and stopped.
     pub(crate) verbose: bool,
+    /// A rank that dies of a signal does not stop the others (`--elastic`).
+    pub(crate) elastic: bool,
     /// Rank 0 (local) uses the launcher's own terminal: its progress bars stay live.
     pub(crate) rank0_inherits_terminal: bool,
     /// The ssh command (program and options).
@@ -107,7 +110,8 @@ struct Running {
 }
 
 /// Runs the job to the end. Returns the exit code the launcher should exit with: 0 if every
-/// rank succeeded, else the first failing rank's code (128 + signal if it died of one).
+/// rank succeeded, else the first failing rank's code (128 + signal if it died of one). With
+/// `--elastic`, ranks lost to a signal do not count while another rank succeeded.
 ///
 /// # Errors
 /// A message when a rank cannot be started at all.
@@ -182,6 +186,7 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
     drop(done_tx);
 
     let mut failure: Option<(usize, ExitStatus)> = None;
+    let mut lost: Vec<usize> = Vec::new();
     let mut interrupted: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
     loop {
@@ -206,6 +211,15 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
                 .map_err(|e| format!("cannot watch rank {i}: {e}"))?;
             let Some(status) = status else { continue };
             ranks[i].status = Some(status);
+            if job.elastic && lost_to_a_signal(status) && interrupted.is_none() {
+                lost.push(i);
+                eprintln!(
+                    "jaccl launch: rank {i} ({}) {}; the others go on (--elastic)",
+                    ranks[i].host.name(),
+                    describe_status(status)
+                );
+                continue;
+            }
             if !status.success() && failure.is_none() && interrupted.is_none() && kill_at.is_none()
             {
                 failure = Some((i, status));
@@ -256,11 +270,21 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
         return Ok(exit_code(status));
     }
     // A rank may also have failed while we were stopping for another reason.
-    Ok(ranks
-        .iter()
-        .filter_map(|r| r.status)
+    let counted = |i: &usize| !lost.contains(i) || lost.len() == ranks.len();
+    if !lost.is_empty() && lost.len() < ranks.len() {
+        eprintln!("jaccl launch: ranks {lost:?} were lost; the others finished");
+    }
+    Ok((0..ranks.len())
+        .filter(counted)
+        .filter_map(|i| ranks[i].status)
         .find(|s| !s.success())
         .map_or(0, exit_code))
+}
+
+/// Whether a rank ended by a signal (killed, crashed), as a lost rank does.
+fn lost_to_a_signal(status: ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal().is_some()
 }
 
 /// The command that starts `host`'s rank with `env` (a remote rank's script and environment
@@ -585,6 +609,7 @@ mod tests {
             cwd: Some("/tmp/a b".into()),
             prefix: true,
             verbose: false,
+            elastic: false,
             rank0_inherits_terminal: false,
             ssh: vec!["ssh".into()],
         }

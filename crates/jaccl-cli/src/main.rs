@@ -107,6 +107,7 @@ fn launch_main(args: &LaunchArgs) -> Result<u8, String> {
         cwd: args.cwd.clone(),
         prefix: !args.no_prefix,
         verbose: args.verbose,
+        elastic: args.elastic,
         rank0_inherits_terminal: false,
         ssh: ssh_command(),
     };
@@ -168,6 +169,7 @@ fn bench_main(args: &BenchArgs) -> Result<u8, String> {
         cwd: None,
         prefix: false,
         verbose: false,
+        elastic: false,
         rank0_inherits_terminal: true,
         ssh: ssh_command(),
     };

@@ -869,3 +869,34 @@ fn bench_refuses_sweeps_that_cannot_run() {
     let out = bench(&["--iters", "0"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn with_elastic_a_killed_rank_does_not_stop_the_others() {
+    let out = jaccl(&[
+        "launch",
+        "--elastic",
+        "-n",
+        "3",
+        "sh",
+        "-c",
+        "[ $JACCL_RANK = 0 ] && kill -9 $$; sleep 1; echo finished",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(text(&out.stdout).matches("finished").count(), 2);
+    assert!(
+        err.contains("rank 0") && err.contains("the others go on"),
+        "{err}"
+    );
+    // A rank that exits with an error still fails the job, with its code.
+    let out = jaccl(&[
+        "launch",
+        "--elastic",
+        "-n",
+        "3",
+        "sh",
+        "-c",
+        "[ $JACCL_RANK = 0 ] && kill -9 $$; [ $JACCL_RANK = 1 ] && exit 4; sleep 1",
+    ]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+}

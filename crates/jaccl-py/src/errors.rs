@@ -48,6 +48,8 @@ pub(crate) fn to_python(py: Python<'_>, e: &jaccl::Error, call: &str) -> PyErr {
         E::Protocol {
             rank, peer, op: o, ..
         } => ("ProtocolError", Some(*rank), Some(*peer), op(o)),
+        E::Revoked { rank, by } => ("Revoked", Some(*rank), Some(*by), None),
+        E::LeftOut { rank, op: o, .. } => ("LeftOut", Some(*rank), None, op(o)),
         E::Bootstrap(_) => ("BootstrapError", None, None, Some("init")),
         E::Config(_) => ("ConfigError", None, None, Some("init")),
         E::InvalidArgument(_) => ("InvalidArgument", None, None, None),

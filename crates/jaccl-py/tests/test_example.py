@@ -34,3 +34,21 @@ def test_data_parallel_example_matches_single_process_training():
     assert "weights identical on every rank: True" in done.stdout
     assert "(ok)" in done.stdout
     assert "step    0  loss" in done.stdout
+
+
+@pytest.mark.parametrize("victim", ["0", "3"])
+def test_elastic_example_goes_on_without_a_killed_rank(victim):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
+    example = str(ROOT / "examples/elastic_training.py")
+    command = [jaccl_command(), "launch", "--elastic", "-n", "4", "--", sys.executable, example]
+    done = subprocess.run(
+        command + ["--kill-rank", victim, "--kill-step", "20"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "shrank from 4 to 3 ranks" in done.stdout, done.stdout
+    assert "weights identical on every surviving rank: True" in done.stdout, done.stdout
+    assert f"rank {victim} (local) died: killed (SIGKILL); the others go on" in done.stderr, done.stderr

@@ -142,6 +142,52 @@ fn a_stopped_rank_is_left_out_after_the_liveness_window() {
     eprintln!("rank 1 stopped; the survivors went on after {after:?}");
 }
 
+#[test]
+fn a_coordinator_stopped_while_the_others_went_on_finds_itself_left_out() {
+    use rustix::process::{Pid, Signal, kill_process};
+    let signal = |c: &std::process::Child, s: Signal| {
+        kill_process(Pid::from_raw(c.id() as i32).unwrap(), s).unwrap();
+    };
+    let window = format!("{}ms", liveness_window().as_millis());
+    let env = [
+        ("JACCL_LIVENESS", window.as_str()),
+        ("JACCL_TRANSPORT", "tcp"),
+    ];
+    let (mut children, rx) = spawn_ranks("agree", 5, &env);
+    wait_ready(&rx, 5);
+    // Rank 4 stops: rank 0 coordinates the others' agreement and waits for it...
+    signal(&children[4], Signal::STOP);
+    std::thread::sleep(liveness_window() * 3 / 4);
+    // ... and stops too, until the others have gone on without both.
+    signal(&children[0], Signal::STOP);
+    let mut got = vec![String::new(); 5];
+    while got[1..4].iter().any(String::is_empty) {
+        let (tag, line) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("1-3 did not agree");
+        if let Some((_, rest)) = line.split_once("RESULT ") {
+            got[tag] = rest.to_string();
+        }
+    }
+    signal(&children[0], Signal::CONT);
+    while got[0].is_empty() {
+        let (tag, line) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("0 did not answer");
+        if let Some((_, rest)) = line.split_once("RESULT ") {
+            got[tag] = rest.to_string();
+        }
+    }
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    for line in &got[1..4] {
+        assert_eq!(line, "ok alive [1, 2, 3]");
+    }
+    assert!(got[0].contains("went on without this rank"), "{}", got[0]);
+}
+
 /// The measurement of docs/elastic.md: `TRIALS` (default 100) kills of a random rank at each
 /// of `SIZES` (default 4,16) ranks over `NETS` (default tcp,shm); prints the median and
 /// worst time from the kill to each survivor's first collective on the shrunk group.
@@ -275,6 +321,20 @@ fn child() {
     };
     let outcome = match mode.as_str() {
         "elastic" => elastic_rank(),
+        "agree" => jaccl::init().and_then(|mut g| {
+            g.barrier()?;
+            println!("READY");
+            std::thread::sleep(Duration::from_millis(300));
+            let agreed = g.agree(true);
+            let line = agreed.map_or_else(
+                |e| format!("err {e}"),
+                |a| format!("ok alive {:?}", a.alive),
+            );
+            // The process lives on, as a survivor's does, answering questions.
+            println!("RESULT {line}");
+            std::thread::sleep(Duration::from_secs(60));
+            Ok(line)
+        }),
         other => panic!("unknown mode {other}"),
     };
     match outcome {
@@ -380,6 +440,50 @@ fn shrinking_excluding_leaves_out_the_listed_ranks_alive_or_not() {
         Some((fresh.rank(), fresh.size()))
     });
     assert_eq!(out, vec![Some((0, 3)), Some((1, 3)), None, Some((2, 3))]);
+}
+
+#[test]
+fn calls_that_differ_never_form_two_groups() {
+    // Each keeps its group until all have their answer (see below).
+    let all_done = std::sync::Barrier::new(4);
+    let out = with_group(Net::Tcp, 4, 1, |g| {
+        // Each half leaves the other out.
+        let outcome = match g.rank() {
+            0 | 1 => g.shrink_excluding(&[2, 3]),
+            _ => g.shrink_excluding(&[0, 1]),
+        };
+        all_done.wait();
+        outcome.map(|fresh| fresh.size()).map_err(|e| e.to_string())
+    });
+    let formed: Vec<usize> = (0..4).filter(|&r| out[r].is_ok()).collect();
+    assert!(
+        formed.is_empty() || formed == [0, 1] || formed == [2, 3],
+        "{out:?}"
+    );
+    for (r, outcome) in out.iter().enumerate() {
+        if let Err(e) = outcome {
+            assert!(
+                e.contains("disagrees") || e.contains("went on without"),
+                "rank {r}: {e}"
+            );
+        }
+    }
+    // One rank agrees while the others shrink; one leaves out rank 0 while the others do not.
+    for odd_one_out in [0, 2] {
+        let all_done = std::sync::Barrier::new(3);
+        let out = with_group(Net::Tcp, 3, 1, |g| {
+            let error = match (g.rank() == 2, odd_one_out) {
+                (true, 0) => g.agree(true).map(drop).unwrap_err(),
+                (true, _) => g.shrink_excluding(&[0]).map(drop).unwrap_err(),
+                (false, _) => g.shrink().map(drop).unwrap_err(),
+            };
+            all_done.wait();
+            error
+        });
+        for error in out {
+            assert!(matches!(error, Error::Mismatch { .. }), "{error}");
+        }
+    }
 }
 
 #[test]

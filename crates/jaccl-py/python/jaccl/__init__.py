@@ -18,7 +18,7 @@ releases the GIL. Failures raise the exceptions of :mod:`jaccl.errors`.
 
 import datetime
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from . import _native, errors
 from .errors import *  # noqa: F403 (the exceptions are part of the package's API)
 from .errors import ConfigError, InvalidArgument
 
-__all__ = ["init", "Group", "Work", *errors.__all__]
+__all__ = ["init", "Group", "Work", "Agreed", *errors.__all__]
 
 # Settings of init(), each read as the JACCL_<NAME> variable would be.
 _SETTINGS = (
@@ -223,6 +223,38 @@ class Group:
         it with the same list; the others get ``None``. See :meth:`split`."""
         g = self._g.subgroup([_rank(r) for r in ranks])
         return None if g is None else Group(g)
+
+    def revoke(self) -> None:
+        """Revokes the group on every member, from any thread, without waiting: each member's
+        call in flight stops and raises :class:`Revoked` naming this rank (``peer``), as does
+        every later call. The group can still :meth:`agree` and :meth:`shrink` (unlike after
+        :meth:`abort`, which closes it)."""
+        self._g.revoke()
+
+    def agree(self, flag: bool = True) -> "Agreed":
+        """Agrees among the ranks alive on the AND of ``flag`` and on which ranks are alive
+        (``MPIX_Comm_agree``): every living rank calls it and gets the same :class:`Agreed`,
+        whichever ranks died, rank 0 included, even after the group failed or was revoked.
+        A rank counts as lost when its process ended, or when it did not answer for the
+        liveness window. Raises :class:`LeftOut` if the others went on without this rank."""
+        flag, alive, lost = self._g.agree(bool(flag))
+        return Agreed(flag, alive, lost)
+
+    def shrink(self, exclude: Any = ()) -> "Group":
+        """The group of the ranks alive, renumbered in their order here, with connections and
+        algorithms chosen afresh (``MPIX_Comm_shrink``, ``ncclCommShrink``): after a
+        :class:`PeerLost` (or :class:`Revoked`), every survivor calls it and goes on with the
+        new group; rank 0 may be the one lost. Ranks in ``exclude`` are left out whether they
+        live or not (they do not call it); every caller passes the same ones. This group stays
+        as it was: close it. ::
+
+            try:
+                g.all_reduce(grads, out=grads)
+            except (jaccl.PeerLost, jaccl.Revoked):
+                g = g.shrink()          # then redo the step
+        """
+        ranks = sorted({_rank(r) for r in exclude})
+        return Group(self._g.shrink(ranks))
 
     def all_sum(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
         """Element-wise sum over all ranks (see :meth:`all_reduce`)."""
@@ -522,6 +554,18 @@ class Group:
         e = InvalidArgument(f"rank {self.rank}: {op}: {why}")
         e.rank, e.op = self.rank, op
         return e
+
+
+class Agreed(NamedTuple):
+    """What :meth:`Group.agree` decided, the same on every rank that returns it."""
+
+    flag: bool
+    """The AND of the flags of the ranks in ``alive``."""
+    alive: List[int]
+    """The ranks that took part, ascending."""
+    lost: List[int]
+    """The ranks that did not: their process ended, or they did not answer for the liveness
+    window."""
 
 
 class Work:

@@ -55,6 +55,17 @@ class Aborted(Error):
     later call raises this too."""
 
 
+class Revoked(Error):
+    """A member revoked the group (:meth:`jaccl.Group.revoke`): the call in flight stopped,
+    and every later call raises this too; ``peer`` is the rank that revoked it. The group can
+    still :meth:`~jaccl.Group.agree` and :meth:`~jaccl.Group.shrink`."""
+
+
+class LeftOut(Error):
+    """The other ranks agreed, or shrank the group, without this rank: they took it for lost
+    (it was stopped, or cut off, for the liveness window) or excluded it."""
+
+
 class ProtocolError(Error):
     """A peer sent something that is not jaccl's protocol, or a transport failed."""
 
@@ -88,6 +99,8 @@ __all__ = [
     "Deadlock",
     "Interrupted",
     "Aborted",
+    "Revoked",
+    "LeftOut",
     "ProtocolError",
     "BootstrapError",
     "ConfigError",

@@ -283,7 +283,7 @@ fn set_up(
     };
     let job_ranks = (group != 0).then(|| Arc::clone(job_rank));
     let liveness =
-        Liveness::of_group(rank, job_ranks).map_err(|e| Error::io(rank, "liveness", e))?;
+        Liveness::of_group(rank, size, job_ranks).map_err(|e| Error::io(rank, "liveness", e))?;
     let board = shared.as_ref().filter(|_| facts.all_here());
     let mut collectives = Collectives::new(
         choice.geometry,

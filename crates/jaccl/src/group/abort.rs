@@ -45,14 +45,22 @@ impl AbortHandle {
     /// Revokes the group on every member ([`Group::revoke`]): at once here, and on the others
     /// as soon as a thread of this rank has told their listeners. Idempotent, non-blocking.
     pub fn revoke(&self) {
-        let _ = self.failure.set(Error::Revoked {
-            rank: self.rank,
-            by: self.rank,
-        });
         let Some(liveness) = &self.liveness else {
+            let _ = self.failure.set(Error::Revoked {
+                rank: self.rank,
+                by: self.rank,
+            });
             return;
         };
-        if !liveness.revoke(self.rank) {
+        let first = liveness.revoke(self.rank);
+        // The first revocation names the group's revoker everywhere (another's may have
+        // come in just before).
+        let by = liveness.revoked_by().unwrap_or(self.rank);
+        let _ = self.failure.set(Error::Revoked {
+            rank: self.rank,
+            by,
+        });
+        if !first {
             return;
         }
         if let Some(job) = &self.job {
@@ -127,8 +135,9 @@ pub(super) fn revoker(
         let Some(by) = job_rank.iter().position(|&r| r == by_job_rank) else {
             return;
         };
-        let _ = failure.set(Error::Revoked { rank, by });
         liveness.revoke(by);
+        let by = liveness.revoked_by().unwrap_or(by);
+        let _ = failure.set(Error::Revoked { rank, by });
     });
     job.answers().on_revoke(family.id, &revoke);
     Some(revoke)

@@ -8,9 +8,13 @@ use std::time::Instant;
 
 use super::Group;
 use super::split::{Watch, group_id, list_digest};
-use crate::agreement::{Agreement, Bringing, Decision};
+use crate::agreement::{self, Agreement, Bringing, Call, Decision};
 use crate::error::{Error, Op, Result};
 use crate::os::deadline_after;
+
+/// The operations an agreement compares ([`Call::kind`]).
+const AGREE: u8 = 1;
+const SHRINK: u8 = 2;
 
 /// What [`Group::agree`] decided: the same on every rank that returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,8 +59,11 @@ impl Group {
         let round = self.family.agreements.fetch_add(1, Ordering::Relaxed);
         let deadline = deadline_after(self.operation_timeout());
         let bringing = Bringing {
+            call: Call {
+                kind: AGREE,
+                left_out: Vec::new(),
+            },
             flag,
-            left_out: Vec::new(),
         };
         let (flag, alive) = self.agree_on(Op::Agree, round, 0, &bringing, deadline)?;
         let lost = (0..self.size).filter(|r| !alive.contains(r)).collect();
@@ -119,8 +126,11 @@ impl Group {
         let round = self.family.agreements.fetch_add(1, Ordering::Relaxed);
         let deadline = deadline_after(self.operation_timeout());
         let bringing = Bringing {
+            call: Call {
+                kind: SHRINK,
+                left_out,
+            },
             flag: true,
-            left_out,
         };
         let window = self.family.config.liveness;
         let mut attempt = 0u64;
@@ -135,7 +145,15 @@ impl Group {
             // A member lost since the agreement makes the forming fail, on every member, within
             // the liveness window: then agree again (without it) and form again.
             match self.form(&alive, id, (Some(window), None), Watch::Survivors) {
-                Ok(group) => return Ok(group),
+                Ok(group) => {
+                    // A member whose forming failed while this rank's did not (the new
+                    // group's rank 0 died releasing the others) must not wait for this one
+                    // in the next attempt.
+                    if let Some(job) = &self.family.job {
+                        agreement::moved_on(job, self.agreement_id(round, attempt + 1));
+                    }
+                    return Ok(group);
+                }
                 Err(e @ (Error::Interrupted { .. } | Error::InvalidArgument(_))) => return Err(e),
                 Err(e) if Instant::now() >= deadline => return Err(e),
                 Err(e) => {
@@ -144,6 +162,12 @@ impl Group {
             }
             attempt += 1;
         }
+    }
+
+    /// The id of agreement `round` (its `attempt`) of this group.
+    fn agreement_id(&self, round: u64, attempt: u64) -> u64 {
+        let parts: [&[u8]; 2] = [&round.to_le_bytes(), &attempt.to_le_bytes()];
+        group_id("agreement", self.family.id, &parts)
     }
 
     /// Runs agreement `round` (its `attempt`) of this group: the flag and the ranks alive.
@@ -159,7 +183,6 @@ impl Group {
             Some(job) if self.size > 1 => job,
             _ => return Ok((bringing.flag, vec![self.rank])),
         };
-        let parts: [&[u8]; 2] = [&round.to_le_bytes(), &attempt.to_le_bytes()];
         let liveness = self.liveness.clone();
         let interruptible = !self.on_progress_thread;
         let go_on = || match &liveness {
@@ -169,10 +192,11 @@ impl Group {
         let hints: Vec<usize> = self.liveness.iter().filter_map(|l| l.lost_peer()).collect();
         let agreement = Agreement {
             job,
-            id: group_id("agreement", self.family.id, &parts),
+            id: self.agreement_id(round, attempt),
             job_rank: &self.family.job_rank,
             rank: self.rank,
             window: self.family.config.liveness,
+            timeout: self.operation_timeout(),
             deadline,
             op,
             go_on: &go_on,

@@ -57,6 +57,8 @@ pub(crate) use message::decode;
 /// What this rank knows about the others, shared by the heartbeat thread and the operations.
 pub(crate) struct Liveness {
     rank: usize,
+    /// The group's size (what a peer says of a rank is checked against it).
+    size: usize,
     /// In a sub-group, the job's rank of each of its ranks (for messages).
     job_rank: Option<Arc<[usize]>>,
     /// Set once a verdict is in (checked on every wait: one load).
@@ -214,17 +216,19 @@ impl Liveness {
     /// No verdict yet; a heartbeat ([`coordinate`], [`attend`]) may deliver one.
     #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn new(rank: usize) -> io::Result<Arc<Liveness>> {
-        Liveness::of_group(rank, None)
+        Liveness::of_group(rank, usize::MAX, None)
     }
 
-    /// The liveness (no verdict yet) of a group whose rank `r` is the job's rank `job_rank[r]` (a
-    /// sub-group: messages name both).
+    /// The liveness (no verdict yet) of a group of `size` whose rank `r` is the job's rank
+    /// `job_rank[r]` (a sub-group: messages name both).
     pub(crate) fn of_group(
         rank: usize,
+        size: usize,
         job_rank: Option<Arc<[usize]>>,
     ) -> io::Result<Arc<Liveness>> {
         Ok(Arc::new(Liveness {
             rank,
+            size,
             job_rank,
             lost: AtomicBool::new(false),
             verdict: Mutex::new(None),
@@ -331,7 +335,7 @@ impl Liveness {
             follower.set_interrupt(slot.clone());
         }
         if self.closing() {
-            follower.stop(self.aborted.load(Ordering::Acquire));
+            self.stop_follower(follower);
         }
     }
 
@@ -416,8 +420,23 @@ impl Liveness {
         self.closing.store(true, Ordering::Release);
         signal(&self.wake);
         for follower in self.followers() {
-            follower.stop(aborted);
+            self.stop_follower(&follower);
         }
+    }
+
+    /// Stops `follower` as this group was stopped: revoked, aborted or closed.
+    fn stop_follower(&self, follower: &Liveness) {
+        match self.revoked_by.get() {
+            Some(&by) => {
+                follower.revoke(by);
+            }
+            None => follower.stop(self.aborted.load(Ordering::Acquire)),
+        }
+    }
+
+    /// The rank that revoked the group, once one did.
+    pub(crate) fn revoked_by(&self) -> Option<usize> {
+        self.revoked_by.get().copied()
     }
 
     /// The error of an operation stopped by [`Liveness::close`] or [`Liveness::abort`].
@@ -536,7 +555,7 @@ impl Liveness {
         }
         // Its group was revoked: so is this one (the revocation may not have reached this
         // rank yet), and its goodbye says so in turn.
-        if let Some(by) = departed.goodbye.revoked_by {
+        if let Some(by) = departed.goodbye.revoked_by.filter(|&by| by < self.size) {
             let by = *self.revoked_by.get_or_init(|| by);
             return Error::Revoked {
                 rank: self.rank,

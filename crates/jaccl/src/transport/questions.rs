@@ -1,5 +1,6 @@
 //! What a rank's job listener answers for the other ranks without its application's help:
-//! what this process knows of an agreement (`crate::agreement`), and revocations of its groups
+//! what this process says of an agreement (`crate::agreement`: opaque bytes here), and
+//! revocations of its groups
 //! ([`crate::Group::revoke`]). The accepting thread serves both, so they reach a process whose
 //! threads are all busy, or whose group has failed, for as long as the process lives; and
 //! whether a question is answered at all tells whether it does: a process that died no longer
@@ -22,43 +23,48 @@ pub(crate) type Revoker = Arc<RevokeFn>;
 /// A group's reaction to a revocation (see [`Revoker`]).
 pub(crate) type RevokeFn = dyn Fn(usize) + Send + Sync;
 
-/// The decisions this process keeps answering for: the newest ones (an agreement is asked
+/// The agreements this process keeps answering for: the newest ones (an agreement is asked
 /// about only while its survivors finish it).
-const DECISIONS_KEPT: usize = 256;
+const STANDINGS_KEPT: usize = 256;
 
-/// The longest decision answered (an agreement's: a few bytes per rank).
-pub(crate) const MAX_DECISION: usize = 1 << 20;
+/// The longest standing answered (an agreement's: a few bytes per rank).
+pub(crate) const MAX_STANDING: usize = 1 << 20;
 
 /// What the accepting thread answers from.
 #[derive(Default)]
 pub(crate) struct Answers {
-    /// Agreements decided here, by id, oldest first.
-    decided: Mutex<VecDeque<(u64, Vec<u8>)>>,
+    /// What this process says of each agreement, by id, oldest first.
+    standings: Mutex<VecDeque<(u64, Vec<u8>)>>,
     /// The groups alive here that a member may revoke, by id.
     revokers: Mutex<HashMap<u64, Weak<RevokeFn>>>,
 }
 
 impl Answers {
-    /// Agreement `id` was decided here as `decision`: asked about it, this process answers so.
-    pub(crate) fn decide(&self, id: u64, decision: &[u8]) {
-        if let Ok(mut decided) = self.decided.lock() {
-            if decided.iter().any(|(i, _)| *i == id) {
-                return;
+    /// What this process says of agreement `id` from now on (`only_if_new`: unless it said
+    /// something already).
+    pub(crate) fn stand(&self, id: u64, standing: &[u8], only_if_new: bool) {
+        let Ok(mut standings) = self.standings.lock() else {
+            return;
+        };
+        if let Some((_, s)) = standings.iter_mut().find(|(i, _)| *i == id) {
+            if !only_if_new {
+                *s = standing.to_vec();
             }
-            if decided.len() >= DECISIONS_KEPT {
-                decided.pop_front();
-            }
-            decided.push_back((id, decision.to_vec()));
+            return;
         }
+        if standings.len() >= STANDINGS_KEPT {
+            standings.pop_front();
+        }
+        standings.push_back((id, standing.to_vec()));
     }
 
-    /// What agreement `id` decided here, if it did.
-    pub(crate) fn decision(&self, id: u64) -> Option<Vec<u8>> {
-        let decided = self.decided.lock().ok()?;
-        decided
+    /// What this process says of agreement `id`, if anything.
+    fn standing(&self, id: u64) -> Option<Vec<u8>> {
+        let standings = self.standings.lock().ok()?;
+        standings
             .iter()
             .find(|(i, _)| *i == id)
-            .map(|(_, d)| d.clone())
+            .map(|(_, s)| s.clone())
     }
 
     /// A revocation of group `group` calls `revoker` while it lives.
@@ -70,8 +76,8 @@ impl Answers {
     }
 
     /// Serves an authenticated question or piece of news (the accepting thread's part):
-    /// `Ask` is answered with a frame (0: undecided; 1 and the decision), `Revoke` is passed
-    /// to the group's revoker.
+    /// `Ask` is answered with a frame (0: nothing to say; 1 and the standing), `Revoke` is
+    /// passed to the group's revoker.
     pub(crate) fn serve(&self, claim: &Claim, mut stream: TcpStream) {
         let reply_by = deadline_after(auth::HANDSHAKE_TIMEOUT);
         if auth::verdict(&mut stream, Ok(()), reply_by).is_err() {
@@ -79,8 +85,8 @@ impl Answers {
         }
         match claim.purpose {
             Purpose::Ask => {
-                let answer = match self.decision(claim.group) {
-                    Some(d) => [&[1u8][..], &d].concat(),
+                let answer = match self.standing(claim.group) {
+                    Some(s) => [&[1u8][..], &s].concat(),
                     None => vec![0],
                 };
                 let _ = write_frame(&mut stream, &answer, reply_by);
@@ -107,10 +113,10 @@ pub(crate) enum Answer {
     /// No answer in time (the process is stopped or hung, or its host or network is gone),
     /// or the connection broke on the way.
     Silent,
-    /// The process lives and has not decided the agreement.
-    Undecided,
-    /// The process lives and decided the agreement so.
-    Decided(Vec<u8>),
+    /// The process lives and has said nothing of the agreement.
+    Nothing,
+    /// The process lives and says this of the agreement.
+    Said(Vec<u8>),
 }
 
 /// Asks the job's rank `peer`, listening at `addr`, about agreement `id`, within `within`:
@@ -144,10 +150,10 @@ pub(crate) fn ask(
             return Answer::Silent;
         }
     }
-    match read_frame(&mut stream, deadline, MAX_DECISION + 1) {
+    match read_frame(&mut stream, deadline, MAX_STANDING + 1) {
         Ok(answer) => match answer.split_first() {
-            Some((1, decision)) => Answer::Decided(decision.to_vec()),
-            _ => Answer::Undecided,
+            Some((1, standing)) => Answer::Said(standing.to_vec()),
+            _ => Answer::Nothing,
         },
         Err(_) => Answer::Silent,
     }

@@ -27,8 +27,9 @@ import torch.distributed as dist
 from ._errors import _raising
 from ._startup import _start_job, _at_least_1ms
 from ._group import ProcessGroupJaccl
+from ._shrink import shrink_group
 
-__all__ = ["ProcessGroupJaccl", "register"]
+__all__ = ["ProcessGroupJaccl", "register", "shrink_group"]
 
 
 def register() -> None:

@@ -88,6 +88,26 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     # group is its own backend, without coalescing (its operations run one by one).
     supports_coalescing = False
     supports_splitting = True
+    # torch's `shrink_group` asks for it: `shrink` explains why torch's own cannot finish.
+    supports_shrinking = True
+
+    def shrink(self, ranks_to_exclude: Any = None, shrink_flags: int = 0, opts: Any = None) -> Any:
+        """What ``torch.distributed.shrink_group`` calls: it raises, before anything is done,
+        saying to call `jaccl.torch.shrink_group` (torch's wraps what a backend returns in a
+        C++ ``ProcessGroup`` as a C++ ``c10d::Backend``, which a backend written in Python,
+        as this one is, cannot be)."""
+        raise TypeError(
+            "torch.distributed.shrink_group cannot finish with the jaccl backend: it registers "
+            "the shrunk backend in a new C++ ProcessGroup, which takes only backends written in "
+            "C++; call jaccl.torch.shrink_group(ranks_to_exclude, group) instead: the same "
+            "semantics, every survivor calls it, and it returns the new group"
+        )
+
+    def _shrunk(self, ranks_to_exclude: List[int]) -> "ProcessGroupJaccl":
+        """The jaccl group of the ranks alive but `ranks_to_exclude` (see
+        `jaccl.torch.shrink_group`)."""
+        g = _raising(lambda: self._g.shrink(sorted(set(ranks_to_exclude))))
+        return ProcessGroupJaccl(g, g.rank, g.size, self._timeout, self._store)
 
     def _get_backend(self, device: Any) -> "ProcessGroupJaccl":
         return self

@@ -54,7 +54,13 @@ def main() -> int:
         except (jaccl.PeerLost, jaccl.Revoked) as lost:
             began = time.monotonic()
             old_size = g.size
-            g = g.shrink()  # every survivor calls it; the lost rank is left out
+            try:
+                g = g.shrink()  # every survivor calls it; the lost rank is left out
+            except jaccl.LeftOut as out:
+                # The others went on without this rank (it was stopped for the liveness
+                # window, say): nothing is left for it to do.
+                print(f"rank {me}: {out}; leaving", flush=True)
+                return 0
             if g.rank == 0:
                 print(
                     f"step {step}: {lost.__class__.__name__} ({lost}); shrank from {old_size} to "

@@ -72,9 +72,10 @@ pub(crate) struct LaunchArgs {
     /// Port of the coordinator on rank 0's host [default: a free port].
     #[arg(long)]
     pub(crate) port: Option<u16>,
-    /// Keep the job going when a rank dies of a signal (killed, crashed): the others are not
-    /// stopped (they shrink their groups and go on); the job succeeds if the ranks that were
-    /// not lost all succeed. A rank that exits with an error still fails the job.
+    /// Keep the job going when a rank dies of a signal (killed, crashed; a remote rank's exit
+    /// code 129 to 192 counts as one): the others are not stopped (they shrink their groups
+    /// and go on); the job succeeds if the ranks that were not lost all succeed. A rank that
+    /// exits with an error still fails the job.
     #[arg(long)]
     pub(crate) elastic: bool,
     #[command(flatten)]

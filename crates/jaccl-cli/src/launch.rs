@@ -211,7 +211,8 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
                 .map_err(|e| format!("cannot watch rank {i}: {e}"))?;
             let Some(status) = status else { continue };
             ranks[i].status = Some(status);
-            if job.elastic && lost_to_a_signal(status) && interrupted.is_none() {
+            let remote = matches!(ranks[i].host, Host::Ssh(_));
+            if job.elastic && lost_to_a_signal(status, remote) && interrupted.is_none() {
                 lost.push(i);
                 eprintln!(
                     "jaccl launch: rank {i} ({}) {}; the others go on (--elastic)",
@@ -281,10 +282,12 @@ pub(crate) fn run(job: &Job) -> Result<u8, String> {
         .map_or(0, exit_code))
 }
 
-/// Whether a rank ended by a signal (killed, crashed), as a lost rank does.
-fn lost_to_a_signal(status: ExitStatus) -> bool {
+/// Whether a rank ended by a signal (killed, crashed), as a lost rank does. A remote rank's
+/// script reports that as its shell does, with the code 128 + the signal.
+fn lost_to_a_signal(status: ExitStatus, remote: bool) -> bool {
     use std::os::unix::process::ExitStatusExt;
-    status.signal().is_some()
+    let by_shell = remote && status.code().is_some_and(|c| (129..=128 + 64).contains(&c));
+    status.signal().is_some() || by_shell
 }
 
 /// The command that starts `host`'s rank with `env` (a remote rank's script and environment

@@ -51,6 +51,8 @@ struct Group {
     hosts: Vec<Vec<usize>>,
     host: usize,
     local_rank: usize,
+    /// The job's rank of each rank (`jaccl::Group::job_ranks`).
+    job_ranks: Vec<usize>,
     closed: AtomicBool,
     /// Whether `abort` was called, or `close` aborted a call in flight: later calls raise
     /// `Aborted` (as that call did, and as the next could before the group is dropped), not
@@ -104,6 +106,7 @@ impl Group {
                 .collect(),
             host: group.hosts().host(),
             local_rank: group.hosts().local_rank(),
+            job_ranks: group.job_ranks().to_vec(),
             closed: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
             abort: Mutex::new(Some(group.abort_handle())),
@@ -618,6 +621,12 @@ impl Group {
     fn agree(&self, py: Python<'_>, flag: bool) -> PyResult<(bool, Vec<usize>, Vec<usize>)> {
         let agreed = self.run(py, "agree", move |g| g.agree(flag))?;
         Ok((agreed.flag, agreed.alive, agreed.lost))
+    }
+
+    /// `jaccl::Group::job_ranks`.
+    #[getter]
+    fn job_ranks(&self) -> Vec<usize> {
+        self.job_ranks.clone()
     }
 
     /// `jaccl::Group::shrink_excluding`: the group of the ranks alive but `exclude`.

@@ -282,6 +282,19 @@ def test_a_lost_rank_is_a_dist_backend_error_naming_it():
         assert "rank 1" in got["message"], got
 
 
+def test_shrink_group_goes_on_without_a_killed_rank_0():
+    # torchrun would stop the survivors once it saw rank 0 die: it looks every 5 s here.
+    results = torchrun(RANKS, ["shrink_after_a_kill"], 4, env={"PET_MONITOR_INTERVAL": "5"}, expect_failure=True)
+    assert len(results) == 3, results
+    for got in sorted(results, key=lambda g: g["rank"]):
+        assert got["caught"] == "PeerLost", got
+        assert got["torch_says"] is True, got
+        assert (got["size"], got["ranks"], got["default"]) == (3, [1, 2, 3], True), got
+        assert got["sum"] == [6.0] * 4, got  # old ranks 1 + 2 + 3
+    assert sorted(g["rank"] for g in results) == [0, 1, 2]
+    assert [g["sub"] for g in sorted(results, key=lambda g: g["rank"])] == [[2.0], [2.0], [1.0]]
+
+
 def test_pytorch_suite_part():
     """The part of PyTorch's own distributed suite that CI runs, every group made by jaccl
     (torch_suite.py's CI_TESTS, at 2 ranks): each passes. Its whole: torch_suite.py."""

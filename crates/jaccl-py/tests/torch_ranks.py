@@ -8,6 +8,7 @@ reports."""
 
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -945,6 +946,41 @@ def lose_a_rank():
     os._exit(0)
 
 
+def shrink_after_a_kill():
+    """Rank 0 (jaccl's coordinator and heartbeat hub) is killed mid-training: the others'
+    all-reduce raises, torch's own shrink_group says to use jaccl's, and
+    jaccl.torch.shrink_group gives them a default group of the survivors, on which an
+    all-reduce, a new group and a barrier work."""
+    import jaccl.torch
+
+    r = dist.get_rank()
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    if r == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+    except dist.DistBackendError as e:
+        caught = type(e.__cause__).__name__
+    try:
+        dist.shrink_group([0])
+        torch_says = None
+    except TypeError as e:
+        torch_says = "jaccl.torch.shrink_group" in str(e)
+    pg = jaccl.torch.shrink_group([0])
+    t = torch.full((4,), float(r))
+    dist.all_reduce(t)
+    sub = dist.new_group([0, 1])
+    u = torch.ones(1)
+    if sub is not None and dist.get_rank() in (0, 1):
+        dist.all_reduce(u, group=sub)
+    dist.barrier()
+    report({"caught": caught, "torch_says": torch_says, "rank": dist.get_rank(), "size": dist.get_world_size(),
+            "ranks": dist.get_process_group_ranks(pg), "sum": t.tolist(), "sub": u.tolist(), "default": pg is dist.group.WORLD})
+    os._exit(0)
+
+
 def exit_while_completing():
     """Each rank exits without destroying its group while the thread that completes futures
     may still run a callback of one: the interpreter waits for it instead of aborting
@@ -963,6 +999,7 @@ if __name__ == "__main__":
     {"collectives": collectives, "groups": groups, "init_methods": init_methods, "again": again,
      "lose_a_rank": lose_a_rank, "user_token": user_token, "shared_store": shared_store,
      "hardening": hardening, "cycles": cycles, "any_source": any_source,
-     "coalesced_and_sparse": coalesced_and_sparse, "exit_while_completing": exit_while_completing}[case]()
+     "coalesced_and_sparse": coalesced_and_sparse, "exit_while_completing": exit_while_completing,
+     "shrink_after_a_kill": shrink_after_a_kill}[case]()
     if dist.is_initialized():
         dist.destroy_process_group()

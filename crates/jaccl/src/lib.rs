@@ -74,6 +74,11 @@
 //!   same error. The others hear why through the heartbeat: a rank that fails because its peer
 //!   did names the first cause, not just a closed connection. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent
 //!   and leave the group usable.
+//! - **A lost rank need not end the job.** The survivors call [`Group::shrink`] and go on
+//!   with a new group of the ranks alive (any rank may be the one lost, rank 0 included);
+//!   [`Group::agree`] agrees on a flag and on the ranks alive; [`Group::revoke`] stops every
+//!   member's operations. They agree through the job's listeners, without the failed group
+//!   (the guarantees and their limits: [`Group::shrink`], docs/elastic.md).
 //! - `send`/`recv` reach any other rank (a connection off the ring is made on first use).
 //!   Sends may come before receives, even in a cycle of ranks: a rank blocked sending reads
 //!   ahead what its peers send it ([`Group::send`]).

@@ -383,8 +383,9 @@ fn revoking_stops_every_member_and_the_group_can_still_shrink() {
 fn a_revocation_from_another_thread_stops_a_blocked_call() {
     let out = with_group(Net::Tcp, 3, 1, |g| {
         if g.rank() != 0 {
-            // Ranks 1 and 2 wait in a broadcast that rank 0 never starts.
-            return g.broadcast(&mut [0u8; 8], 0).unwrap_err().to_string();
+            // Computing (not waiting in a call, so no deadlock is declared), then calling.
+            std::thread::sleep(Duration::from_secs(1));
+            return g.barrier().unwrap_err().to_string();
         }
         let handle = g.abort_handle();
         std::thread::scope(|s| {
@@ -392,6 +393,7 @@ fn a_revocation_from_another_thread_stops_a_blocked_call() {
                 std::thread::sleep(Duration::from_millis(200));
                 handle.revoke();
             });
+            // Rank 1 never sends.
             g.recv(&mut [0u8; 8], 1).unwrap_err().to_string()
         })
     });
@@ -516,4 +518,48 @@ fn shrinking_with_different_lists_or_bad_ranks_fails_on_every_rank() {
             "{error}"
         );
     }
+}
+
+#[test]
+fn a_rank_whose_agreement_fails_is_not_waited_for() {
+    let out = with_group_timeout(Net::Tcp, 4, 1, Duration::from_secs(20), |g| {
+        match g.rank() {
+            // Rank 3 lives for a second without calling, then ends (its group and listener go).
+            3 => {
+                std::thread::sleep(Duration::from_secs(1));
+                leave(g);
+                None
+            }
+            // Rank 0, the coordinator, is interrupted while it waits for rank 3.
+            0 => {
+                let asked = Instant::now();
+                g.interrupt_when(move || asked.elapsed() > Duration::from_millis(300));
+                let error = g.agree(true).unwrap_err();
+                assert!(matches!(error, Error::Interrupted { .. }), "{error}");
+                std::thread::sleep(Duration::from_secs(3)); // its listener answers meanwhile
+                None
+            }
+            // The others go on without both, well within the operation timeout.
+            _ => Some(g.agree(true).map(|a| a.alive).map_err(|e| e.to_string())),
+        }
+    });
+    assert_eq!(out[1], Some(Ok(vec![1, 2])), "{out:?}");
+    assert_eq!(out[2], Some(Ok(vec![1, 2])), "{out:?}");
+}
+
+#[test]
+fn shrinking_to_oneself_when_every_other_rank_is_left_out_or_gone() {
+    let out = with_group(Net::Tcp, 3, 1, |g| {
+        if g.rank() != 0 {
+            leave(g);
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        Some(
+            g.shrink_excluding(&[1, 2])
+                .map(|fresh| fresh.size())
+                .unwrap(),
+        )
+    });
+    assert_eq!(out[0], Some(1));
 }

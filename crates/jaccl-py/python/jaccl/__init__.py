@@ -176,6 +176,13 @@ class Group:
         return len(self._g.hosts[self._g.host])
 
     @property
+    def job_ranks(self) -> List[int]:
+        """The job's rank of each rank of this group (the group ``init`` made: ``0 .. size -
+        1``): how a group from :meth:`shrink`, :meth:`split` or :meth:`subgroup` maps to the
+        job, and through it to the group it came from."""
+        return self._g.job_ranks
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._g.closed

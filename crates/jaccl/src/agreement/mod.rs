@@ -15,17 +15,26 @@
 //! Every rank says where it stands (taking part, with its call and the ranks it counts as
 //! lost; decided, and what; out) through its listener's answers
 //! (`crate::transport::questions`), which come while the application computes. So:
-//! - a decision, once one rank has it, is the decision: a coordinator that dies half-way
-//!   through sending it is followed by one that asks the others and adopts it;
-//! - counting a rank as lost is never undone, and spreads: a rank that learns that another
+//! - a decision is made in two steps: the coordinator proposes it to every rank that came,
+//!   and makes it final only once each has taken it (one that does not is left out, and the
+//!   rest proposed again). A member that loses its coordinator after taking a proposal keeps
+//!   it as the decision (the coordinator may have made it final for others), and a decision
+//!   one rank holds is adopted by any later coordinator that asks it: a coordinator that dies
+//!   half-way is replaced without a second decision;
+//! - counting a rank as lost spreads and is never undone: a rank that learns that another
 //!   counts it as lost is out (its call fails with [`Error::LeftOut`]), which ends a
 //!   coordinator that was stopped and resumed while the others went on;
 //! - a coordinator decides only with more than half of the ranks not known to have ended
-//!   (left out ones aside): the side of a network partition with fewer ranks, or ranks that
-//!   all outlived a stop of most of the others, fail instead of going on alone;
+//!   (left-out ones aside): of the two sides of a network partition, at most one goes on;
 //! - calls that differ (another operation, other ranks left out) fail with a
 //!   [`Decision::Mismatch`] on every rank, the coordinator asking the ranks left out whether
-//!   they take part.
+//!   they take part; a rank whose part fails (an interrupt) says it is out, so that no one
+//!   waits for it.
+//!
+//! What is not covered: a partition that also leaves a member holding a proposal on the
+//! other side makes that member keep a decision the others cannot form a group with (every
+//! side then fails, none goes on alone); a rank stopped through more than a thousand
+//! agreements of the others finds theirs forgotten and waits for the operation timeout.
 //!
 //! Every wait ends: by an answer, by the liveness window for silent ranks, by the operation
 //! timeout for living ranks that never come, or by `go_on` (an interrupt).
@@ -64,6 +73,13 @@ const LOOK_AGAIN: Duration = Duration::from_millis(50);
 
 /// Questions asked at once (a thread each).
 const ASKS_AT_ONCE: usize = 32;
+
+/// What a coordinator sends a member that came: a proposal to take (then the decision follows
+/// as a bare [`COMMIT`]), or a decision already final; and what the member answers a proposal.
+const PROPOSE: u8 = 0;
+const FINAL: u8 = 1;
+const COMMIT: u8 = 2;
+const TAKEN: u8 = 3;
 
 /// One agreement among the ranks of a group.
 pub(crate) struct Agreement<'a> {
@@ -135,8 +151,17 @@ pub(crate) fn moved_on(job: &JobListener, id: u64) {
 }
 
 impl Agreement<'_> {
-    /// Runs the agreement: `hints` are ranks the heartbeat already declared lost.
+    /// Runs the agreement: `hints` are ranks the heartbeat already declared lost. A rank that
+    /// fails (an interrupt, a timeout) says it is out, so that no one waits for it.
     pub(crate) fn run(&self, mine: &Bringing, hints: &[usize]) -> Result<Decision> {
+        let ran = self.run_until_decided(mine, hints);
+        if ran.is_err() {
+            self.stand(&Standing::Out);
+        }
+        ran
+    }
+
+    fn run_until_decided(&self, mine: &Bringing, hints: &[usize]) -> Result<Decision> {
         let mut known = Known {
             lost: mine.call.left_out.iter().copied().collect(),
             hinted: hints.iter().copied().filter(|&r| r != self.rank).collect(),
@@ -189,12 +214,13 @@ impl Agreement<'_> {
             let readable = crate::os::wait_readable(stream.as_fd(), LOOK_AGAIN)
                 .map_err(|e| Error::io(self.rank, self.op.name(), e))?;
             if readable {
-                // The decision, or the end of the stream: either is there now.
+                // A proposal, a final decision, or the end of the stream: one is there now.
                 let sent = read_frame(&mut stream, deadline_after(ASK_WITHIN), MAX_STANDING);
                 if let Ok(bytes) = sent {
-                    let decision = decode_decision(&bytes, self.job_rank.len())
-                        .ok_or_else(|| self.foreign(coordinator))?;
-                    return Ok(Followed::Done(Outcome::Adopt(decision)));
+                    return match self.read_sent(coordinator, &bytes)? {
+                        (FINAL, decision) => Ok(Followed::Done(Outcome::Adopt(decision))),
+                        (_, proposal) => self.take(coordinator, proposal, stream, known),
+                    };
                 }
             }
             if readable || asked.elapsed() >= ASK_EVERY {
@@ -210,6 +236,79 @@ impl Agreement<'_> {
                 }
                 self.stand_taking(mine, known);
             }
+        }
+    }
+
+    /// A member given `proposal` by `coordinator`: takes it, and waits for the coordinator to
+    /// make it final. Should the coordinator end or fall silent first, the proposal is the
+    /// decision (it may have been made final for others); should it say it is out (it could
+    /// not confirm every rank), the proposal is dropped and the next rank coordinates.
+    fn take(
+        &self,
+        coordinator: usize,
+        mut proposal: Decision,
+        mut stream: TcpStream,
+        known: &mut Known,
+    ) -> Result<Followed> {
+        let mut open = write_frame(&mut stream, &[TAKEN], deadline_after(ASK_WITHIN)).is_ok();
+        let mut asked = Instant::now();
+        loop {
+            (self.go_on)()?;
+            self.check_deadline(&[coordinator])?;
+            if open {
+                let readable = crate::os::wait_readable(stream.as_fd(), LOOK_AGAIN)
+                    .map_err(|e| Error::io(self.rank, self.op.name(), e))?;
+                if readable {
+                    match read_frame(&mut stream, deadline_after(ASK_WITHIN), MAX_STANDING) {
+                        Ok(b) if b == [COMMIT] => {
+                            return Ok(Followed::Done(Outcome::Adopt(proposal)));
+                        }
+                        Ok(b) => match self.read_sent(coordinator, &b)? {
+                            (FINAL, d) => return Ok(Followed::Done(Outcome::Adopt(d))),
+                            (_, d) => {
+                                // A new proposal, without a rank that did not take the last.
+                                proposal = d;
+                                open =
+                                    write_frame(&mut stream, &[TAKEN], deadline_after(ASK_WITHIN))
+                                        .is_ok();
+                            }
+                        },
+                        Err(_) => open = false,
+                    }
+                    continue;
+                }
+            } else {
+                std::thread::sleep(LOOK_AGAIN);
+            }
+            if asked.elapsed() < ASK_EVERY {
+                continue;
+            }
+            asked = Instant::now();
+            let answer = self
+                .job
+                .ask(self.job_rank[coordinator], self.id, ASK_WITHIN);
+            match self.read_answer(coordinator, answer, known)? {
+                Heard::Said(Standing::Out) => {
+                    known.lost.insert(coordinator);
+                    return Ok(Followed::Lost);
+                }
+                Heard::Said(Standing::Decided(d)) => return Ok(Followed::Done(Outcome::Adopt(d))),
+                Heard::Lost => return Ok(Followed::Done(Outcome::Adopt(proposal))),
+                Heard::Said(_) | Heard::Nothing => {}
+            }
+        }
+    }
+
+    /// A proposal or final decision `coordinator` sent: its kind and the decision.
+    fn read_sent(&self, coordinator: usize, bytes: &[u8]) -> Result<(u8, Decision)> {
+        let (&kind, rest) = bytes
+            .split_first()
+            .ok_or_else(|| self.foreign(coordinator))?;
+        let decision =
+            decode_decision(rest, self.job_rank.len()).ok_or_else(|| self.foreign(coordinator))?;
+        match kind {
+            PROPOSE | FINAL => Ok((kind, decision)),
+            _ => Err(self.foreign(coordinator)),
         }
     }
 
@@ -285,14 +384,15 @@ impl Agreement<'_> {
     }
 
     /// Every rank not lost has come: checks that the ranks left out take no part and that
-    /// more than half of the ranks not known to have ended came, then decides.
+    /// more than half of the ranks not known to have ended came, then proposes the decision
+    /// to the ranks that came and, once each has taken it, makes it final. One that does
+    /// not take it is left out and the rest is checked and proposed again.
     fn conclude(
         &self,
         mine: &Bringing,
         known: &mut Known,
-        came: BTreeMap<usize, (TcpStream, Bringing)>,
+        mut came: BTreeMap<usize, (TcpStream, Bringing)>,
     ) -> Result<Decision> {
-        let protected: BTreeSet<usize> = came.keys().copied().collect();
         for (r, answer) in self.ask_all(&mine.call.left_out) {
             match self.read_answer(r, answer, known)? {
                 Heard::Said(Standing::Decided(d)) => return self.end(Outcome::Adopt(d), came),
@@ -306,38 +406,108 @@ impl Agreement<'_> {
                 _ => {}
             }
         }
-        let alive = came.len() + 1;
-        let counted =
-            |known: &Known| self.job_rank.len() - mine.call.left_out.len() - known.gone.len();
-        if 2 * alive <= counted(known) {
-            // Ranks counted as lost may have ended: find out before giving up.
-            let unproven: Vec<usize> = known
-                .lost
-                .iter()
-                .copied()
-                .filter(|r| !known.gone.contains(r) && !mine.call.left_out.contains(r))
-                .collect();
-            for (r, answer) in self.ask_all(&unproven) {
-                if answer == Answer::Gone {
-                    known.gone.insert(r);
-                }
+        loop {
+            if let Err(e) = self.check_majority(mine, known, came.len() + 1) {
+                return self.end(Outcome::Fail(e), came);
             }
-            if 2 * alive <= counted(known) {
-                let why = format!(
-                    "only {alive} of the {} ranks not known to have ended took part (ranks {:?} \
-                     are silent): fewer than half, which a network partition or a stop of most \
-                     ranks looks like, so no group is formed",
-                    counted(known),
-                    known.lost.difference(&known.gone).collect::<Vec<_>>()
-                );
-                return self.end(Outcome::Fail(self.io(&why)), came);
+            let mut alive: Vec<usize> = came.keys().copied().collect();
+            alive.push(self.rank);
+            alive.sort_unstable();
+            let flag = mine.flag && came.values().all(|(_, b)| b.flag);
+            let decision = Decision::Agreed { flag, alive };
+            let refused = self.propose(&decision, &mut came)?;
+            if refused.is_empty() {
+                self.stand(&Standing::Decided(decision.clone()));
+                for (mut stream, _) in came.into_values() {
+                    let _ = write_frame(&mut stream, &[COMMIT], deadline_after(ASK_WITHIN));
+                }
+                return Ok(decision);
+            }
+            for r in refused {
+                came.remove(&r);
+                known.lost.insert(r);
             }
         }
-        let mut alive: Vec<usize> = protected.into_iter().collect();
-        alive.push(self.rank);
-        alive.sort_unstable();
-        let flag = mine.flag && came.values().all(|(_, b)| b.flag);
-        self.settle(Decision::Agreed { flag, alive }, came)
+    }
+
+    /// Sends `decision` to every rank that came, as a proposal, and waits (up to the liveness
+    /// window) for each to take it; returns the ranks that did not (their connection ended,
+    /// or they stayed silent).
+    fn propose(
+        &self,
+        decision: &Decision,
+        came: &mut BTreeMap<usize, (TcpStream, Bringing)>,
+    ) -> Result<Vec<usize>> {
+        let proposal = [&[PROPOSE][..], &encode_decision(decision)].concat();
+        let mut waiting: Vec<usize> = Vec::new();
+        for (&r, (stream, _)) in came.iter_mut() {
+            if write_frame(stream, &proposal, deadline_after(ASK_WITHIN)).is_ok() {
+                waiting.push(r);
+            }
+        }
+        let mut refused: Vec<usize> = came
+            .keys()
+            .copied()
+            .filter(|r| !waiting.contains(r))
+            .collect();
+        let until = deadline_after(self.window);
+        while !waiting.is_empty() {
+            (self.go_on)()?;
+            let mut still = Vec::new();
+            for r in waiting {
+                let Some((stream, _)) = came.get_mut(&r) else {
+                    continue;
+                };
+                match crate::os::wait_readable(stream.as_fd(), Duration::ZERO) {
+                    Ok(true) => match read_frame(stream, deadline_after(ASK_WITHIN), 1) {
+                        Ok(ack) if ack == [TAKEN] => {}
+                        _ => refused.push(r),
+                    },
+                    Ok(false) if Instant::now() < until => still.push(r),
+                    _ => refused.push(r),
+                }
+            }
+            waiting = still;
+            if !waiting.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Ok(refused)
+    }
+
+    /// An error unless more than half of the ranks not known to have ended (left out ones
+    /// aside) are among the `alive`; ranks counted as lost are asked first whether they have
+    /// ended.
+    fn check_majority(&self, mine: &Bringing, known: &mut Known, alive: usize) -> Result<()> {
+        let counted = |known: &Known| {
+            (0..self.job_rank.len())
+                .filter(|r| !mine.call.left_out.contains(r) && !known.gone.contains(r))
+                .count()
+        };
+        if 2 * alive > counted(known) {
+            return Ok(());
+        }
+        let unproven: Vec<usize> = known
+            .lost
+            .iter()
+            .copied()
+            .filter(|r| !known.gone.contains(r) && !mine.call.left_out.contains(r))
+            .collect();
+        for (r, answer) in self.ask_all(&unproven) {
+            if answer == Answer::Gone {
+                known.gone.insert(r);
+            }
+        }
+        if 2 * alive > counted(known) {
+            return Ok(());
+        }
+        Err(self.io(&format!(
+            "only {alive} of the {} ranks not known to have ended took part (ranks {:?} are \
+             silent): fewer than half, which a network partition or a stop of most ranks \
+             looks like, so no group is formed",
+            counted(known),
+            known.lost.difference(&known.gone).collect::<Vec<_>>()
+        )))
     }
 
     /// Ends this rank's part with `outcome`: a decision is kept and told to the ranks that
@@ -365,15 +535,16 @@ impl Agreement<'_> {
         }
     }
 
-    /// Keeps `decision` for the questions of others, and sends it to every rank that came (one
-    /// that died since fails what comes next, not this).
+    /// Keeps `decision`, made elsewhere or a mismatch, for the questions of others, and sends
+    /// it to every rank that came as final (one that died since fails what comes next, not
+    /// this).
     fn settle(
         &self,
         decision: Decision,
         came: BTreeMap<usize, (TcpStream, Bringing)>,
     ) -> Result<Decision> {
         self.stand(&Standing::Decided(decision.clone()));
-        let bytes = encode_decision(&decision);
+        let bytes = [&[FINAL][..], &encode_decision(&decision)].concat();
         for (_, (mut stream, _)) in came {
             let _ = write_frame(&mut stream, &bytes, deadline_after(ASK_WITHIN));
         }
@@ -483,11 +654,16 @@ impl Agreement<'_> {
                     .iter()
                     .map(|&r| {
                         let peer = self.job_rank[r];
-                        (r, s.spawn(move || job.ask(peer, id, ASK_WITHIN)))
+                        let asked = std::thread::Builder::new()
+                            .name("jaccl-ask".into())
+                            .spawn_scoped(s, move || job.ask(peer, id, ASK_WITHIN));
+                        (r, asked)
                     })
                     .collect();
                 for (r, asked) in asking {
-                    answers.push((r, asked.join().unwrap_or(Answer::Silent)));
+                    // No thread (out of resources) or a panic in it: as if it did not answer.
+                    let answer = asked.ok().and_then(|a| a.join().ok());
+                    answers.push((r, answer.unwrap_or(Answer::Silent)));
                 }
             });
         }

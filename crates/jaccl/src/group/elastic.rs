@@ -30,13 +30,17 @@ pub struct Agreed {
 
 impl Group {
     /// Agrees, among the ranks alive, on the AND of `flag` and on which ranks are alive, as
-    /// MPI's `MPIX_Comm_agree` does: every rank that returns gets the same [`Agreed`],
+    /// MPI's `MPIX_Comm_agree` does: every rank that returns `Ok` gets the same [`Agreed`],
     /// whichever ranks die before or during the call (rank 0 included), and whether or not
     /// this group has failed or was revoked. Every living rank of the group must call it
-    /// (as the n-th agreement or shrink of this group on each); a rank counts as lost when
-    /// its process has ended (found at once: its listener refuses connections) or when it
-    /// has not answered for the liveness window (stopped or cut off). It waits for living
-    /// ranks that have not called it yet up to the operation timeout.
+    /// (as the n-th agreement or shrink of this group on each). A rank counts as lost when
+    /// its process has ended (found at once: its listener refuses connections), when it has
+    /// not answered for the liveness window (stopped or cut off), or when another rank counts
+    /// it as lost; a rank that learns it was counted as lost fails with [`Error::LeftOut`].
+    /// An agreement needs more than half of the ranks not known to have ended: with as many
+    /// ranks silent as answering (a network partition cannot be told from stopped ranks), it
+    /// fails rather than decide for one side. It waits for living ranks that have not called
+    /// it yet up to the operation timeout. How it works: docs/elastic.md.
     ///
     /// ```no_run
     /// # fn main() -> jaccl::Result<()> {
@@ -53,8 +57,11 @@ impl Group {
     ///
     /// # Errors
     /// [`Error::LeftOut`] when the others agreed without this rank (they took it for lost);
-    /// [`Error::Timeout`] when a living rank did not come within the operation timeout;
-    /// [`Error::Interrupted`] from the interrupt check ([`Group::interrupt_when`]).
+    /// [`Error::Mismatch`] when ranks called something else ([`Group::shrink`], or it with
+    /// other ranks left out); [`Error::Timeout`] when a living rank did not come within the
+    /// operation timeout; [`Error::Io`] when fewer than half of the ranks not known to have
+    /// ended took part; [`Error::Interrupted`] from the interrupt check
+    /// ([`Group::interrupt_when`]).
     pub fn agree(&mut self, flag: bool) -> Result<Agreed> {
         let round = self.family.agreements.fetch_add(1, Ordering::Relaxed);
         let deadline = deadline_after(self.operation_timeout());
@@ -81,7 +88,9 @@ impl Group {
     /// has not failed, it makes a fresh copy of the group.
     ///
     /// This group is left as it was (failed, revoked, or not): drop it. A new group forms in
-    /// well under a second after a rank's death (measured: docs/elastic.md).
+    /// well under a second after a rank's death (measured: docs/elastic.md). Should the new
+    /// group's rank 0 die while it releases the others from forming, those that formed it go
+    /// on (and shrink it in turn) while those that did not fail with [`Error::LeftOut`].
     ///
     /// ```no_run
     /// # fn main() -> jaccl::Result<()> {
@@ -107,11 +116,13 @@ impl Group {
     /// [`Group::shrink`] to the ranks alive except `ranks`, for callers that decide whom to
     /// drop (PyTorch's `shrink_group(ranks_to_exclude)`): the ranks listed are not waited
     /// for and are left out whether they live or not (they do not call it). Every caller must
-    /// pass the same ranks (in any order).
+    /// pass the same ranks (in any order): when lists differ, no two groups form; the callers
+    /// fail with [`Error::Mismatch`], or, when one side decided before the other called,
+    /// that side goes on and the other fails with [`Error::LeftOut`].
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a rank out of range or this rank; [`Error::Mismatch`] on
-    /// every rank when the lists differ; otherwise as [`Group::shrink`].
+    /// [`Error::InvalidArgument`] for a rank out of range or this rank; otherwise as
+    /// [`Group::shrink`].
     pub fn shrink_excluding(&mut self, ranks: &[usize]) -> Result<Group> {
         let mut left_out = ranks.to_vec();
         left_out.sort_unstable();
@@ -168,6 +179,13 @@ impl Group {
     fn agreement_id(&self, round: u64, attempt: u64) -> u64 {
         let parts: [&[u8]; 2] = [&round.to_le_bytes(), &attempt.to_le_bytes()];
         group_id("agreement", self.family.id, &parts)
+    }
+
+    /// The job's rank of each rank of this group (the group `init` made: `0..size`): how a
+    /// group made by [`Group::shrink`] or [`Group::split`] maps to the job, and through it to
+    /// the group it came from.
+    pub fn job_ranks(&self) -> &[usize] {
+        &self.family.job_rank
     }
 
     /// Runs agreement `round` (its `attempt`) of this group: the flag and the ranks alive.

@@ -460,7 +460,8 @@ pub(super) enum Watch {
     Call,
     /// The survivors of a failure ([`Group::shrink`]): this group has failed, so its
     /// heartbeat says nothing of them; only an interrupt ends the wait early, and a member
-    /// lost meanwhile makes the formation fail at its start-up timeout.
+    /// lost meanwhile makes the formation fail at its start-up timeout (on every member but
+    /// in one case: [`Group::shrink`]).
     Survivors,
 }
 

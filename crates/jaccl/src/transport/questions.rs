@@ -24,8 +24,9 @@ pub(crate) type Revoker = Arc<RevokeFn>;
 pub(crate) type RevokeFn = dyn Fn(usize) + Send + Sync;
 
 /// The agreements this process keeps answering for: the newest ones (an agreement is asked
-/// about only while its survivors finish it).
-const STANDINGS_KEPT: usize = 256;
+/// about while its survivors finish it; a rank stopped for longer than this many agreements
+/// of the others asks about one forgotten, and waits for the operation timeout).
+const STANDINGS_KEPT: usize = 1024;
 
 /// The longest standing answered (an agreement's: a few bytes per rank).
 pub(crate) const MAX_STANDING: usize = 1 << 20;

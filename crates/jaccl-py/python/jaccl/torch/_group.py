@@ -63,6 +63,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         self._desc = ""
         self._staging = _Staging()
         self._monitored = 0  # monitored barriers called (their keys in the store)
+        self._shrinks = 0  # shrinks of this group (their keys in the store)
 
     # What torch asks of a group.
 
@@ -103,11 +104,15 @@ class ProcessGroupJaccl(dist.ProcessGroup):
             "semantics, every survivor calls it, and it returns the new group"
         )
 
-    def _shrunk(self, ranks_to_exclude: List[int]) -> "ProcessGroupJaccl":
-        """The jaccl group of the ranks alive but `ranks_to_exclude` (see
-        `jaccl.torch.shrink_group`)."""
+    def _shrunk(self, ranks_to_exclude: List[int], name: str) -> "ProcessGroupJaccl":
+        """The jaccl group of the ranks alive but `ranks_to_exclude`, named `name` (see
+        `jaccl.torch.shrink_group`): its keys in the store under a prefix of its own."""
         g = _raising(lambda: self._g.shrink(sorted(set(ranks_to_exclude))))
-        return ProcessGroupJaccl(g, g.rank, g.size, self._timeout, self._store)
+        # Every survivor shrinks its groups in one order: the count names this one alike.
+        self._shrinks += 1
+        prefix = f"jaccl/shrink/{name}/{self._shrinks}/"
+        store = dist.PrefixStore(prefix, self._store) if self._store is not None else None
+        return ProcessGroupJaccl(g, g.rank, g.size, self._timeout, store)
 
     def _get_backend(self, device: Any) -> "ProcessGroupJaccl":
         return self

@@ -11,13 +11,9 @@ steps, with the shrunk jaccl group itself registered in torch's place.
 
 from typing import Any, List, Optional
 
-import numpy as np
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-import jaccl
-
-from ._errors import _raising
 from ._group import ProcessGroupJaccl
 
 
@@ -40,17 +36,18 @@ def shrink_group(ranks_to_exclude: Optional[List[int]] = None, group: Any = None
         raise ValueError(f"ranks_to_exclude must be ranks of the group (0 to {pg.size() - 1}): {excluded}")
     if pg.rank() in excluded:
         raise ValueError(f"rank {pg.rank()} is in ranks_to_exclude: the excluded ranks do not call shrink_group")
-    new = pg._shrunk(excluded)
-    # Which of the old group's ranks the new group holds, in its order (ranks lost meanwhile
-    # are left out too, so the survivors ask one another).
-    gathered = _raising(lambda: jaccl.Group(new._g).all_gather(np.array([pg.rank()], np.int64)))
-    members = [int(r) for r in gathered[:, 0]]
+    global_ranks = dist.get_process_group_ranks(pg)
+    # Named before it exists: by the ranks that may be in it (those lost too are left out).
+    name = c10d._process_group_name(
+        [global_ranks[r] for r in range(pg.size()) if r not in excluded], use_hashed_name=True
+    )
+    new = pg._shrunk(excluded, name)
+    # Which of the old group's ranks the new group holds, in its order: through the job's ranks.
+    members = [pg._g.job_ranks.index(j) for j in new._g.job_ranks]
 
     is_default = pg == c10d._get_default_group()
-    global_ranks = dist.get_process_group_ranks(pg)
     backend_name, store = c10d._world.pg_map[pg]
     backend_config = c10d._world.pg_backend_config.get(pg, "")
-    name = c10d._process_group_name([global_ranks[r] for r in members], use_hashed_name=True)
     if is_default:
         c10d._destroy_all_other_groups(exclude_group=pg)
     try:

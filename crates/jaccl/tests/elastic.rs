@@ -64,11 +64,13 @@ fn trial(
     (got.into_iter().map(|(line, _)| line).collect(), first)
 }
 
-/// A survivor's report: `ok old R new N size S first_us T digest D`.
+/// A survivor's report: `ok old R new N size S failed_us F first_us T digest D`.
 #[derive(Debug)]
 struct Report {
     new_rank: usize,
     size: usize,
+    /// When its first call failed, and when its first call on the shrunk group succeeded.
+    failed_us: u128,
     first_us: u128,
     digest: String,
 }
@@ -83,6 +85,7 @@ fn parse(line: &str) -> Report {
     Report {
         new_rank: after("new").parse().unwrap(),
         size: after("size").parse().unwrap(),
+        failed_us: after("failed_us").parse().unwrap(),
         first_us: after("first_us").parse().unwrap(),
         digest: after("digest").to_string(),
     }
@@ -92,6 +95,14 @@ fn parse(line: &str) -> Report {
 /// order, with the same results; returns how long after the signal each survivor's first
 /// collective on that group succeeded.
 fn check(lines: &[String], victims: &[usize], signalled_us: u128) -> Vec<Duration> {
+    timed(lines, victims, signalled_us)
+        .into_iter()
+        .map(|(_, first)| first)
+        .collect()
+}
+
+/// [`check`], with how long after the signal each survivor's call failed too.
+fn timed(lines: &[String], victims: &[usize], signalled_us: u128) -> Vec<(Duration, Duration)> {
     let survivors: Vec<usize> = (0..lines.len()).filter(|r| !victims.contains(r)).collect();
     let reports: Vec<Report> = survivors.iter().map(|&r| parse(&lines[r])).collect();
     for (place, (report, &old)) in reports.iter().zip(&survivors).enumerate() {
@@ -102,9 +113,10 @@ fn check(lines: &[String], victims: &[usize], signalled_us: u128) -> Vec<Duratio
             "rank {old}'s results differ"
         );
     }
+    let since = |us: u128| Duration::from_micros(us.saturating_sub(signalled_us) as u64);
     reports
         .iter()
-        .map(|r| Duration::from_micros((r.first_us.saturating_sub(signalled_us)) as u64))
+        .map(|r| (since(r.failed_us), since(r.first_us)))
         .collect()
 }
 
@@ -201,37 +213,39 @@ fn elastic_trials() {
             .split(',')
             .map(|s| s.parse::<usize>().unwrap())
         {
-            let mut times = Vec::new();
+            let (mut times, mut failed) = (Vec::new(), Vec::new());
             let mut zero = 0;
             for t in 0..trials {
                 let seed = random_u64();
                 let victim = (seed % size as u64) as usize;
                 zero += usize::from(victim == 0);
-                let (lines, at) = trial(
-                    transport,
-                    size,
-                    &[victim],
-                    rustix::process::Signal::KILL,
-                    seed,
-                    &[],
-                );
-                let after = check(&lines, &[victim], at);
-                let worst = after.iter().max().copied().unwrap_or_default();
+                let kill = rustix::process::Signal::KILL;
+                let (lines, at) = trial(transport, size, &[victim], kill, seed, &[]);
+                let after = timed(&lines, &[victim], at);
+                let worst = after.iter().map(|t| t.1).max().unwrap_or_default();
                 eprintln!(
                     "{transport} {size} ranks, trial {t}: rank {victim} killed, worst {worst:?}"
                 );
-                times.extend(after);
+                failed.extend(after.iter().map(|t| t.0));
+                times.extend(after.iter().map(|t| t.1));
             }
-            times.sort();
-            let median = times[times.len() / 2];
-            let worst = times.last().copied().unwrap_or_default();
+            let (median, worst) = median_and_worst(&mut times);
+            let (failed_median, failed_worst) = median_and_worst(&mut failed);
             println!(
                 "ELASTIC {transport} {size} ranks: {trials} kills ({zero} of rank 0), {} survivors: \
-                 first collective on the shrunk group after median {median:?}, worst {worst:?}",
+                 first collective on the shrunk group after median {median:?}, worst {worst:?} \
+                 (their calls failed after median {failed_median:?}, worst {failed_worst:?})",
                 times.len()
             );
         }
     }
+}
+
+/// The median and the largest of `times`.
+fn median_and_worst(times: &mut [Duration]) -> (Duration, Duration) {
+    times.sort();
+    let median = times.get(times.len() / 2).copied().unwrap_or_default();
+    (median, times.last().copied().unwrap_or_default())
 }
 
 /// A rank of [`trial`]: loops on random collectives until one fails; then shrinks (again
@@ -246,6 +260,7 @@ fn elastic_rank() -> jaccl::Result<String> {
     while one_step(&mut g, seed, step).is_ok() {
         step += 1;
     }
+    let failed_us = unix_micros();
     loop {
         println!("SHRINKING");
         g = g.shrink()?;
@@ -263,7 +278,7 @@ fn elastic_rank() -> jaccl::Result<String> {
         }
         if done == STEPS_AFTER {
             return Ok(format!(
-                "ok old {old} new {} size {} first_us {} digest {digest:x}",
+                "ok old {old} new {} size {} failed_us {failed_us} first_us {} digest {digest:x}",
                 g.rank(),
                 g.size(),
                 first_us.unwrap_or_default()

@@ -42,6 +42,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::TcpStream;
 use std::os::fd::AsFd;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
@@ -64,8 +65,8 @@ mod wire;
 /// a handshake, milliseconds even on a loaded host.
 const ASK_WITHIN: Duration = Duration::from_millis(500);
 
-/// How often a rank that waits asks again about a rank that has not come (the coordinator)
-/// or has not decided (a member, about the coordinator).
+/// How often a coordinator asks again about a rank that has not come (one that died is then
+/// found at once).
 const ASK_EVERY: Duration = Duration::from_millis(200);
 
 /// The longest a wait sleeps before it looks at everything again.
@@ -83,7 +84,7 @@ const TAKEN: u8 = 3;
 
 /// One agreement among the ranks of a group.
 pub(crate) struct Agreement<'a> {
-    pub(crate) job: &'a JobListener,
+    pub(crate) job: &'a Arc<JobListener>,
     /// The agreement's id, in its connections and in the questions about it; the same on
     /// every rank, and never used by another agreement of the job.
     pub(crate) id: u64,
@@ -223,7 +224,7 @@ impl Agreement<'_> {
                     };
                 }
             }
-            if readable || asked.elapsed() >= ASK_EVERY {
+            if readable || asked.elapsed() >= self.member_asks_every() {
                 asked = Instant::now();
                 if let Some(outcome) = self.hear(coordinator, mine, known, &BTreeSet::new())? {
                     return Ok(Followed::Done(outcome));
@@ -280,7 +281,7 @@ impl Agreement<'_> {
             } else {
                 std::thread::sleep(LOOK_AGAIN);
             }
-            if asked.elapsed() < ASK_EVERY {
+            if asked.elapsed() < self.member_asks_every() {
                 continue;
             }
             asked = Instant::now();
@@ -297,6 +298,14 @@ impl Agreement<'_> {
                 Heard::Said(_) | Heard::Nothing => {}
             }
         }
+    }
+
+    /// How often a member asks about its coordinator: a coordinator that ends closes the
+    /// member's connection (seen at once), so questions only find one that stopped, which
+    /// counts as lost after the window anyway; asking seldom spares the coordinator's
+    /// listener, which every member asks.
+    fn member_asks_every(&self) -> Duration {
+        (self.window / 5).max(ASK_EVERY)
     }
 
     /// A proposal or final decision `coordinator` sent: its kind and the decision.
@@ -318,6 +327,10 @@ impl Agreement<'_> {
         let size = self.job_rank.len();
         let mut came: BTreeMap<usize, (TcpStream, Bringing)> = BTreeMap::new();
         let mut asked: HashMap<usize, Instant> = HashMap::new();
+        // Questions to absent ranks run on threads of their own, so that a slow answer holds
+        // up neither the others nor the ranks that come meanwhile.
+        let (answered, answers) = mpsc::channel::<(usize, Answer)>();
+        let mut asking: BTreeSet<usize> = BTreeSet::new();
         loop {
             (self.go_on)()?;
             self.stand_taking(mine, known);
@@ -366,16 +379,23 @@ impl Agreement<'_> {
                 return self.conclude(mine, known, came);
             }
             self.check_deadline(&absent)?;
-            let due: Vec<usize> = absent
-                .iter()
-                .copied()
-                .filter(|r| asked.get(r).is_none_or(|at| at.elapsed() >= ASK_EVERY))
-                .collect();
             let protected: BTreeSet<usize> = came.keys().copied().collect();
-            for (r, answer) in self.ask_all(&due) {
-                asked.insert(r, Instant::now());
+            while let Ok((r, answer)) = answers.try_recv() {
+                asking.remove(&r);
+                if known.lost.contains(&r) || protected.contains(&r) {
+                    continue;
+                }
                 if let Some(outcome) = self.interpret(r, answer, mine, known, &protected)? {
                     return self.end(outcome, came);
+                }
+            }
+            for &r in &absent {
+                let due = asked.get(&r).is_none_or(|at| at.elapsed() >= ASK_EVERY);
+                if due && !asking.contains(&r) && !known.lost.contains(&r) {
+                    asked.insert(r, Instant::now());
+                    if self.ask_aside(r, &answered) {
+                        asking.insert(r);
+                    }
                 }
             }
             let mut fds = [PollFd::from_borrowed_fd(self.job.arrivals(), PollFlags::IN)];
@@ -642,6 +662,19 @@ impl Agreement<'_> {
                 known.lost.insert(l);
             }
         }
+    }
+
+    /// Asks about rank `r` on a thread of its own, which sends the answer to `answered`;
+    /// false if no thread could start (the rank is asked again later).
+    fn ask_aside(&self, r: usize, answered: &mpsc::Sender<(usize, Answer)>) -> bool {
+        let (job, id, peer) = (Arc::clone(self.job), self.id, self.job_rank[r]);
+        let answered = answered.clone();
+        std::thread::Builder::new()
+            .name("jaccl-ask".into())
+            .spawn(move || {
+                let _ = answered.send((r, job.ask(peer, id, ASK_WITHIN)));
+            })
+            .is_ok()
     }
 
     /// Asks each of `ranks` at once (a thread each, [`ASKS_AT_ONCE`] at a time).

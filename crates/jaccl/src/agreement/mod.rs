@@ -31,10 +31,13 @@
 //!   they take part; a rank whose part fails (an interrupt) says it is out, so that no one
 //!   waits for it.
 //!
-//! What is not covered: a partition that also leaves a member holding a proposal on the
-//! other side makes that member keep a decision the others cannot form a group with (every
-//! side then fails, none goes on alone); a rank stopped through more than a thousand
-//! agreements of the others finds theirs forgotten and waits for the operation timeout.
+//! What is not covered: a coordinator that dies while it proposes again (without a member
+//! that did not take the first proposal in time) can leave its members with the two
+//! proposals, which `agree` then returns (a shrink's forming fails for both, and the next
+//! attempt agrees); a partition whose firewall refuses connections (a TCP reset) makes the
+//! ranks across it look ended, so both sides may count a majority; a rank stopped through
+//! more than a thousand agreements of the others finds theirs forgotten and waits for the
+//! operation timeout.
 //!
 //! Every wait ends: by an answer, by the liveness window for silent ranks, by the operation
 //! timeout for living ranks that never come, or by `go_on` (an interrupt).
@@ -54,11 +57,9 @@ use crate::transport::frame::{read_frame, write_frame};
 use crate::transport::listener::JobListener;
 use crate::transport::questions::{Answer, MAX_STANDING};
 pub(crate) use wire::{Bringing, Call, Decision};
-use wire::{
-    Standing, decode_bringing, decode_decision, decode_standing, encode_bringing, encode_decision,
-    encode_standing,
-};
+use wire::{Standing, decode_bringing, decode_standing, encode_decision, encode_standing};
 
+mod member;
 mod wire;
 
 /// How long one question to a rank's listener may take: answering costs its accepting thread
@@ -81,6 +82,9 @@ const PROPOSE: u8 = 0;
 const FINAL: u8 = 1;
 const COMMIT: u8 = 2;
 const TAKEN: u8 = 3;
+/// A member that did not take a proposal within the liveness window is left out: told so
+/// before its connection closes.
+const DROPPED: u8 = 4;
 
 /// One agreement among the ranks of a group.
 pub(crate) struct Agreement<'a> {
@@ -189,138 +193,6 @@ impl Agreement<'_> {
         }
     }
 
-    /// A member: sends what it brings to `coordinator` and waits for the decision.
-    fn follow(&self, coordinator: usize, mine: &Bringing, known: &mut Known) -> Result<Followed> {
-        let peer = self.job_rank[coordinator];
-        if let Some(outcome) = self.hear(coordinator, mine, known, &BTreeSet::new())? {
-            return Ok(Followed::Done(outcome));
-        }
-        if known.lost.contains(&coordinator) {
-            return Ok(Followed::Lost);
-        }
-        let Ok(mut stream) = self
-            .job
-            .dial_once(Purpose::Side, self.id, peer, ASK_WITHIN * 2)
-        else {
-            return Ok(Followed::Again);
-        };
-        let hello = encode_bringing(mine, &known.lost);
-        if write_frame(&mut stream, &hello, deadline_after(ASK_WITHIN)).is_err() {
-            return Ok(Followed::Again);
-        }
-        let mut asked = Instant::now();
-        loop {
-            (self.go_on)()?;
-            self.check_deadline(&[coordinator])?;
-            let readable = crate::os::wait_readable(stream.as_fd(), LOOK_AGAIN)
-                .map_err(|e| Error::io(self.rank, self.op.name(), e))?;
-            if readable {
-                // A proposal, a final decision, or the end of the stream: one is there now.
-                let sent = read_frame(&mut stream, deadline_after(ASK_WITHIN), MAX_STANDING);
-                if let Ok(bytes) = sent {
-                    return match self.read_sent(coordinator, &bytes)? {
-                        (FINAL, decision) => Ok(Followed::Done(Outcome::Adopt(decision))),
-                        (_, proposal) => self.take(coordinator, proposal, stream, known),
-                    };
-                }
-            }
-            if readable || asked.elapsed() >= self.member_asks_every() {
-                asked = Instant::now();
-                if let Some(outcome) = self.hear(coordinator, mine, known, &BTreeSet::new())? {
-                    return Ok(Followed::Done(outcome));
-                }
-                if known.lost.contains(&coordinator) {
-                    return Ok(Followed::Lost);
-                }
-                if readable {
-                    return Ok(Followed::Again);
-                }
-                self.stand_taking(mine, known);
-            }
-        }
-    }
-
-    /// A member given `proposal` by `coordinator`: takes it, and waits for the coordinator to
-    /// make it final. Should the coordinator end or fall silent first, the proposal is the
-    /// decision (it may have been made final for others); should it say it is out (it could
-    /// not confirm every rank), the proposal is dropped and the next rank coordinates.
-    fn take(
-        &self,
-        coordinator: usize,
-        mut proposal: Decision,
-        mut stream: TcpStream,
-        known: &mut Known,
-    ) -> Result<Followed> {
-        let mut open = write_frame(&mut stream, &[TAKEN], deadline_after(ASK_WITHIN)).is_ok();
-        let mut asked = Instant::now();
-        loop {
-            (self.go_on)()?;
-            self.check_deadline(&[coordinator])?;
-            if open {
-                let readable = crate::os::wait_readable(stream.as_fd(), LOOK_AGAIN)
-                    .map_err(|e| Error::io(self.rank, self.op.name(), e))?;
-                if readable {
-                    match read_frame(&mut stream, deadline_after(ASK_WITHIN), MAX_STANDING) {
-                        Ok(b) if b == [COMMIT] => {
-                            return Ok(Followed::Done(Outcome::Adopt(proposal)));
-                        }
-                        Ok(b) => match self.read_sent(coordinator, &b)? {
-                            (FINAL, d) => return Ok(Followed::Done(Outcome::Adopt(d))),
-                            (_, d) => {
-                                // A new proposal, without a rank that did not take the last.
-                                proposal = d;
-                                open =
-                                    write_frame(&mut stream, &[TAKEN], deadline_after(ASK_WITHIN))
-                                        .is_ok();
-                            }
-                        },
-                        Err(_) => open = false,
-                    }
-                    continue;
-                }
-            } else {
-                std::thread::sleep(LOOK_AGAIN);
-            }
-            if asked.elapsed() < self.member_asks_every() {
-                continue;
-            }
-            asked = Instant::now();
-            let answer = self
-                .job
-                .ask(self.job_rank[coordinator], self.id, ASK_WITHIN);
-            match self.read_answer(coordinator, answer, known)? {
-                Heard::Said(Standing::Out) => {
-                    known.lost.insert(coordinator);
-                    return Ok(Followed::Lost);
-                }
-                Heard::Said(Standing::Decided(d)) => return Ok(Followed::Done(Outcome::Adopt(d))),
-                Heard::Lost => return Ok(Followed::Done(Outcome::Adopt(proposal))),
-                Heard::Said(_) | Heard::Nothing => {}
-            }
-        }
-    }
-
-    /// How often a member asks about its coordinator: a coordinator that ends closes the
-    /// member's connection (seen at once), so questions only find one that stopped, which
-    /// counts as lost after the window anyway; asking seldom spares the coordinator's
-    /// listener, which every member asks.
-    fn member_asks_every(&self) -> Duration {
-        (self.window / 5).max(ASK_EVERY)
-    }
-
-    /// A proposal or final decision `coordinator` sent: its kind and the decision.
-    fn read_sent(&self, coordinator: usize, bytes: &[u8]) -> Result<(u8, Decision)> {
-        let (&kind, rest) = bytes
-            .split_first()
-            .ok_or_else(|| self.foreign(coordinator))?;
-        let decision =
-            decode_decision(rest, self.job_rank.len()).ok_or_else(|| self.foreign(coordinator))?;
-        match kind {
-            PROPOSE | FINAL => Ok((kind, decision)),
-            _ => Err(self.foreign(coordinator)),
-        }
-    }
-
     /// The coordinator: waits until every rank not lost has come or is lost, decides, and
     /// tells every rank that came.
     fn coordinate(&self, mine: &Bringing, known: &mut Known) -> Result<Decision> {
@@ -334,6 +206,7 @@ impl Agreement<'_> {
         loop {
             (self.go_on)()?;
             self.stand_taking(mine, known);
+            let mut reports: Vec<Vec<usize>> = Vec::new();
             for r in 0..size {
                 if r == self.rank || known.lost.contains(&r) || came.contains_key(&r) {
                     continue;
@@ -352,8 +225,13 @@ impl Agreement<'_> {
                     let detail = self.differ(&mine.call, r, &theirs.call);
                     return self.end(Outcome::Mismatch { peer: r, detail }, came);
                 }
+                known.silent.remove(&r);
                 came.insert(r, (stream, theirs));
-                let protected: BTreeSet<usize> = came.keys().copied().collect();
+                reports.push(their_lost);
+            }
+            // What they found lost, once all that came are known (they live after all).
+            let protected: BTreeSet<usize> = came.keys().copied().collect();
+            for their_lost in reports {
                 self.absorb(known, &their_lost, &protected);
             }
             // One that came and whose connection ended died, gave up on this rank, or
@@ -413,7 +291,13 @@ impl Agreement<'_> {
         known: &mut Known,
         mut came: BTreeMap<usize, (TcpStream, Bringing)>,
     ) -> Result<Decision> {
+        // Left-out ranks that do not answer may be alive across a partition, where the others
+        // may leave these out in turn: they count in the majority.
+        let mut unreachable = BTreeSet::new();
         for (r, answer) in self.ask_all(&mine.call.left_out) {
+            if answer == Answer::Silent {
+                unreachable.insert(r);
+            }
             match self.read_answer(r, answer, known)? {
                 Heard::Said(Standing::Decided(d)) => return self.end(Outcome::Adopt(d), came),
                 Heard::Said(Standing::Taking { call, .. }) => {
@@ -427,7 +311,7 @@ impl Agreement<'_> {
             }
         }
         loop {
-            if let Err(e) = self.check_majority(mine, known, came.len() + 1) {
+            if let Err(e) = self.check_majority(mine, known, &unreachable, came.len() + 1) {
                 return self.end(Outcome::Fail(e), came);
             }
             let mut alive: Vec<usize> = came.keys().copied().collect();
@@ -444,7 +328,11 @@ impl Agreement<'_> {
                 return Ok(decision);
             }
             for r in refused {
-                came.remove(&r);
+                // Told before its connection closes, so that it drops the proposal it may
+                // yet take (it may be only slow) rather than keep it as the decision.
+                if let Some((mut stream, _)) = came.remove(&r) {
+                    let _ = write_frame(&mut stream, &[DROPPED], deadline_after(ASK_WITHIN));
+                }
                 known.lost.insert(r);
             }
         }
@@ -473,6 +361,7 @@ impl Agreement<'_> {
         let until = deadline_after(self.window);
         while !waiting.is_empty() {
             (self.go_on)()?;
+            self.check_deadline(&waiting)?;
             let mut still = Vec::new();
             for r in waiting {
                 let Some((stream, _)) = came.get_mut(&r) else {
@@ -496,12 +385,19 @@ impl Agreement<'_> {
     }
 
     /// An error unless more than half of the ranks not known to have ended (left out ones
-    /// aside) are among the `alive`; ranks counted as lost are asked first whether they have
-    /// ended.
-    fn check_majority(&self, mine: &Bringing, known: &mut Known, alive: usize) -> Result<()> {
+    /// aside, but for those `unreachable`) are among the `alive`; ranks counted as lost are
+    /// asked first whether they have ended.
+    fn check_majority(
+        &self,
+        mine: &Bringing,
+        known: &mut Known,
+        unreachable: &BTreeSet<usize>,
+        alive: usize,
+    ) -> Result<()> {
         let counted = |known: &Known| {
             (0..self.job_rank.len())
-                .filter(|r| !mine.call.left_out.contains(r) && !known.gone.contains(r))
+                .filter(|r| !mine.call.left_out.contains(r) || unreachable.contains(r))
+                .filter(|r| !known.gone.contains(r))
                 .count()
         };
         if 2 * alive > counted(known) {

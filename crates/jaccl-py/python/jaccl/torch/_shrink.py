@@ -11,10 +11,21 @@ steps, with the shrunk jaccl group itself registered in torch's place.
 
 from typing import Any, List, Optional
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ._group import ProcessGroupJaccl
+
+
+# What torch's own shrink_group does with a group, by its private steps (torch 2.15).
+_TORCH_STEPS = (
+    "_destroy_all_other_groups",
+    "_cleanup_process_group_global_state",
+    "_update_default_pg",
+    "_register_pg_in_world",
+    "_process_group_name",
+)
 
 
 def shrink_group(ranks_to_exclude: Optional[List[int]] = None, group: Any = None) -> ProcessGroupJaccl:
@@ -28,6 +39,12 @@ def shrink_group(ranks_to_exclude: Optional[List[int]] = None, group: Any = None
 
     Raises ``DistBackendError`` caused by the jaccl exception if the shrink fails, and
     ``ValueError`` for ranks out of range or this rank itself."""
+    missing = [f for f in _TORCH_STEPS if not hasattr(c10d, f)]
+    if missing:
+        raise NotImplementedError(
+            f"jaccl.torch.shrink_group takes the steps of torch 2.15's shrink_group; this torch "
+            f"({torch.__version__}) lacks {', '.join(missing)}"
+        )
     pg = group if group is not None else c10d._get_default_group()
     if not isinstance(pg, ProcessGroupJaccl):
         raise TypeError(f"jaccl.torch.shrink_group shrinks jaccl groups, not {type(pg).__name__}")

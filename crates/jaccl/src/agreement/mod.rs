@@ -73,9 +73,6 @@ const ASK_EVERY: Duration = Duration::from_millis(200);
 /// The longest a wait sleeps before it looks at everything again.
 const LOOK_AGAIN: Duration = Duration::from_millis(50);
 
-/// Questions asked at once (a thread each).
-const ASKS_AT_ONCE: usize = 32;
-
 /// What a coordinator sends a member that came: a proposal to take (then the decision follows
 /// as a bare [`COMMIT`]), or a decision already final; and what the member answers a proposal.
 const PROPOSE: u8 = 0;
@@ -573,30 +570,28 @@ impl Agreement<'_> {
             .is_ok()
     }
 
-    /// Asks each of `ranks` at once (a thread each, [`ASKS_AT_ONCE`] at a time).
+    /// Asks each of `ranks` at once ([`Agreement::ask_aside`]) and waits for the answers: a
+    /// question that could not start, or that has not ended well after [`ASK_WITHIN`],
+    /// counts as unanswered.
     fn ask_all(&self, ranks: &[usize]) -> Vec<(usize, Answer)> {
-        let mut answers = Vec::with_capacity(ranks.len());
-        for chunk in ranks.chunks(ASKS_AT_ONCE) {
-            std::thread::scope(|s| {
-                let (job, id) = (self.job, self.id);
-                let asking: Vec<_> = chunk
-                    .iter()
-                    .map(|&r| {
-                        let peer = self.job_rank[r];
-                        let asked = std::thread::Builder::new()
-                            .name("jaccl-ask".into())
-                            .spawn_scoped(s, move || job.ask(peer, id, ASK_WITHIN));
-                        (r, asked)
-                    })
-                    .collect();
-                for (r, asked) in asking {
-                    // No thread (out of resources) or a panic in it: as if it did not answer.
-                    let answer = asked.ok().and_then(|a| a.join().ok());
-                    answers.push((r, answer.unwrap_or(Answer::Silent)));
-                }
-            });
+        let (answered, answers) = mpsc::channel();
+        let asked = ranks
+            .iter()
+            .filter(|&&r| self.ask_aside(r, &answered))
+            .count();
+        let until = deadline_after(ASK_WITHIN * 3);
+        let mut got: HashMap<usize, Answer> = HashMap::with_capacity(asked);
+        while got.len() < asked {
+            let left = until.saturating_duration_since(Instant::now());
+            let Ok((r, answer)) = answers.recv_timeout(left) else {
+                break;
+            };
+            got.insert(r, answer);
         }
-        answers
+        ranks
+            .iter()
+            .map(|&r| (r, got.remove(&r).unwrap_or(Answer::Silent)))
+            .collect()
     }
 
     fn stand_taking(&self, mine: &Bringing, known: &Known) {

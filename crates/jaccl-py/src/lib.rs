@@ -635,6 +635,17 @@ impl Group {
         Ok(Group::wrap(made))
     }
 
+    /// `jaccl::Group::invitation`, as text.
+    fn invitation(&self, py: Python<'_>) -> PyResult<String> {
+        self.run(py, "invitation", |g| g.invitation().map(|i| i.to_string()))
+    }
+
+    /// `jaccl::Group::grow`: the grown group.
+    fn grow(&self, py: Python<'_>, count: usize) -> PyResult<Group> {
+        let made = self.run(py, "grow", move |g| g.grow(count))?;
+        Ok(Group::wrap(made))
+    }
+
     /// `jaccl::AbortHandle::revoke`, from any thread, without the group's lock.
     fn revoke(&self) {
         if let Some(handle) = self.abort.lock().ok().and_then(|h| h.clone()) {

@@ -109,3 +109,41 @@ def test_agree_and_exclusions(run):
     for r, got in enumerate(results[:3]):
         assert got == [[r, 3, False, [0, 1, 2], []]]
     assert results[3] == ["idle"]
+
+
+def test_a_new_process_joins_with_the_invitation_and_gets_the_weights(run):
+    results = run(
+        3,
+        """
+        import os, subprocess
+        g = jaccl.init()
+        invitation = g.invitation()
+        assert invitation == g.all_gather(np.frombuffer(invitation.encode(), np.uint8))[0].tobytes().decode()
+        for bad in (0, -1):
+            try:
+                g.grow(bad)
+                raise AssertionError(f"grow({bad}) did not raise")
+            except ValueError:
+                pass
+        newcomer = None
+        if g.rank == 0:
+            code = (
+                "import jaccl, numpy as np, json\\n"
+                "g = jaccl.init(join=%r)\\n"
+                "w = g.broadcast(np.zeros(4))\\n"
+                "print('RESULT ' + json.dumps([g.rank, g.size, g.job_ranks, w.tolist()]), flush=True)\\n"
+            ) % invitation
+            newcomer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        g = g.grow(1)
+        w = g.broadcast(np.arange(4.0) if g.rank == 0 else np.zeros(4))
+        report([g.rank, g.size, g.job_ranks, w.tolist()])
+        if newcomer is not None:
+            out, _ = newcomer.communicate(timeout=60)
+            assert newcomer.returncode == 0
+            report(json.loads(out.split("RESULT ", 1)[1]))
+        """,
+    )
+    expect = lambda r: [r, 4, [0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0]]
+    assert results[0] == [expect(0), expect(3)]
+    assert results[1] == [expect(1)]
+    assert results[2] == [expect(2)]

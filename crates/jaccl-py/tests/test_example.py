@@ -36,13 +36,13 @@ def test_data_parallel_example_matches_single_process_training():
     assert "step    0  loss" in done.stdout
 
 
-@pytest.mark.parametrize("victim", ["0", "3"])
-def test_elastic_example_goes_on_without_a_killed_rank(victim):
+@pytest.mark.parametrize("victim, replace", [("0", False), ("3", False), ("0", True)])
+def test_elastic_example_goes_on_without_a_killed_rank(victim, replace):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "MLX_"))}
     example = str(ROOT / "examples/elastic_training.py")
     command = [jaccl_command(), "launch", "--elastic", "-n", "4", "--", sys.executable, example]
     done = subprocess.run(
-        command + ["--kill-rank", victim, "--kill-step", "20"],
+        command + ["--kill-rank", victim, "--kill-step", "20"] + (["--replace"] if replace else []),
         env=env,
         capture_output=True,
         text=True,
@@ -52,3 +52,8 @@ def test_elastic_example_goes_on_without_a_killed_rank(victim):
     assert "shrank from 4 to 3 ranks" in done.stdout, done.stdout
     assert "weights identical on every surviving rank: True" in done.stdout, done.stdout
     assert f"rank {victim} (local) died: killed (SIGKILL); the others go on" in done.stderr, done.stderr
+    if replace:
+        # A new process took the lost one's place and trained on with the survivors.
+        assert "a new process joined as rank 3" in done.stdout, done.stdout
+        assert "4 rank(s) finished" in done.stdout, done.stdout
+

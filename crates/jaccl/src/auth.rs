@@ -69,6 +69,9 @@ pub(crate) enum Purpose {
     Ask = 5,
     /// News for a rank's job listener: a member revoked the group the claim names.
     Revoke = 6,
+    /// A new process joining the group the claim names (`Group::grow`), at the rank that
+    /// invited it.
+    Join = 7,
 }
 
 /// Who the connecting side says it is, and what for. Authenticated by the handshake.
@@ -123,6 +126,7 @@ impl Claim {
             4 => Purpose::Late,
             5 => Purpose::Ask,
             6 => Purpose::Revoke,
+            7 => Purpose::Join,
             other => return Err(format!("unknown purpose {other}")),
         };
         Ok(Claim {

@@ -45,6 +45,8 @@ pub enum Op {
     Agree,
     /// `shrink` and `shrink_excluding`: forming the group of the ranks alive.
     Shrink,
+    /// `grow`, and `init` joining a running group: forming the group with new processes.
+    Grow,
 }
 
 impl Op {
@@ -69,6 +71,7 @@ impl Op {
             Op::Split => "split",
             Op::Agree => "agree",
             Op::Shrink => "shrink",
+            Op::Grow => "grow",
         }
     }
 }

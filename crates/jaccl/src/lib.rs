@@ -78,7 +78,8 @@
 //!   with a new group of the ranks alive (any rank may be the one lost, rank 0 included);
 //!   [`Group::agree`] agrees on a flag and on the ranks alive; [`Group::revoke`] stops every
 //!   member's operations. They agree through the job's listeners, without the failed group
-//!   (the guarantees and their limits: [`Group::shrink`], docs/elastic.md).
+//!   (the guarantees and their limits: [`Group::shrink`], docs/elastic.md). [`Group::grow`]
+//!   takes in new processes, which join with the group's [`Group::invitation`].
 //! - `send`/`recv` reach any other rank (a connection off the ring is made on first use).
 //!   Sends may come before receives, even in a cycle of ranks: a rank blocked sending reads
 //!   ahead what its peers send it ([`Group::send`]).
@@ -113,7 +114,7 @@ mod transport;
 mod wait;
 
 pub use algo::hosts::{AcrossHosts, HostLayout};
-pub use config::{Config, DeviceMatrix, Topology, Transport};
+pub use config::{Config, DeviceMatrix, Invitation, Topology, Transport};
 pub use dtype::{Dtype, Element, ReduceOp};
 pub use error::{Error, Op, Result};
 pub use group::{AbortHandle, Agreed, Group, Request};

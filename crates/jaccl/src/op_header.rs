@@ -85,7 +85,7 @@ impl Kind {
             Op::ReduceScatter => Kind::ReduceScatter,
             Op::Send | Op::Recv => Kind::SendRecv,
             Op::Barrier | Op::Init => Kind::Barrier,
-            Op::Split | Op::Agree | Op::Shrink => Kind::Split,
+            Op::Split | Op::Agree | Op::Shrink | Op::Grow => Kind::Split,
             Op::Broadcast => Kind::Broadcast,
             Op::Reduce => Kind::Reduce,
             Op::Gather => Kind::Gather,

@@ -44,6 +44,7 @@ _SETTINGS = (
     "wait",
     "host_id",
     "ibv_devices",
+    "join",
 )
 
 # jaccl's element types by name: numpy's names (bfloat16 comes from ml_dtypes), and torch's
@@ -76,7 +77,8 @@ def init(**settings: Any) -> "Group":
     Settings are keyword arguments named like the ``JACCL_*`` variables, without the prefix
     (``rank``, ``size``, ``coordinator``, ``transport``, ``topology``, ``wires``, ``link``
     (``"100Gb/s,2us"``), ``timeout``, ``startup_timeout``, ``liveness``, ``job_token``,
-    ``wait``, ``host_id``, ``ibv_devices``);
+    ``wait``, ``host_id``, ``ibv_devices``, ``join``: an invitation from
+    :meth:`Group.invitation`, to join a running group when its members call :meth:`Group.grow`);
     they take precedence over the environment, which gives the rest (``jaccl launch``,
     torchrun, mpirun, srun). Durations are a ``datetime.timedelta``, seconds (``30``,
     ``2.5``), or a string as the variables take (``"500ms"``, ``"5m"``, ``"off"``). With nothing
@@ -262,6 +264,32 @@ class Group:
         """
         ranks = sorted({_rank(r) for r in exclude})
         return Group(self._g.shrink(ranks))
+
+    def invitation(self) -> str:
+        """The invitation to this group's next :meth:`grow`, the same text on every member
+        (until the group grows or splits). Give it to each process that is to join, as
+        ``JACCL_JOIN`` or ``jaccl.init(join=...)``; it holds no secret (joining takes the job's
+        token, ``JACCL_JOB_TOKEN``, as every rank does)."""
+        return self._g.invitation()
+
+    def grow(self, count: int) -> "Group":
+        """The group with ``count`` new processes (``ncclCommGrow``): every member calls it, and
+        ``count`` processes join with :meth:`invitation` (their ``jaccl.init(join=...)``
+        returns the grown group). Members keep their ranks; the newcomers follow, in the order
+        they came. Waits for them up to the start-up timeout (:class:`BootstrapError` if fewer
+        came; this group goes on). This group stays as it was: close it. ::
+
+            invitation = g.invitation()
+            if g.rank == 0:
+                subprocess.Popen([sys.executable, "train.py"],
+                                 env={**os.environ, "JACCL_JOIN": invitation})
+            g = g.grow(1)               # then send the newcomer the weights
+        """
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"grow takes a number of processes, not {count!r}")
+        if count < 1:
+            raise ValueError(f"grow takes at least one process, not {count}")
+        return Group(self._g.grow(count))
 
     def all_sum(self, x: Any, out: Any = None, async_op: bool = False) -> Any:
         """Element-wise sum over all ranks (see :meth:`all_reduce`)."""

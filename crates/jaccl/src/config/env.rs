@@ -36,8 +36,20 @@ impl Config {
     /// [`Config::from_env`] over any variable lookup (tests use a map).
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Result<Option<String>>) -> Result<Config> {
         let env = Env { lookup };
-        let rank = env.first(&RANK_VARIABLES)?;
-        let size = env.first(&SIZE_VARIABLES)?;
+        let join = match env.get("JACCL_JOIN")? {
+            Some(value) => Some(
+                value
+                    .parse()
+                    .map_err(|e: Error| Error::Config(format!("JACCL_JOIN: {}", e.detail())))?,
+            ),
+            None => None,
+        };
+        // A process that joins a running group gets its rank and size from the group; the
+        // launcher's variables describe the job as it started.
+        let (rank, size) = match join {
+            Some(_) => (None, None),
+            None => (env.first(&RANK_VARIABLES)?, env.first(&SIZE_VARIABLES)?),
+        };
         let (rank, size) = match (rank, size) {
             (None, None) => (0, 1),
             (Some((var, value)), None) => {
@@ -64,6 +76,7 @@ impl Config {
             }
         };
         let mut cfg = Config::new(rank, size);
+        cfg.join = join;
         cfg.coordinator = match env.first(&["JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"])? {
             Some((_, addr)) => Some(addr),
             None => match (env.get("MASTER_ADDR")?, env.get("MASTER_PORT")?) {

@@ -23,6 +23,7 @@
 //! | operation timeout | `JACCL_TIMEOUT` (seconds, `2.5`, with a unit: `500ms`, `30s`, `5m`, or `off`) | [`Config::DEFAULT_TIMEOUT`] |
 //! | start-up timeout | `JACCL_STARTUP_TIMEOUT` (as above) | [`Config::DEFAULT_STARTUP_TIMEOUT`] |
 //! | liveness window | `JACCL_LIVENESS` (as above) | [`Config::DEFAULT_LIVENESS`] |
+//! | joining a running group | `JACCL_JOIN` (an [`Invitation`], from [`crate::Group::invitation`]): the process joins that group when its members call [`crate::Group::grow`]; its rank, size and coordinator variables are not read | unset: start-up |
 //! | job token | `JACCL_JOB_TOKEN` (a secret of at least 16 bytes; set by `jaccl launch`), or `JACCL_JOB_TOKEN_FILE` (a file holding it) | derived from the launcher's job identity (see [`Config::job_token`](#structfield.job_token)) |
 //!
 //! Durations saturate: `off` (or a duration too long to count) means "no timeout".
@@ -33,11 +34,13 @@
 
 mod devices;
 mod env;
+mod invitation;
 mod link_speed;
 mod parse;
 
 pub use devices::DeviceMatrix;
 pub use env::{JOB_ID_VARIABLES, RANK_VARIABLES, SIZE_VARIABLES};
+pub use invitation::Invitation;
 pub use link_speed::{LinkSpeed, parse_latency, parse_rate};
 pub use parse::parse_duration;
 pub(crate) use parse::split_host_port;
@@ -219,6 +222,11 @@ pub struct Config {
     pub devices: Option<DeviceMatrix>,
     /// Where to load libibverbs from; `None`: `libibverbs.so.1` from the usual search path.
     pub rdma_library: Option<String>,
+    /// Join a running group instead of starting one: [`crate::init_with`] then waits (up to
+    /// the start-up timeout) until the group's members call [`crate::Group::grow`], and
+    /// returns the grown group; `rank`, `size` and `coordinator` are not used. The other
+    /// settings, the job token first, must be the job's.
+    pub join: Option<Invitation>,
 }
 
 impl Config {
@@ -257,6 +265,7 @@ impl Config {
             host_id: None,
             devices: None,
             rdma_library: None,
+            join: None,
         }
     }
 

@@ -25,6 +25,7 @@ mod abort;
 mod collectives;
 mod elastic;
 mod forms;
+mod grow;
 mod levels;
 mod point_to_point;
 mod progress;
@@ -189,6 +190,9 @@ const VERDICT_GRACE: Duration = Duration::from_millis(500);
 impl Group {
     pub(crate) fn new(config: Config) -> Result<Group> {
         config.validate()?;
+        if let Some(invitation) = config.join {
+            return grow::join(&config, invitation);
+        }
         if config.size == 1 {
             return Ok(Group::of_one(Family::of_job(&config, None)));
         }

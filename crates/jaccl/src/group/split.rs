@@ -24,17 +24,21 @@ use crate::error::{Error, Op, Result};
 use crate::op_header::Digest;
 use crate::wait::GoOn;
 
-/// What a rank asks of a split, as the all-gather carries it.
+/// What a rank asks of a split (or a grow), as the all-gather carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Ask {
+pub(super) enum Ask {
     /// [`Group::split`]: `color` (`None`: no group) and `key`.
     Split { color: Option<u32>, key: u32 },
     /// [`Group::subgroup`]: the list of members, by its SHA-256 digest ([`list_digest`]).
     Subgroup { list: Digest },
+    /// [`Group::grow`] by `count` new ranks; the job's ranks this rank knows end below
+    /// `next_job_rank`.
+    Grow { count: u32, next_job_rank: u32 },
 }
 
-/// Bytes of an [`Ask`]: kind (1 split, 2 subgroup), whether a color follows (0 or 1), color
-/// and key (u32 each, little-endian), the list's digest (32 bytes).
+/// Bytes of an [`Ask`]: kind (1 split, 2 subgroup, 3 grow), whether a color follows (0 or
+/// 1), color and key (u32 each, little-endian; a grow's count and next job's rank), the
+/// list's digest (32 bytes).
 const ASK_LEN: usize = 1 + 1 + 4 + 4 + 32;
 
 impl Ask {
@@ -51,6 +55,14 @@ impl Ask {
                 b[0] = 2;
                 b[10..42].copy_from_slice(list);
             }
+            Ask::Grow {
+                count,
+                next_job_rank,
+            } => {
+                b[0] = 3;
+                b[2..6].copy_from_slice(&count.to_le_bytes());
+                b[6..10].copy_from_slice(&next_job_rank.to_le_bytes());
+            }
         }
         b
     }
@@ -65,6 +77,10 @@ impl Ask {
             }),
             (ASK_LEN, Some(2), _) => Some(Ask::Subgroup {
                 list: b.get(10..42)?.try_into().ok()?,
+            }),
+            (ASK_LEN, Some(3), _) => Some(Ask::Grow {
+                count: u32_at(2)?,
+                next_job_rank: u32_at(6)?,
             }),
             _ => None,
         }
@@ -84,6 +100,7 @@ impl Ask {
             (Ask::Split { color: None, key }, _) => format!("split(no color, key {key})"),
             (Ask::Subgroup { .. }, Some(list)) => format!("subgroup({list:?})"),
             (Ask::Subgroup { .. }, None) => "subgroup with another list of ranks".into(),
+            (Ask::Grow { count, .. }, _) => format!("grow by {count}"),
         }
     }
 }
@@ -209,7 +226,7 @@ impl Group {
     /// failed does not count it, so that if it leaves, the others fail at once rather than at
     /// their start-up timeout; its count then stays one behind theirs, which can only make a
     /// later departure of it look early (a failure, never a wait).
-    fn end_split(&self) {
+    pub(super) fn end_split(&self) {
         if let Some(liveness) = &self.liveness {
             liveness.finished_a_collective();
         }
@@ -218,7 +235,7 @@ impl Group {
     /// The number of this split (or subgroup) among those of this group: counted on every
     /// rank of the group, member of the new group or not, so that the next split names its
     /// groups alike everywhere.
-    fn next_split(&self) -> [u8; 8] {
+    pub(super) fn next_split(&self) -> [u8; 8] {
         self.family
             .splits
             .fetch_add(1, Ordering::Relaxed)
@@ -323,8 +340,8 @@ impl Group {
     }
 
     /// Every rank's ask, checked to be of the same kind as this rank's (and, for
-    /// [`Group::subgroup`], the same `list`).
-    fn gather_asks(&mut self, mine: &Ask, list: Option<&[usize]>) -> Result<Vec<Ask>> {
+    /// [`Group::subgroup`], the same `list`; for [`Group::grow`], the same count).
+    pub(super) fn gather_asks(&mut self, mine: &Ask, list: Option<&[usize]>) -> Result<Vec<Ask>> {
         self.check_usable()?;
         let mut all = vec![0u8; ASK_LEN * self.size];
         let call = self.call(Op::Split, Dtype::UInt8, ReduceOp::Sum, ASK_LEN);
@@ -339,8 +356,11 @@ impl Group {
                 op: Op::Split,
                 detail: "its split request is not one of jaccl's".into(),
             })?;
-            let same_kind = matches!((mine, &theirs), (Ask::Split { .. }, Ask::Split { .. }))
-                || *mine == theirs;
+            let same_kind = match (mine, &theirs) {
+                (Ask::Split { .. }, Ask::Split { .. }) => true,
+                (Ask::Grow { count: a, .. }, Ask::Grow { count: b, .. }) => a == b,
+                _ => *mine == theirs,
+            };
             if !same_kind {
                 return Err(Error::Mismatch {
                     rank: self.rank,
@@ -365,7 +385,7 @@ impl Group {
         &self,
         members: &[usize],
         id: u64,
-        (startup, operation): (Option<Duration>, Option<Duration>),
+        timeouts: (Option<Duration>, Option<Duration>),
         watch: Watch,
     ) -> Result<Group> {
         let rank = members
@@ -376,9 +396,23 @@ impl Group {
                 Error::io(self.rank, "split", why)
             })?;
         let job_rank: Arc<[usize]> = members.iter().map(|&r| self.family.job_rank[r]).collect();
+        self.form_of_job_ranks(members, job_rank, rank, id, timeouts, watch)
+    }
+
+    /// [`Group::form`], whose ranks are the job's `job_rank` (with ranks of this group,
+    /// `members`, first, then ranks new to it); this rank is `rank` of it.
+    pub(super) fn form_of_job_ranks(
+        &self,
+        members: &[usize],
+        job_rank: Arc<[usize]>,
+        rank: usize,
+        id: u64,
+        (startup, operation): (Option<Duration>, Option<Duration>),
+        watch: Watch,
+    ) -> Result<Group> {
         let mut config = Config {
             rank,
-            size: members.len(),
+            size: job_rank.len(),
             ..(*self.family.config).clone()
         };
         if let Some(startup) = startup {
@@ -388,7 +422,7 @@ impl Group {
             config.timeout = operation;
         }
         let registration = match &self.family.job {
-            Some(job) if members.len() > 1 => Some(Arc::new(
+            Some(job) if job_rank.len() > 1 => Some(Arc::new(
                 job.register(id)
                     .map_err(|why| self.invalid(Op::Split, why))?,
             )),
@@ -404,7 +438,7 @@ impl Group {
             made_by_members: Arc::default(),
             _registration: registration,
         };
-        if members.len() == 1 {
+        if job_rank.len() == 1 {
             return Ok(Group::of_one(family));
         }
         let job = self.family.job.clone().ok_or_else(|| {

@@ -29,6 +29,9 @@ pub(crate) struct JobListener {
     me: Identity,
     /// Every rank's listener, as it published it.
     addresses: Addresses,
+    /// The listeners of ranks that joined the job later (`Group::grow`), and the next job's
+    /// rank to give one.
+    joined: Mutex<(HashMap<usize, SocketAddr>, usize)>,
     parked: Arc<Parked>,
     stop: Arc<AtomicBool>,
 }
@@ -62,13 +65,17 @@ pub(crate) type Slot = (Purpose, u64, usize, usize);
 
 /// Whether the job's listener takes a connection that claims `claim` (the job's ranks in it):
 /// links made on first use, of any group; and a sub-group's side channel and links.
+/// A process joining a group (`Group::grow`) has no job's rank yet: its claim's rank is a tag
+/// of its own choosing, its size 0.
 fn parks(claim: &Claim, me: &Identity) -> bool {
-    let purpose = match claim.purpose {
-        Purpose::Late => true,
-        Purpose::Side | Purpose::Data => claim.group != 0,
+    match claim.purpose {
+        Purpose::Late => claim.size == me.size && claim.rank != me.rank,
+        Purpose::Side | Purpose::Data => {
+            claim.group != 0 && claim.size == me.size && claim.rank != me.rank
+        }
+        Purpose::Join => claim.group != 0 && claim.size == 0,
         Purpose::Shm | Purpose::Ask | Purpose::Revoke => false,
-    };
-    purpose && claim.size == me.size && claim.rank < me.size && claim.rank != me.rank
+    }
 }
 
 impl Parked {
@@ -132,9 +139,11 @@ impl JobListener {
         std::thread::Builder::new()
             .name(format!("jaccl-accept-{rank}"))
             .spawn(move || park_arrivals(&listener, &me_, &parked_, &stop_))?;
+        let next = me.size.max(me.rank + 1);
         Ok(Arc::new(JobListener {
             me,
             addresses,
+            joined: Mutex::new((HashMap::new(), next)),
             parked,
             stop,
         }))
@@ -208,7 +217,8 @@ impl JobListener {
         deadline: Instant,
         go_on: &mut dyn FnMut() -> Result<()>,
     ) -> std::result::Result<TcpStream, DialError> {
-        let addr = (self.addresses)(peer)
+        let addr = self
+            .address(peer)
             .ok_or_else(|| DialError::Failed(format!("rank {peer} published no TCP address")))?;
         let claim = Claim {
             purpose,
@@ -233,7 +243,8 @@ impl JobListener {
         peer: usize,
         within: Duration,
     ) -> std::result::Result<TcpStream, String> {
-        let addr = (self.addresses)(peer)
+        let addr = self
+            .address(peer)
             .ok_or_else(|| format!("rank {peer} published no TCP address"))?;
         let mut stream = TcpStream::connect_timeout(&addr, within).map_err(|e| e.to_string())?;
         let claim = Claim {
@@ -278,9 +289,14 @@ impl JobListener {
             }
             Err(_) => None,
         };
-        if stream.is_some() {
-            return Ok(stream);
+        match stream {
+            Some(stream) => Ok(Some(stream)),
+            None => self.nothing_yet(),
         }
+    }
+
+    /// `Ok(None)`, having drained the arrivals' signal, unless the accepting thread failed.
+    fn nothing_yet(&self) -> std::result::Result<Option<TcpStream>, String> {
         crate::os::drain(&self.parked.arrived);
         match self.parked.failure.lock().ok().and_then(|f| f.clone()) {
             Some(why) => Err(format!("this rank no longer accepts connections: {why}")),
@@ -386,7 +402,7 @@ impl JobListener {
     /// Asks the job's rank `peer` what it knows of agreement `id`, within `within`
     /// ([`questions::ask`]).
     pub(crate) fn ask(&self, peer: usize, id: u64, within: Duration) -> Answer {
-        match (self.addresses)(peer) {
+        match self.address(peer) {
             Some(addr) => questions::ask(&self.me, peer, addr, id, within),
             None => Answer::Silent,
         }
@@ -397,14 +413,84 @@ impl JobListener {
     pub(crate) fn tell_revoked(&self, peers: &[usize], group: u64, within: Duration) {
         let peers = peers
             .iter()
-            .filter_map(|&p| Some((p, (self.addresses)(p)?)))
+            .filter_map(|&p| Some((p, self.address(p)?)))
             .collect();
         questions::tell_revoked(&self.me, peers, group, within);
     }
 
     /// This rank's address, as it published it.
     pub(crate) fn own_address(&self) -> Option<SocketAddr> {
-        (self.addresses)(self.me.rank)
+        self.address(self.me.rank)
+    }
+
+    /// The listener of the job's rank `peer`: as it published it at start-up, or as the group
+    /// it joined told ([`JobListener::learn`]).
+    pub(crate) fn address(&self, peer: usize) -> Option<SocketAddr> {
+        (self.addresses)(peer).or_else(|| {
+            let joined = self.joined.lock().ok()?;
+            joined.0.get(&peer).copied()
+        })
+    }
+
+    /// Learns the listener of the job's rank `peer`, which joined the job after start-up.
+    ///
+    /// # Errors
+    /// The rank has another address already (two processes given one job's rank).
+    pub(crate) fn learn(&self, peer: usize, addr: SocketAddr) -> std::result::Result<(), String> {
+        if let Some(known) = (self.addresses)(peer).filter(|&known| known != addr) {
+            return Err(format!(
+                "the job's rank {peer} is at {known}, not at {addr}"
+            ));
+        }
+        let mut joined = self
+            .joined
+            .lock()
+            .map_err(|_| "the table of joined ranks is poisoned".to_string())?;
+        match joined.0.insert(peer, addr) {
+            Some(known) if known != addr => Err(format!(
+                "the job's rank {peer} is at {known}, not at {addr}"
+            )),
+            _ => {
+                joined.1 = joined.1.max(peer + 1);
+                Ok(())
+            }
+        }
+    }
+
+    /// The lowest job's rank above every rank this process knows of: where the ranks a group
+    /// takes in next are numbered from (the group takes the highest of its members').
+    pub(crate) fn next_job_rank(&self) -> usize {
+        self.joined.lock().map_or(usize::MAX / 2, |joined| joined.1)
+    }
+
+    /// This rank in the job, and the job's size at start-up (which every claim carries).
+    pub(crate) fn identity(&self) -> &Identity {
+        &self.me
+    }
+
+    /// The oldest connection parked for `purpose` in group `group`, from any rank, if one
+    /// has arrived.
+    ///
+    /// # Errors
+    /// Why the thread that accepts connections stopped.
+    pub(crate) fn take_oldest(
+        &self,
+        purpose: Purpose,
+        group: u64,
+    ) -> std::result::Result<Option<TcpStream>, String> {
+        let oldest = self.parked.streams.lock().ok().and_then(|mut streams| {
+            self.parked.purge(&mut streams);
+            let slot = streams
+                .iter()
+                .filter(|((p, g, _, _), _)| (*p, *g) == (purpose, group))
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(slot, _)| *slot)?;
+            streams.remove(&slot).map(|(stream, _)| stream)
+        });
+        match oldest {
+            Some(stream) => Ok(Some(stream)),
+            None => self.nothing_yet(),
+        }
     }
 
     /// Readable when a connection may have arrived (see [`JobListener::take`]).
@@ -437,7 +523,7 @@ fn park_arrivals(listener: &TcpListener, me: &Identity, parked: &Parked, stop: &
         Some(&tick),
         |claim, mut stream| {
             if matches!(claim.purpose, Purpose::Ask | Purpose::Revoke) {
-                if claim.size == me.size && claim.rank < me.size {
+                if claim.size == me.size {
                     parked.answers.serve(&claim, stream);
                 }
                 return Ok(Admission::More);

@@ -95,22 +95,24 @@ mkdir -p "$target"
 # The Python package (crates/jaccl-py) is tested in virtual environments in the target
 # directory, with numpy, ml_dtypes (bfloat16), pytest and PyTorch from PyPI: the newest torch
 # this package supports, and the oldest (a second environment); with torch, expecttest, which
-# torch's own test suite needs (a part of it runs over jaccl: crates/jaccl-py/tests/torch_suite.py). PyTorch's PyPI wheel is about
+# torch's own test suite needs (a part of it runs over jaccl: crates/jaccl-py/tests/torch_suite.py),
+# and with the newest, torchft and parameterized, which torchft's process group tests need
+# (crates/jaccl-py/tests/test_torchft.py runs them over jaccl). PyTorch's PyPI wheel is about
 # 3 GB to download and 5-7 GB installed (2-3 minutes each here), so both environments are made
 # in the background while the Rust tests run. JACCL_SKIP_TORCH=1 leaves torch out (its tests
 # then skip).
 torch_newest=2.15.0 torch_oldest=2.10.0
 venv="$target/py-venv" venv_oldest="$target/py-venv-torch-$torch_oldest"
 # No pip cache: it would keep a second copy of every wheel (torch's are 3 GB).
-make_venv() {  # DIR [torch version]
-  python3 -m venv "$1" && PIP_NO_CACHE_DIR=1 "$1/bin/pip" install -q numpy pytest ml_dtypes ${2:+"torch==$2" expecttest}
+make_venv() {  # DIR [torch version [more packages]]
+  python3 -m venv "$1" && PIP_NO_CACHE_DIR=1 "$1/bin/pip" install -q numpy pytest ml_dtypes ${2:+"torch==$2" expecttest} ${3:-}
 }
 if [[ -n "${JACCL_SKIP_TORCH:-}" ]]; then
   make_venv "$venv" > "$target/py-venv.log" 2>&1 &
   venv_pid=$!
   venv_oldest=""
 else
-  make_venv "$venv" "$torch_newest" > "$target/py-venv.log" 2>&1 &
+  make_venv "$venv" "$torch_newest" "torchft==0.2.0 parameterized" > "$target/py-venv.log" 2>&1 &
   venv_pid=$!
   make_venv "$venv_oldest" "$torch_oldest" > "$target/py-venv-oldest.log" 2>&1 &
   venv_oldest_pid=$!

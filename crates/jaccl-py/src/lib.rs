@@ -635,6 +635,21 @@ impl Group {
         Ok(Group::wrap(made))
     }
 
+    /// `jaccl::Group::failure`, as the exception its calls raise (`None` while it works).
+    fn failure(&self, py: Python<'_>) -> PyResult<Option<Py<pyo3::exceptions::PyBaseException>>> {
+        let failure = self.run(py, "failure", |g| Ok(g.failure().cloned()))?;
+        Ok(failure.map(|e| to_python(py, &e, "failure").into_value(py)))
+    }
+
+    /// `jaccl::Group::set_timeout`: `seconds` (infinite or beyond a `Duration`: none).
+    fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
+        let timeout = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX);
+        self.run(py, "set_timeout", move |g| {
+            g.set_timeout(timeout);
+            Ok(())
+        })
+    }
+
     /// `jaccl::Group::invitation`, as text.
     fn invitation(&self, py: Python<'_>) -> PyResult<String> {
         self.run(py, "invitation", |g| g.invitation().map(|i| i.to_string()))

@@ -143,7 +143,9 @@ def test_a_new_process_joins_with_the_invitation_and_gets_the_weights(run):
             report(json.loads(out.split("RESULT ", 1)[1]))
         """,
     )
-    expect = lambda r: [r, 4, [0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0]]
+    newcomer = results[0][1][2][3]  # its job's rank: drawn from 2**20 .. 2**31
+    assert 2**20 <= newcomer < 2**31
+    expect = lambda r: [r, 4, [0, 1, 2, newcomer], [0.0, 1.0, 2.0, 3.0]]
     assert results[0] == [expect(0), expect(3)]
     assert results[1] == [expect(1)]
     assert results[2] == [expect(2)]

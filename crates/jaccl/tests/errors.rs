@@ -275,6 +275,23 @@ fn ranks_that_disagree_on_wires_fail_at_start_up() {
 }
 
 #[test]
+fn ranks_that_disagree_on_the_liveness_window_fail_at_start_up() {
+    let mut cfgs = configs(Net::Tcp, 3, 1, Duration::from_secs(30));
+    cfgs[1] = cfgs[1].clone().liveness(Duration::MAX);
+    for r in init_all(cfgs) {
+        match r {
+            Err(Error::Bootstrap(msg)) => {
+                assert!(
+                    msg.contains("liveness window") && msg.contains("off"),
+                    "{msg}"
+                );
+            }
+            other => panic!("expected Bootstrap, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn ranks_that_disagree_on_the_link_speed_fail_at_start_up() {
     let mut cfgs = configs(Net::Tcp, 3, 1, Duration::from_secs(30));
     cfgs[1] = cfgs[1].clone().link("100Gb/s,2us".parse().unwrap());

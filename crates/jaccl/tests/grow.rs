@@ -51,12 +51,23 @@ fn check(g: &mut Group) -> String {
     format!("{size} {mine:?}")
 }
 
+/// Checks the job's ranks in `digest` (of [`check`]): `members`' first, then newcomers' from
+/// the range jaccl draws them from (2^20 to 2^31).
+fn numbered(digest: &str, members: &[usize]) {
+    let list = digest.split_once('[').unwrap().1.trim_end_matches(']');
+    let ranks: Vec<usize> = list.split(", ").map(|r| r.parse().unwrap()).collect();
+    assert_eq!(&ranks[..members.len()], members, "{digest}");
+    for &r in &ranks[members.len()..] {
+        assert!((1 << 20..1 << 31).contains(&r), "{digest}");
+    }
+}
+
 /// Runs `members` ranks on `net`; rank 0 of them starts `joining` threads that join with the
 /// group's invitation (one before the members call grow, the others after), and every member
 /// grows by that many. Returns each rank's (rank, size, digest) of the grown group: members
 /// first, then joiners.
 fn grow_on(net: Net, members: usize, joining: usize) -> Vec<(usize, usize, String)> {
-    let mut out = with_members(net, members, |g, first| {
+    let mut out = with_members(net, members, |g, first, _| {
         check(g);
         let invitation = g.invitation().unwrap();
         let text = invitation.to_string();
@@ -88,21 +99,25 @@ fn grow_on(net: Net, members: usize, joining: usize) -> Vec<(usize, usize, Strin
 }
 
 /// Runs `f` on every rank of a new group of `size` ranks on `net`, one thread each, given the
-/// job's first config (whose token and transport joiners take); every rank's results, in rank
-/// order.
+/// job's first config (whose token and transport joiners take) and its token as text (for
+/// joiners in processes of their own); every rank's results, in rank order.
 fn with_members<R: Send>(
     net: Net,
     size: usize,
-    f: impl Fn(&mut Group, &Config) -> Vec<R> + Sync,
+    f: impl Fn(&mut Group, &Config, &str) -> Vec<R> + Sync,
 ) -> Vec<R> {
-    let cfgs = configs(net, size, 1, Duration::from_secs(60));
+    let token = random_token();
+    let cfgs: Vec<Config> = configs(net, size, 1, Duration::from_secs(60))
+        .into_iter()
+        .map(|c| c.job_token(jaccl::JobToken::new(&token).unwrap()))
+        .collect();
     let first = cfgs[0].clone();
     std::thread::scope(|s| {
         let ranks: Vec<_> = cfgs
             .into_iter()
             .map(|cfg| {
-                let (f, first) = (&f, &first);
-                s.spawn(move || f(&mut jaccl::init_with(cfg).unwrap(), first))
+                let (f, first, token) = (&f, &first, &token);
+                s.spawn(move || f(&mut jaccl::init_with(cfg).unwrap(), first, token))
             })
             .collect();
         ranks.into_iter().flat_map(|h| h.join().unwrap()).collect()
@@ -119,13 +134,13 @@ fn new_processes_join_a_running_group_with_its_invitation() {
             assert_eq!(digest, &out[0].2, "{net:?}: rank {rank}");
         }
         // Members keep their ranks and job's ranks; newcomers come after.
-        assert!(out[0].2.ends_with("[0, 1, 2, 3, 4]"), "{}", out[0].2);
+        numbered(&out[0].2, &[0, 1, 2]);
     }
 }
 
 #[test]
 fn a_group_of_one_left_grows_and_a_grown_group_grows_again() {
-    let out = with_members(Net::Tcp, 2, |g, first| {
+    let out = with_members(Net::Tcp, 2, |g, first, _| {
         g.barrier().unwrap();
         if g.rank() == 1 {
             return Vec::new();
@@ -160,10 +175,95 @@ fn a_group_of_one_left_grows_and_a_grown_group_grows_again() {
     });
     let ranks: Vec<usize> = out.iter().map(|(r, _)| *r).collect();
     assert_eq!(ranks, [0, 1, 2]);
-    // Job's ranks: 0 from start-up, then 2 and 3 (1 was taken at start-up and never reused).
+    // Job's ranks: 0 from start-up, then two drawn for the newcomers.
     for (_, digest) in &out {
-        assert_eq!(digest, "3 [0, 2, 3]");
+        assert_eq!(digest, &out[0].1);
+        numbered(digest, &[0]);
     }
+}
+
+#[test]
+fn a_newcomer_that_died_waiting_gives_its_place_to_a_live_one() {
+    let out = with_members(Net::Tcp, 2, |g, first, token| {
+        let invitation = g.invitation().unwrap();
+        let mut dead = None;
+        if g.rank() == 0 {
+            // A process joins and is killed while it waits for the members' grow.
+            let env = [
+                ("JACCL_JOIN".to_string(), invitation.to_string()),
+                ("JACCL_JOB_TOKEN".to_string(), token.to_string()),
+                ("JACCL_TRANSPORT".to_string(), "tcp".to_string()),
+            ];
+            let (tx, _rx) = std::sync::mpsc::channel();
+            let mut child = spawn_child("joiner", &env, 0, &tx);
+            std::thread::sleep(Duration::from_millis(500));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let cfg = joiner(first, invitation);
+            dead = Some(std::thread::spawn(move || {
+                let mut g = jaccl::init_with(cfg).unwrap();
+                (g.rank(), check(&mut g))
+            }));
+        }
+        g.barrier().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut grown = g.grow(1).unwrap();
+        let mut out = vec![(grown.rank(), check(&mut grown))];
+        out.extend(dead.map(|j| j.join().unwrap()));
+        out
+    });
+    let ranks: Vec<usize> = out.iter().map(|(r, _)| *r).collect();
+    assert_eq!(ranks, [0, 2, 1]);
+    assert!(out.iter().all(|(_, d)| d == &out[0].1), "{out:?}");
+}
+
+#[test]
+fn newcomers_wait_the_start_up_timeout_not_the_operation_timeout_or_the_liveness_window() {
+    // The operation timeout (1 s) is shorter than the newcomer takes to come (2.5 s); after a
+    // shrink, so is the liveness window (2 s), which bounds only the shrink's own forming.
+    let out = with_members(Net::Tcp, 3, |g, first, _| {
+        g.barrier().unwrap();
+        if g.rank() == 2 {
+            return Vec::new(); // left out (and gone)
+        }
+        let mut g = g.shrink_excluding(&[2]).unwrap();
+        g.set_timeout(Duration::from_secs(1));
+        let invitation = g.invitation().unwrap();
+        let cfg = joiner(first, invitation);
+        let newcomer = (g.rank() == 0).then(|| {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(2500));
+                let mut g = jaccl::init_with(cfg).unwrap();
+                (g.rank(), check(&mut g))
+            })
+        });
+        let mut grown = g.grow(1).unwrap();
+        let mut out = vec![(grown.rank(), check(&mut grown))];
+        out.extend(newcomer.map(|j| j.join().unwrap()));
+        out
+    });
+    let ranks: Vec<usize> = out.iter().map(|(r, _)| *r).collect();
+    assert_eq!(ranks, [0, 2, 1]);
+}
+
+#[test]
+fn groups_that_grow_apart_number_their_newcomers_apart() {
+    let out = with_members(Net::Tcp, 4, |g, first, _| {
+        let half = (g.rank() / 2) as u32;
+        let mut mine = g.split(Some(half), 0).unwrap().unwrap();
+        let invitation = mine.invitation().unwrap();
+        let newcomer = (mine.rank() == 0).then(|| {
+            let cfg = joiner(first, invitation);
+            std::thread::spawn(move || jaccl::init_with(cfg).unwrap().job_ranks().to_vec())
+        });
+        let grown = mine.grow(1).unwrap();
+        let mut out = vec![grown.job_ranks().to_vec()];
+        out.extend(newcomer.map(|j| j.join().unwrap()));
+        out
+    });
+    assert_eq!(out[0][..2], [0, 1]);
+    assert_eq!(out[3][..2], [2, 3]);
+    assert_ne!(out[0][2], out[3][2], "{out:?}");
 }
 
 #[test]
@@ -267,7 +367,8 @@ fn a_replacement_joins_the_survivors_of_a_killed_rank_0() {
         let ranks: Vec<&str> = lines.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
         assert_eq!(ranks, ["0", "1", "2", "3"], "{transport}: {lines:?}");
         assert!(digests.iter().all(|d| *d == digests[0]), "{lines:?}");
-        assert!(digests[0].starts_with("4 [1, 2, 3, 4]"), "{lines:?}");
+        assert!(digests[0].starts_with("4 ["), "{lines:?}");
+        numbered(digests[0], &[1, 2, 3]);
     }
 }
 

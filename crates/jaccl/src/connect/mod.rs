@@ -147,6 +147,7 @@ fn set_up(
         transport: config.transport.to_string(),
         topology: config.topology.to_string(),
         link: config.link.map(|l| l.to_string()),
+        liveness_ns: u64::try_from(config.liveness.as_nanos()).unwrap_or(u64::MAX),
         links,
     };
     let mine = serde_json::to_vec(&me).map_err(|e| fail(e.to_string()))?;

@@ -26,6 +26,9 @@ pub(super) struct PeerInfo {
     pub(super) topology: String,
     /// `Config::link`, exactly (whole bytes per second and nanoseconds).
     pub(super) link: Option<String>,
+    /// `Config::liveness`, in nanoseconds (`u64::MAX`: off): a rank declares a peer lost
+    /// after it, so all must wait alike.
+    pub(super) liveness_ns: u64,
     /// What each transport's connector published, by transport name (opaque here).
     pub(super) links: BTreeMap<String, Value>,
 }
@@ -219,6 +222,18 @@ fn agree(infos: &[PeerInfo]) -> Result<(), String> {
                 me.transport, info.transport
             ));
         }
+        if info.liveness_ns != me.liveness_ns {
+            let name = |ns: u64| match ns {
+                u64::MAX => "off".to_string(),
+                ns => format!("{:?}", std::time::Duration::from_nanos(ns)),
+            };
+            return Err(format!(
+                "ranks disagree on the liveness window: rank 0 uses {}, rank {r} uses {}; set \
+                 JACCL_LIVENESS (or Config::liveness) the same on every rank",
+                name(me.liveness_ns),
+                name(info.liveness_ns)
+            ));
+        }
         if info.link != me.link {
             let name = |link: &Option<String>| link.clone().unwrap_or_else(|| "none".into());
             return Err(format!(
@@ -262,6 +277,7 @@ mod tests {
             transport: "auto".into(),
             topology: "auto".into(),
             link: None,
+            liveness_ns: 2_000_000_000,
             links,
         };
         serde_json::to_vec(&info).unwrap()

@@ -3,12 +3,14 @@
 //! `ncclCommShrink` do. Both run the agreement of `crate::agreement` through the job's
 //! listeners, so they need nothing of this group's connections, heartbeat or rank 0.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::Group;
 use super::split::{Watch, group_id, list_digest};
 use crate::agreement::{self, Agreement, Bringing, Call, Decision};
+use crate::config::Config;
 use crate::error::{Error, Op, Result};
 use crate::os::deadline_after;
 
@@ -156,7 +158,14 @@ impl Group {
             // A member lost since the agreement makes the forming fail, on every member, within
             // the liveness window: then agree again (without it) and form again.
             match self.form(&alive, id, (Some(window), None), Watch::Survivors) {
-                Ok(group) => {
+                Ok(mut group) => {
+                    // The window bounded the forming alone: the new group's own start-up
+                    // waits (a grow, its sub-groups) are this group's.
+                    let config = Config {
+                        startup_timeout: self.family.config.startup_timeout,
+                        ..(*group.family.config).clone()
+                    };
+                    group.family.config = Arc::new(config);
                     // A member whose forming failed while this rank's did not (the new
                     // group's rank 0 died releasing the others) must not wait for this one
                     // in the next attempt.
@@ -183,7 +192,8 @@ impl Group {
 
     /// The job's rank of each rank of this group (the group `init` made: `0..size`): how a
     /// group made by [`Group::shrink`] or [`Group::split`] maps to the job, and through it to
-    /// the group it came from.
+    /// the group it came from. Processes that joined later ([`Group::grow`]) have job's ranks
+    /// of their own, drawn at random from 2^20 to 2^31 for each grow.
     pub fn job_ranks(&self) -> &[usize] {
         &self.family.job_rank
     }

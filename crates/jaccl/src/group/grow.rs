@@ -30,6 +30,14 @@ use crate::transport::listener::{DialError, JobListener, dial};
 
 /// Room for one listener's address as text (an IPv6 address with a scope and a port fits).
 const ADDRESS_ROOM: usize = 64;
+/// Room for why rank 0 took no newcomers in.
+const MOST_REASON: usize = 512;
+/// The job's ranks of newcomers: drawn at random from this range for each grow, so that
+/// groups that grow apart (sub-groups, the two sides of a split) give their newcomers
+/// different ones without a word between them; two processes given one would be found out by
+/// a rank that learns both (`JobListener::learn` refuses the second address).
+const JOINED_FROM: usize = 1 << 20;
+const JOINED_BELOW: usize = 1 << 31;
 /// How long rank 0 waits for a newcomer's address once it has connected.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -104,65 +112,71 @@ impl Group {
         let id = self.invitation()?.group();
         let mine = Ask::Grow {
             count: to_u32(count),
-            next_job_rank: to_u32(job.next_job_rank()),
         };
-        let asks = match self.size {
-            1 => vec![mine],
-            _ => self.gather_asks(&mine, None)?,
-        };
+        if self.size > 1 {
+            self.gather_asks(Op::Grow, &mine, None)?;
+        }
         self.next_split();
-        let base = asks
-            .iter()
-            .filter_map(|ask| match ask {
-                Ask::Grow { next_job_rank, .. } => Some(*next_job_rank as usize),
-                _ => None,
-            })
-            .max()
-            .unwrap_or_default();
 
-        // Rank 0 takes the newcomers in, and tells the members where they listen (or why
-        // none came): an address in each slot of `ADDRESS_ROOM` bytes after a status byte.
-        let mut news = vec![0u8; 1 + count * ADDRESS_ROOM];
+        // Rank 0 takes the newcomers in, and tells the members the first of their job's ranks
+        // and where they listen, or why they did not come: a status byte, the first job's
+        // rank (u32), then an address in each slot of `ADDRESS_ROOM` bytes (or the reason).
+        let mut news = vec![0u8; 5 + (count * ADDRESS_ROOM).max(MOST_REASON)];
         let mut took_in = Ok(Vec::new());
         if self.rank == 0 {
             took_in = self.take_in(&job, id, count);
             match &took_in {
                 Ok(came) => {
                     news[0] = 1;
-                    let slots = news[1..].chunks_exact_mut(ADDRESS_ROOM);
+                    news[1..5].copy_from_slice(&first_job_rank(count)?.to_le_bytes());
+                    let slots = news[5..].chunks_exact_mut(ADDRESS_ROOM);
                     for ((_, addr), slot) in came.iter().zip(slots) {
                         put_address(slot, *addr);
                     }
                 }
                 Err(e) => {
                     let why = e.to_string();
-                    let why = &why.as_bytes()[..why.len().min(news.len() - 1)];
-                    news[1..=why.len()].copy_from_slice(why);
+                    let why = &why.as_bytes()[..why.len().min(news.len() - 5)];
+                    news[5..5 + why.len()].copy_from_slice(why);
                 }
             }
         }
         if self.size > 1 {
-            self.broadcast(&mut news, 0)?;
+            // The members wait for the newcomers as rank 0 does: up to the start-up timeout,
+            // which may be longer than the operation timeout.
+            let timeout = self.operation_timeout();
+            self.set_timeout(timeout.max(self.family.config.startup_timeout));
+            let told = self.broadcast(&mut news, 0);
+            self.set_timeout(timeout);
+            told?;
         }
         let newcomers = took_in?;
         if news[0] != 1 {
-            let why = String::from_utf8_lossy(&news[1..]);
+            let why = String::from_utf8_lossy(&news[5..]);
             return Err(Error::Bootstrap(format!(
                 "rank {}: grow: rank 0 took no new processes in: {}",
                 self.rank,
                 why.trim_end_matches('\0')
             )));
         }
-        let addresses = news[1..]
+        let bad_news = |detail: String| Error::Protocol {
+            rank: self.rank,
+            peer: 0,
+            op: Op::Grow,
+            detail,
+        };
+        let base = u32::from_le_bytes([news[1], news[2], news[3], news[4]]) as usize;
+        if !(JOINED_FROM..=JOINED_BELOW - count).contains(&base) {
+            return Err(bad_news(format!(
+                "it gave newcomers the job's ranks from {base}"
+            )));
+        }
+        let addresses = news[5..]
             .chunks_exact(ADDRESS_ROOM)
+            .take(count)
             .map(address_in)
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| Error::Protocol {
-                rank: self.rank,
-                peer: 0,
-                op: Op::Grow,
-                detail: "it sent a newcomer's address that is not one".into(),
-            })?;
+            .ok_or_else(|| bad_news("it sent a newcomer's address that is not one".into()))?;
         let mut job_rank = self.family.job_rank.to_vec();
         for (i, addr) in addresses.iter().enumerate() {
             job.learn(base + i, *addr)
@@ -222,8 +236,13 @@ impl Group {
                     .ok()
                     .and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
                 {
-                    Some(addr) => came.push((stream, addr)),
-                    None => tracing::warn!("grow: a newcomer sent no address; dropped it"),
+                    Some(addr) if !gone(&stream) => came.push((stream, addr)),
+                    _ => tracing::warn!("grow: a newcomer is gone or sent no address; dropped it"),
+                }
+                // One that came and went meanwhile (its connection waited here before this
+                // grow, say) makes room for the next.
+                if came.len() == count {
+                    came.retain(|(stream, _)| !gone(stream));
                 }
                 continue;
             }
@@ -246,6 +265,27 @@ impl Group {
         }
         Ok(came)
     }
+}
+
+/// The first of `count` job's ranks for newcomers, at random in [`JOINED_FROM`],
+/// [`JOINED_BELOW`].
+fn first_job_rank(count: usize) -> Result<u32> {
+    let random = u32::from_le_bytes(
+        auth::random_bytes::<4>().map_err(|e| Error::io(0, "numbering new processes", e))?,
+    ) as usize;
+    let span = JOINED_BELOW - count - JOINED_FROM;
+    Ok(to_u32(JOINED_FROM + random % span))
+}
+
+/// Whether the newcomer at the other end of `stream` is gone (its end closed, or it sent
+/// what it should not have), looked at without waiting.
+fn gone(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let gone =
+        !matches!(stream.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    gone || stream.set_nonblocking(false).is_err()
 }
 
 /// Writes `addr` into `slot` as text after its length.
@@ -328,6 +368,13 @@ impl Welcome {
 /// Joins the running group that `config.join` invites to (see the module's docs), once its
 /// members call [`Group::grow`], within the start-up timeout.
 pub(super) fn join(config: &Config, invitation: Invitation) -> Result<Group> {
+    // The job's device matrix has no rows for newcomers (they use the first active port);
+    // the rest must hold.
+    Config {
+        devices: None,
+        ..config.clone()
+    }
+    .validate()?;
     let deadline = deadline_after(config.startup_timeout);
     let fail = |why: String| Error::Bootstrap(format!("joining {invitation}: {why}"));
     let token = config.token();

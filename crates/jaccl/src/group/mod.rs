@@ -189,10 +189,10 @@ const VERDICT_GRACE: Duration = Duration::from_millis(500);
 
 impl Group {
     pub(crate) fn new(config: Config) -> Result<Group> {
-        config.validate()?;
         if let Some(invitation) = config.join {
             return grow::join(&config, invitation);
         }
+        config.validate()?;
         if config.size == 1 {
             return Ok(Group::of_one(Family::of_job(&config, None)));
         }
@@ -372,6 +372,11 @@ impl Group {
     /// The number of ranks in the group.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The error that poisoned the group, if one did (every later call fails with it).
+    pub fn failure(&self) -> Option<&Error> {
+        self.failure.get()
     }
 
     /// The transport to each peer this rank has links to, as `(rank, transport)`: the left

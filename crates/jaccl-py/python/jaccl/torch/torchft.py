@@ -38,6 +38,10 @@ class ProcessGroupJaccl(ProcessGroupWrapper):
     def getBackendName(self) -> str:
         return "torchft-jaccl"
 
+    def rank(self) -> int:
+        """This rank in the current configuration (torchft's wrappers say 0)."""
+        return self.parent.rank()
+
     def configure(
         self,
         store_addr: str,

@@ -45,7 +45,7 @@ class Replica:
         self.proc = subprocess.Popen(
             [sys.executable, str(EXAMPLE), "--pg", self.pg],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        )  # (in this script's session: killing the session kills them too)
         threading.Thread(target=self._read, args=(self.proc, self.steps, self.other), daemon=True).start()
 
     @staticmethod
@@ -124,7 +124,7 @@ def trial(pg: str, replicas: int, heartbeat_ms: int, rng: random.Random) -> dict
                             if all(r.first(restarted, replicas) for r in survivors) else None, groups)
         time.sleep(1.0)
         committed = [{s["step"]: s["weights"] for s in list(r.steps) if s["committed"]} for r in groups]
-        common = max(set(committed[0]).intersection(*committed[1:]))
+        common = max(set(committed[0]).intersection(*committed[1:]), default=None)
         return {
             "pg": pg,
             "victim": victim.group,
@@ -132,7 +132,7 @@ def trial(pg: str, replicas: int, heartbeat_ms: int, rng: random.Random) -> dict
             "restart_to_replacement_step": healed["t"] - restarted,
             "restart_to_all_together": max(s["t"] for s in together) - restarted,
             "healed": any("healing" in line for line in victim.other),
-            "weights_agree": len({c[common] for c in committed}) == 1,
+            "weights_agree": common is not None and len({c[common] for c in committed}) == 1,
             "common_step": common,
         }
     finally:

@@ -635,15 +635,33 @@ impl Group {
         Ok(Group::wrap(made))
     }
 
-    /// `jaccl::Group::failure`, as the exception its calls raise (`None` while it works).
-    fn failure(&self, py: Python<'_>) -> PyResult<Option<Py<pyo3::exceptions::PyBaseException>>> {
-        let failure = self.run(py, "failure", |g| Ok(g.failure().cloned()))?;
-        Ok(failure.map(|e| to_python(py, &e, "failure").into_value(py)))
+    /// `jaccl::AbortHandle::failure`, as the exception its calls raise: `None` while the
+    /// group works (or once it is closed). Without the group's lock: a call in flight on
+    /// another thread does not hold it up.
+    fn failure(&self, py: Python<'_>) -> Option<Py<pyo3::exceptions::PyBaseException>> {
+        let handle = self.abort.lock().ok().and_then(|h| h.clone())?;
+        let failure = handle.failure()?;
+        Some(to_python(py, &failure, "failure").into_value(py))
     }
 
-    /// `jaccl::Group::set_timeout`: `seconds` (infinite or beyond a `Duration`: none).
+    /// `jaccl::Group::set_timeout`: `seconds` (infinite or beyond a `Duration`: none). It
+    /// waits for a blocking call in flight on another thread.
     fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
-        let timeout = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX);
+        if seconds.is_nan() || seconds <= 0.0 {
+            let why = format!(
+                "rank {}: set_timeout: {seconds} s is not a timeout",
+                self.rank
+            );
+            return Err(exception(
+                py,
+                "InvalidArgument",
+                why,
+                Some(self.rank),
+                None,
+                Some("set_timeout"),
+            ));
+        }
+        let timeout = Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX);
         self.run(py, "set_timeout", move |g| {
             g.set_timeout(timeout);
             Ok(())

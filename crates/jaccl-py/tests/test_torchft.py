@@ -49,6 +49,30 @@ class JacclMultiPgTest(MultiPgBaseTest):
     def test_collective_with_resiliency(self, collective: str) -> None:
         self._run_with_resiliency(collective, device="cpu")
 
+    @parameterized.expand(["allreduce", "allgather", "alltoall_base", "barrier"])
+    def test_survivors_fail_naming_the_rank_that_shut_down(self, collective: str) -> None:
+        """torchft's resiliency check also passes a call that does not fail ("no error"):
+        here the survivors of a collective that needs the last rank must fail, with jaccl's
+        PeerLost naming it, and `errored()` must say so."""
+        import jaccl
+        from torchft.process_group_test import _COLLECTIVE_TO_FUNC
+        import torch
+
+        def worker(pg: ProcessGroupJaccl, rank: int) -> None:
+            pg.configure(f"localhost:{self.store.port}/survivors_{collective}", "0", rank, self.WORLD_SIZE)
+            _COLLECTIVE_TO_FUNC[collective](pg, rank, torch.tensor([rank + 1]))
+            if rank == self.WORLD_SIZE - 1:
+                pg.shutdown()
+                return
+            with self.assertRaises(Exception) as raised:
+                _COLLECTIVE_TO_FUNC[collective](pg, rank, torch.tensor([rank + 1]))
+            self.assertIsInstance(raised.exception.__cause__, jaccl.PeerLost)
+            self.assertIn("lost rank 2", str(raised.exception))
+            self.assertIn("lost rank 2", str(pg.errored()))
+
+        futures = [self.executor.submit(worker, self.pg_pool[r], r) for r in range(self.WORLD_SIZE)]
+        self._collect(futures)
+
 
 def test_abort_from_another_thread_stops_a_blocked_call():
     import threading
@@ -79,17 +103,63 @@ def test_manager_with_ddp_goes_on_after_a_replica_dies_and_takes_its_replacement
     SIGKILLed, the survivor commits steps without it, a replacement heals from the survivor and
     both commit together, their weights equal (benches/torchft_recovery.py, one trial)."""
     import json
+    import signal
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
     out = tmp_path / "trial.json"
-    done = subprocess.run(
+    # A session of its own: should the trial not end, killing it takes its lighthouse and
+    # replica groups too.
+    bench = subprocess.Popen(
         [sys.executable, str(root / "benches/torchft_recovery.py"), "--trials", "1", "--pgs", "jaccl",
          "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        output, _ = bench.communicate(timeout=300)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+    assert bench.returncode == 0, output
     (trial,) = json.loads(out.read_text())
     assert trial["healed"] and trial["weights_agree"], trial
+
+
+def test_replica_groups_of_different_launcher_jobs_form_one_group():
+    """Under torchrun every replica group is a launcher job of its own (its run id, restart
+    count and master port): their ranks must still meet in the store torchft gives them."""
+    import subprocess
+    import sys
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    code = (
+        "import sys, torch\n"
+        "from torch.distributed import ReduceOp\n"
+        "from jaccl.torch.torchft import ProcessGroupJaccl\n"
+        "pg = ProcessGroupJaccl()\n"
+        "rank = int(sys.argv[1])\n"
+        f"pg.configure('localhost:{store.port}/torchft/1/0', str(rank), rank, 2)\n"
+        "t = torch.tensor([rank + 1.0])\n"
+        "pg.allreduce([t], ReduceOp.SUM).wait()\n"
+        "print('SUM', t.item(), pg.rank(), flush=True)\n"
+        "pg.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JACCL_", "TORCHELASTIC_", "MASTER_"))}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(r)],
+            env=dict(env, TORCHELASTIC_RUN_ID=f"replica{r}", TORCHELASTIC_RESTART_COUNT=str(r),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + r)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(2)
+    ]
+    for r, p in enumerate(ranks):
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert f"SUM 3.0 {r}" in out, out + err

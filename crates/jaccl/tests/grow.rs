@@ -271,7 +271,11 @@ fn a_grow_nobody_joins_fails_on_every_member_and_the_group_goes_on() {
     let make = || {
         configs(Net::Tcp, 3, 1, Duration::from_secs(60))
             .into_iter()
-            .map(|c| c.startup_timeout(Duration::from_secs(2)))
+            // The operation timeout as short: the members still wait for rank 0's news.
+            .map(|c| {
+                c.startup_timeout(Duration::from_secs(2))
+                    .timeout(Duration::from_secs(2))
+            })
             .collect()
     };
     let out = with_configs(make, |g| {

@@ -75,6 +75,13 @@ impl AbortHandle {
         }
     }
 
+    /// The error that poisoned the group, if one did (every later call fails with it): an
+    /// abort, a revocation, or a failure while data moved. Read without waiting for the
+    /// operation in flight (for watchdogs: torchft's `errored()`).
+    pub fn failure(&self) -> Option<Error> {
+        self.failure.get().cloned()
+    }
+
     /// Whether [`AbortHandle::abort`] was called on a handle of this group.
     pub fn is_aborted(&self) -> bool {
         matches!(self.failure.get(), Some(Error::Aborted { .. }))

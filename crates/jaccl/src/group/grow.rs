@@ -40,6 +40,9 @@ const JOINED_FROM: usize = 1 << 20;
 const JOINED_BELOW: usize = 1 << 31;
 /// How long rank 0 waits for a newcomer's address once it has connected.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
+/// How much longer than the start-up timeout the members wait for rank 0's news: rank 0 gives
+/// up on the newcomers at the start-up timeout (its waits end by then), then tells them.
+const NEWS_GRACE: Duration = Duration::from_secs(5);
 
 impl Group {
     /// The invitation to this group's next [`Group::grow`]: the same on every member, until
@@ -142,10 +145,15 @@ impl Group {
             }
         }
         if self.size > 1 {
-            // The members wait for the newcomers as rank 0 does: up to the start-up timeout,
-            // which may be longer than the operation timeout.
+            // The members wait for the newcomers as rank 0 does, up to the start-up timeout
+            // (which may be longer than the operation timeout), and then for rank 0's news.
             let timeout = self.operation_timeout();
-            self.set_timeout(timeout.max(self.family.config.startup_timeout));
+            let waits = self
+                .family
+                .config
+                .startup_timeout
+                .saturating_add(NEWS_GRACE);
+            self.set_timeout(timeout.max(waits));
             let told = self.broadcast(&mut news, 0);
             self.set_timeout(timeout);
             told?;
@@ -227,11 +235,21 @@ impl Group {
         let others: Vec<usize> = (1..self.size).collect();
         let mut came = Vec::with_capacity(count);
         while came.len() < count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Bootstrap(format!(
+                    "rank {}: grow: {} of {count} new processes joined within the start-up \
+                     timeout ({timeout:?}); give each this group's invitation as JACCL_JOIN",
+                    self.rank,
+                    came.len()
+                )));
+            }
             let arrival = job
                 .take_oldest(Purpose::Join, id)
                 .map_err(|why| Error::Bootstrap(format!("rank {}: grow: {why}", self.rank)))?;
             if let Some(mut stream) = arrival {
-                let hello = read_frame(&mut stream, deadline_after(HELLO_TIMEOUT), ADDRESS_ROOM);
+                let hello_by = deadline.min(deadline_after(HELLO_TIMEOUT));
+                let hello = read_frame(&mut stream, hello_by, ADDRESS_ROOM);
                 match hello
                     .ok()
                     .and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
@@ -245,15 +263,6 @@ impl Group {
                     came.retain(|(stream, _)| !gone(stream));
                 }
                 continue;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Bootstrap(format!(
-                    "rank {}: grow: {} of {count} new processes joined within the start-up \
-                     timeout ({timeout:?}); give each this group's invitation as JACCL_JOIN",
-                    self.rank,
-                    came.len()
-                )));
             }
             if let Some(liveness) = &self.liveness {
                 liveness.check_peers(Op::Grow, &others)?;

@@ -374,11 +374,6 @@ impl Group {
         self.size
     }
 
-    /// The error that poisoned the group, if one did (every later call fails with it).
-    pub fn failure(&self) -> Option<&Error> {
-        self.failure.get()
-    }
-
     /// The transport to each peer this rank has links to, as `(rank, transport)`: the left
     /// ring neighbour (`rank − 1`), then the right one (`rank + 1`) if it is another rank, then
     /// the other ranks that start-up connected (all with the mesh, else those on this host) in

@@ -40,16 +40,19 @@ def _start_job(
     `destroy_process_group` the same prefix). Rank 0 claims the id as its root, the others as
     its members: more claims than that mean that another job with the same identity shares
     this store (or left its keys in it), which fails at once rather than pair ranks of two jobs.
+    With `counted` false, the id is the size and `group` alone: for callers whose store is new
+    for each job, shared by ranks of different launcher jobs (torchft: each replica group is a
+    torchrun job of its own, with its own run id and master port).
 
     The secret: a user's ``JACCL_JOB_TOKEN``/``_FILE`` as it is; else rank 0 draws 256 bits and
     seals them to each rank's ephemeral public key (`_job_secret`), so a reader of the store
     learns nothing. The secret goes to jaccl in `init`'s settings, never into the environment."""
-    made = 0
-    if counted:  # (a caller whose store is new for each job needs no count: torchft's)
+    identity = [size, group]
+    if counted:
         with _jobs_lock:
             _jobs_started[group] += 1
             made = _jobs_started[group]
-    identity = [os.environ.get(v, "") for v in _IDENTITY] + [size, group, made]
+        identity = [os.environ.get(v, "") for v in _IDENTITY] + [size, group, made]
     job = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
     keys = f"jaccl/{job}/"
     deadline = time.monotonic() + timeout.total_seconds()

@@ -39,8 +39,10 @@ class ProcessGroupJaccl(ProcessGroupWrapper):
         return "torchft-jaccl"
 
     def rank(self) -> int:
-        """This rank in the current configuration (torchft's wrappers say 0)."""
-        return self.parent.rank()
+        """This rank in the current configuration (torchft's wrappers say 0); 0 before the
+        first."""
+        pg = self._pg
+        return pg.rank() if pg is not None else super().rank()
 
     def configure(
         self,
@@ -55,7 +57,6 @@ class ProcessGroupJaccl(ProcessGroupWrapper):
     ) -> None:
         # The old group goes first: its peers see this rank leave, and its operations end.
         self.shutdown()
-        self._failure = None
         super().configure(
             store_addr,
             replica_id,
@@ -66,6 +67,9 @@ class ProcessGroupJaccl(ProcessGroupWrapper):
             group_world_size,
             global_ranks,
         )
+        # A new group: what happened to the old one (an abort, even one that came while
+        # this configured) is no longer this group's error.
+        self._failure = None
 
     def _create_pg(self, store: Any, rank: int, world_size: int) -> dist.ProcessGroup:
         # torchft gives each configuration a store prefix of its own: the job is this one.
@@ -75,7 +79,8 @@ class ProcessGroupJaccl(ProcessGroupWrapper):
     def abort(self, errored: bool = True) -> None:
         """Stops the group from any thread: the operation in flight raises at its next wait
         (an error caused by ``jaccl.Aborted``), and the group is released; ``configure``
-        makes the next."""
+        makes the next. A ``configure`` in progress is not stopped: it ends by itself within
+        the timeout (as Gloo's does)."""
         if errored and self._failure is None:
             self._failure = dist.DistBackendError("the jaccl process group was aborted")
         super().abort(errored)  # the group's own abort, then it is released
@@ -89,7 +94,8 @@ class ProcessGroupJaccl(ProcessGroupWrapper):
     def errored(self) -> Optional[BaseException]:
         """Why the group can no longer be used, if it cannot: it was aborted, or an operation
         failed on it (a peer lost, a timeout), as its operations raised it (a
-        ``DistBackendError`` caused by the jaccl error); ``None`` while it works."""
+        ``DistBackendError`` caused by the jaccl error); ``None`` while it works. It does not
+        wait for an operation in flight on another thread."""
         if self._failure is not None:
             return self._failure
         pg = self._pg

@@ -125,13 +125,15 @@ impl Group {
         // and where they listen, or why they did not come: a status byte, the first job's
         // rank (u32), then an address in each slot of `ADDRESS_ROOM` bytes (or the reason).
         let mut news = vec![0u8; 5 + (count * ADDRESS_ROOM).max(MOST_REASON)];
-        let mut took_in = Ok(Vec::new());
+        let mut took_in = Ok((Vec::new(), 0));
         if self.rank == 0 {
-            took_in = self.take_in(&job, id, count);
+            took_in = self
+                .take_in(&job, id, count)
+                .and_then(|came| Ok((came, first_job_rank(count)?)));
             match &took_in {
-                Ok(came) => {
+                Ok((came, first)) => {
                     news[0] = 1;
-                    news[1..5].copy_from_slice(&first_job_rank(count)?.to_le_bytes());
+                    news[1..5].copy_from_slice(&first.to_le_bytes());
                     let slots = news[5..].chunks_exact_mut(ADDRESS_ROOM);
                     for ((_, addr), slot) in came.iter().zip(slots) {
                         put_address(slot, *addr);
@@ -158,7 +160,7 @@ impl Group {
             self.set_timeout(timeout);
             told?;
         }
-        let newcomers = took_in?;
+        let (newcomers, _) = took_in?;
         if news[0] != 1 {
             let why = String::from_utf8_lossy(&news[5..]);
             return Err(Error::Bootstrap(format!(

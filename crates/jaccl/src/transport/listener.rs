@@ -15,7 +15,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use crate::auth::{self, Admission, AuthError, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
-use crate::os::{RetryDelay, accept_tcp, connect_with_retry, deadline_after};
+use crate::os::{RetryDelay, accept_tcp, deadline_after, remaining};
 use crate::transport::questions::{self, Answer, Answers};
 use crate::transport::tcp::link::{MIN_STAGING, STAGING_PER_RANK, TcpLink};
 
@@ -592,15 +592,22 @@ pub(crate) fn dial(
         |e: &dyn std::fmt::Display| format!("data connection {wire} to rank {peer} at {addr}: {e}");
     let mut delay = RetryDelay::new();
     loop {
-        // Short attempts, so that `go_on` is asked at least every second.
-        let attempt = deadline.min(deadline_after(Duration::from_secs(1)));
-        let mut stream = match connect_with_retry(addr, attempt) {
+        let left = remaining(deadline);
+        let attempt = match left.is_zero() {
+            true => Err(io::Error::new(io::ErrorKind::TimedOut, "no time left")),
+            false => TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))),
+        };
+        let mut stream = match attempt {
             Ok(stream) => stream,
             Err(e) if Instant::now() >= deadline => {
                 return Err(DialError::Failed(format!("cannot open {}", what(&e))));
             }
             Err(_) => {
+                // Refused: the peer is not listening yet, or its process ended, which `go_on`
+                // (the heartbeat's verdict) tells at once; so it is asked after every attempt,
+                // and attempts back off to a tenth of a second at most.
                 go_on().map_err(DialError::Stopped)?;
+                std::thread::sleep(delay.next().min(LOOK_AGAIN).min(remaining(deadline)));
                 continue;
             }
         };

@@ -16,6 +16,11 @@ command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || need+=(openssh-server)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 command -v ip >/dev/null || need+=(iproute2)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+# The C interface's tests build C and C++ programs with the installed pkg-config file and
+# CMake package (crates/jaccl-c/tests/c_programs.rs).
+command -v cmake >/dev/null || need+=(cmake)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v c++ >/dev/null || need+=(g++)
 if (( ${#need[@]} )) && (( EUID == 0 )) && command -v apt-get >/dev/null; then
   echo "test.sh: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -26,7 +26,8 @@
  *   JACCL_SUCCESS is 0. The message (rank, operation, cause) is
  *   jaccl_comm_get_last_error(comm) and jaccl_get_last_error() (the calling thread's). JACCL_INVALID_ARGUMENT (NULL or misaligned buffers, unknown
  *   jaccl_dtype_t or jaccl_op_t values, reductions that do not apply to the type, ranks out
- *   of range, a rank sending to itself) is found before anything is sent and leaves the
+ *   of range, a rank sending to itself, anything but jaccl_send and jaccl_recv called
+ *   inside a batch) is found before anything is sent and leaves the
  *   communicator usable; but the other ranks' matching call still waits, for this rank's
  *   next one: treat it as a bug to fix, not a condition to recover from. After any other
  *   error of a collective, send or receive, the communicator is poisoned: its later
@@ -51,7 +52,8 @@
  *   send first: a send never waits for its receive on the same communicator. Across
  *   communicators it may (a send reads ahead only on its own), and calls of different
  *   communicators waiting for each other are not found as a deadlock: they end at the
- *   operation timeout. A batch over several communicators runs each one's part at once.
+ *   operation timeout. A batch over several communicators runs each one's part at once
+ *   (each starting as soon as no other thread is in a call on its communicator).
  * - Threads: a communicator may be used from any thread; a call waits for the one in
  *   flight on another thread, so every rank must make its calls in the same order.
  *   jaccl_comm_abort and jaccl_comm_revoke may be called from any thread at any time. No
@@ -260,7 +262,8 @@ extern "C" {
 jaccl_result_t jaccl_batch_begin(void);
 
 // Ends the calling thread's batch: the outermost end runs the queued sends and receives
-// (each communicator's sends, then its receives; several communicators' at once) and
+// (each communicator's sends, then its receives; several communicators' at once, each
+// starting as soon as no other thread is in a call on it) and
 // returns when all have ended: `JACCL_SUCCESS`, or the error of the first communicator
 // whose part failed (its later sends and receives are not run). The buffers stay lent until
 // it returns, and the communicators may not be destroyed before.

@@ -26,7 +26,8 @@ pub extern "C" fn jaccl_batch_begin() -> jaccl_result_t {
 }
 
 /// Ends the calling thread's batch: the outermost end runs the queued sends and receives
-/// (each communicator's sends, then its receives; several communicators' at once) and
+/// (each communicator's sends, then its receives; several communicators' at once, each
+/// starting as soon as no other thread is in a call on it) and
 /// returns when all have ended: `JACCL_SUCCESS`, or the error of the first communicator
 /// whose part failed (its later sends and receives are not run). The buffers stay lent until
 /// it returns, and the communicators may not be destroyed before.
@@ -71,10 +72,12 @@ pub unsafe extern "C" fn jaccl_batch_end() -> jaccl_result_t {
         }
         _ => run_at_once(&comms, parts),
     };
+    // Recorded last to first, so that the thread's last error is the first failure's, the
+    // one returned.
     let mut first = JACCL_SUCCESS;
-    for (comm, op, result) in results {
+    for (comm, op, result) in results.into_iter().rev() {
         let code = guard(op, Some(comm.last_error()), || result);
-        if first == JACCL_SUCCESS {
+        if code != JACCL_SUCCESS {
             first = code;
         }
     }
@@ -90,32 +93,50 @@ fn run_here(comm: &jaccl_comm_t, part: Vec<Queued>) -> Result<(), Failure> {
 }
 
 /// Runs the parts of several communicators at once, each on its communicator's progress
-/// thread, and waits for all (their buffers are lent until then).
+/// thread, and waits for all (their buffers are lent until then). A part starts as soon as its
+/// communicator is free: those no other thread is in a call on first, so that a part never
+/// waits to start for a call of another thread that waits for it.
 fn run_at_once<'a>(
     comms: &[&'a jaccl_comm_t],
     parts: Vec<(usize, Vec<Queued>)>,
 ) -> Vec<(&'a jaccl_comm_t, &'static str, Result<(), Failure>)> {
-    let started: Vec<_> = comms
-        .iter()
-        .zip(parts)
-        .map(|(&comm, (_, part))| {
-            let op = part.first().map_or("batch_end", |q| q.op);
-            let request = comm.with_group(op, |g| {
-                Ok(g.start(move |g| {
-                    for q in part {
-                        (q.call)(g)?;
-                    }
-                    Ok(None::<usize>)
-                }))
-            });
-            (comm, op, request)
-        })
-        .collect();
+    type Started = Result<jaccl::Request<Option<usize>>, Failure>;
+    let start = |part: Vec<Queued>| {
+        move |g: &mut jaccl::Group| {
+            Ok(g.start(move |g| {
+                for q in part {
+                    (q.call)(g)?;
+                }
+                Ok(None::<usize>)
+            }))
+        }
+    };
+    let mut started: Vec<(&jaccl_comm_t, &'static str, Option<Started>)> = Vec::new();
+    let mut busy = Vec::new();
+    for (&comm, (_, part)) in comms.iter().zip(parts) {
+        let op = part.first().map_or("batch_end", |q| q.op);
+        // Tried first without waiting; a busy one is kept for the second pass.
+        match comm.try_with_group(op, start(part)) {
+            Ok(request) => started.push((comm, op, Some(request))),
+            Err(job) => {
+                busy.push((started.len(), job));
+                started.push((comm, op, None));
+            }
+        }
+    }
+    for (at, job) in busy {
+        let (comm, op, slot) = &mut started[at];
+        *slot = Some(comm.with_group(op, job));
+    }
     started
         .into_iter()
         .map(|(comm, op, request)| {
             // Each part ends: by its peers, liveness, its timeout, or an abort.
-            let result = request.and_then(|r| r.wait().map(|_| ()).map_err(Failure::from));
+            let result = match request {
+                Some(Ok(r)) => r.wait().map(|_| ()).map_err(Failure::from),
+                Some(Err(failure)) => Err(failure),
+                None => Ok(()),
+            };
             (comm, op, result)
         })
         .collect()

@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use crate::errors::{Failure, LastError, guard, invalid, record};
 use crate::types::SHORTEST_TIMEOUT;
@@ -73,33 +73,65 @@ impl jaccl_comm_t {
         op: &str,
         f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<R>,
     ) -> Result<R, Failure> {
-        let Ok(mut slot) = self.group.lock() else {
-            let why = "an earlier call panicked (a bug in jaccl); the communicator is unusable";
-            return Err(Failure::Panic(
-                format!("rank {}: {op}: {why}", self.rank).into(),
-            ));
+        let Ok(slot) = self.group.lock() else {
+            return Err(self.broken(op));
         };
+        self.run(slot, f)
+    }
+
+    /// [`jaccl_comm_t::with_group`] if no other thread is in a call; `f` back if one is.
+    pub(crate) fn try_with_group<R, F>(&self, op: &str, f: F) -> Result<Result<R, Failure>, F>
+    where
+        F: FnOnce(&mut jaccl::Group) -> jaccl::Result<R>,
+    {
+        match self.group.try_lock() {
+            Ok(slot) => Ok(self.run(slot, f)),
+            Err(TryLockError::WouldBlock) => Err(f),
+            Err(TryLockError::Poisoned(_)) => Ok(Err(self.broken(op))),
+        }
+    }
+
+    /// Runs `f` on the group `slot` holds, then lets the lock go; a group aborted meanwhile
+    /// goes then.
+    fn run<R>(
+        &self,
+        mut slot: MutexGuard<'_, Option<jaccl::Group>>,
+        f: impl FnOnce(&mut jaccl::Group) -> jaccl::Result<R>,
+    ) -> Result<R, Failure> {
         let Some(group) = slot.as_mut() else {
             return Err(jaccl::Error::Aborted { rank: self.rank }.into());
         };
         let result = f(group);
-        if self.aborted.load(Ordering::Acquire) {
-            // Aborted while this call ran: the group goes now that the call is over.
-            *slot = None;
+        drop(slot);
+        // An abort that came while this call held the lock could not drop the group: it goes
+        // now (the flag is set before the abort tries the lock, and read after this unlocks).
+        if self.aborted.load(Ordering::SeqCst) {
+            self.drop_if_free();
         }
         Ok(result?)
     }
 
-    /// Aborts the group: the call in flight stops; the group is dropped now if no call holds
-    /// it, else when that call returns.
-    fn abort(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.abort.abort();
+    /// The error of a call after a panic poisoned the lock.
+    fn broken(&self, op: &str) -> Failure {
+        let why = "an earlier call panicked (a bug in jaccl); the communicator is unusable";
+        Failure::Panic(format!("rank {}: {op}: {why}", self.rank).into())
+    }
+
+    /// Drops the group unless a call holds it (which then drops it as it returns).
+    fn drop_if_free(&self) {
         match self.group.try_lock() {
             Ok(mut slot) => *slot = None,
             Err(TryLockError::Poisoned(poisoned)) => *poisoned.into_inner() = None,
             Err(TryLockError::WouldBlock) => {}
         }
+    }
+
+    /// Aborts the group: the call in flight stops; the group is dropped now if no call holds
+    /// it, else when that call returns.
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+        self.abort.abort();
+        self.drop_if_free();
     }
 }
 

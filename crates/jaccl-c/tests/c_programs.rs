@@ -87,7 +87,7 @@ fn compile(compiler: &str, sources: &[PathBuf], out: &Path, extra: &[&str]) {
         .arg(out)
         .arg(format!("-L{}", lib.display()))
         .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .args(["-ljaccl", "-lm"])
+        .args(["-ljaccl", "-lm", "-pthread"])
         .output()
         .unwrap_or_else(|e| panic!("{compiler} runs: {e}"));
     assert!(

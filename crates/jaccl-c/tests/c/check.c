@@ -17,6 +17,7 @@
 #include <jaccl.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -362,6 +363,52 @@ static void subgroups(jaccl_comm_t *comm) {
   }
 }
 
+/* Another thread's receive on `comm` that waits for what the batch's part on `twin` lets the
+ * peer send: the batch must start that part without waiting for `comm`. Ranks 0 and 1. */
+struct waiting_recv {
+  jaccl_comm_t *comm;
+  int32_t got;
+  jaccl_result_t result;
+};
+
+static void *receive_tag_7(void *arg) {
+  struct waiting_recv *w = arg;
+  w->result = jaccl_recv(&w->got, 1, JACCL_INT32, 1, 7, w->comm);
+  return NULL;
+}
+
+static void batch_beside_a_thread(jaccl_comm_t *comm) {
+  if (size < 2) return;
+  jaccl_comm_t *twin = NULL;
+  int pair[2] = {0, 1};
+  OK(jaccl_comm_subgroup(comm, pair, 2, &twin)); /* collective: NULL on the others */
+  if (rank > 1) return;
+  const size_t n = 1 << 21;
+  float *big = filled(JACCL_FLOAT32, 4, n, rank, 0);
+  int32_t small = 5, back = 0;
+  if (rank == 0) {
+    struct waiting_recv w = {comm, 0, -1};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, receive_tag_7, &w) != 0) FAIL("pthread_create");
+    nanosleep(&(struct timespec){0, 100000000}, NULL); /* the thread holds `comm` first */
+    OK(jaccl_batch_begin());
+    OK(jaccl_send(&small, 1, JACCL_INT32, 1, 3, comm));
+    OK(jaccl_recv(big, n, JACCL_FLOAT32, 1, 4, twin));
+    OK(jaccl_batch_end());
+    pthread_join(thread, NULL);
+    if (w.result != JACCL_SUCCESS || w.got != 7) FAIL("the thread's recv: %s, %d", jaccl_get_error_string(w.result), (int)w.got);
+    for (size_t i = 0; i < n; i++) expect(big, JACCL_FLOAT32, i, value(1, i), "batch beside a thread");
+  } else {
+    OK(jaccl_send(big, n, JACCL_FLOAT32, 0, 4, twin));
+    int32_t seven = 7;
+    OK(jaccl_send(&seven, 1, JACCL_INT32, 0, 7, comm));
+    OK(jaccl_recv(&back, 1, JACCL_INT32, 0, 3, comm));
+    if (back != 5) FAIL("tag 3: %d", (int)back);
+  }
+  OK(jaccl_comm_destroy(twin));
+  free(big);
+}
+
 static void misuse(jaccl_comm_t *comm) {
   float x[4] = {0}, y[4] = {0};
   static char bytes[4096]; /* zeros: neither a communicator nor a configuration */
@@ -589,6 +636,7 @@ int main(int argc, char **argv) {
     started(comm);
     if (strcmp(mode, "all") == 0) {
       subgroups(comm);
+      batch_beside_a_thread(comm);
       misuse(comm);
       disagreement(comm);
     }

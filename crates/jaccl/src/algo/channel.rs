@@ -166,6 +166,22 @@ impl Channel {
         Ok(used)
     }
 
+    /// [`Link::try_recv_into`], the bytes read ahead first.
+    pub(super) fn try_recv_into(
+        &mut self,
+        dst: &mut [u8],
+    ) -> std::result::Result<usize, LinkError> {
+        if self.early_pos < self.early.len() {
+            return self.try_recv(dst.len(), &mut |bytes| {
+                crate::reduce::copy(&mut dst[..bytes.len()], bytes);
+                bytes.len()
+            });
+        }
+        let n = self.link.try_recv_into(dst)?;
+        self.bytes_received += n as u64;
+        Ok(n)
+    }
+
     /// Reads up to `limit` bytes the peer has sent into the read-ahead buffer (which holds at
     /// most [`READ_AHEAD_MAX`]), without blocking. Returns how many arrived.
     fn read_ahead(&mut self, limit: usize) -> std::result::Result<usize, LinkError> {

@@ -24,7 +24,7 @@ use super::waiting::{BlockedReport, PeerAhead, flows, sleep};
 use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use crate::op_header::{HEADER_LEN, Header};
-use crate::reduce::{Reducer, copy};
+use crate::reduce::Reducer;
 use crate::transport::{Interest, Link};
 use crate::wait::{Backoff, Idle};
 
@@ -614,13 +614,17 @@ fn advance_recv(
             let (dst_off, merged) = (step.recv.off + lane.merged, lane.merged);
             let input = bufs.input;
             let output = &mut *bufs.output;
-            let mut consume = |bytes: &[u8]| -> usize {
-                match step.merge {
-                    Merge::Copy => {
-                        copy(&mut output[dst_off..dst_off + bytes.len()], bytes);
-                        bytes.len()
+            let (ch, hs) = (&mut channels[rx], &mut headers[rx]);
+            let n = match step.merge {
+                Merge::Copy => {
+                    let dst = &mut output[dst_off..dst_off + (limit - merged)];
+                    match header_in(ch, hs, call)? {
+                        true => ch.try_recv_into(dst).map_err(|e| lost(e, ch.peer, call))?,
+                        false => 0,
                     }
-                    Merge::Reduce { own } => {
+                }
+                Merge::Reduce { own } => {
+                    let mut consume = |bytes: &[u8]| -> usize {
                         let Some(r) = reducer else { return 0 };
                         let n = bytes.len() - bytes.len() % r.elem_size();
                         let dst = &mut output[dst_off..dst_off + n];
@@ -632,16 +636,10 @@ fn advance_recv(
                             _ => r.accumulate(dst, &bytes[..n]),
                         }
                         n
-                    }
+                    };
+                    recv_on(ch, hs, limit - merged, &mut consume, call)?
                 }
             };
-            let n = recv_on(
-                &mut channels[rx],
-                &mut headers[rx],
-                limit - lane.merged,
-                &mut consume,
-                call,
-            )?;
             if n == 0 {
                 wants[rx].read = true;
                 break;
@@ -688,14 +686,20 @@ fn recv_on(
     consume: &mut dyn FnMut(&[u8]) -> usize,
     call: &Call,
 ) -> Result<usize> {
-    if hs.incoming.is_some() {
-        receive_header(ch, hs, call)?;
-        if hs.incoming.is_some() {
-            return Ok(0);
-        }
+    if !header_in(ch, hs, call)? {
+        return Ok(0);
     }
     let peer = ch.peer;
     ch.try_recv(max, consume).map_err(|e| lost(e, peer, call))
+}
+
+/// Whether the peer's header for this call has arrived on `ch` and matched (reading what
+/// there is of it).
+fn header_in(ch: &mut Channel, hs: &mut HeaderState, call: &Call) -> Result<bool> {
+    if hs.incoming.is_some() {
+        receive_header(ch, hs, call)?;
+    }
+    Ok(hs.incoming.is_none())
 }
 
 /// Reads what is available of the peer's header and checks it once complete. Returns whether

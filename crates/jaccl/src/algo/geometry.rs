@@ -240,6 +240,7 @@ impl Geometry {
             on_hosts: false,
             host_blocks: None,
             scattered_hosts: false,
+            shared_hosts: false,
         }
     }
 }

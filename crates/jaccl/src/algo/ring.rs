@@ -222,12 +222,12 @@ pub(crate) struct ChainLane {
 
 /// The lanes of a broadcast of `bytes` from a root. Large messages: both directions on every
 /// wire, each lane a slice of the data that goes all the way round (`size − 1` hops), so every
-/// link carries half the data each way. Small ones: all of it each way, half the ranks on each
-/// side (⌈(size − 1)/2⌉ hops).
-pub(crate) fn broadcast_lanes(g: &Geometry, bytes: usize) -> Vec<ChainLane> {
+/// link carries half the data each way. Small ones, or `whole`: all of it each way, half the
+/// ranks on each side (⌈(size − 1)/2⌉ hops).
+pub(crate) fn broadcast_lanes(g: &Geometry, bytes: usize, whole: bool) -> Vec<ChainLane> {
     let n = g.size;
     let lanes = select::lanes(bytes, bytes, 1, g.wires);
-    if lanes.dirs == 1 {
+    if whole || lanes.dirs == 1 {
         return [(0, (n - 1).div_ceil(2)), (1, (n - 1) / 2)]
             .into_iter()
             .filter(|&(_, reach)| reach > 0)
@@ -581,7 +581,10 @@ mod tests {
     fn broadcast_plans_reach_every_rank_from_every_root() {
         for size in 2..=7 {
             for wires in 1..=3 {
-                for bytes in [1usize, 5, 100, 100_000] {
+                for (bytes, whole) in [1usize, 5, 100, 100_000]
+                    .into_iter()
+                    .flat_map(|b| [(b, false), (b, true)])
+                {
                     for root in 0..size {
                         let value = |i: usize| (i * 7 + 3) as i64;
                         let init = |r: usize| {
@@ -594,14 +597,14 @@ mod tests {
                         let outs = simulate_chain(
                             size,
                             wires,
-                            |g| broadcast(g, root, &broadcast_lanes(g, bytes)),
+                            |g| broadcast(g, root, &broadcast_lanes(g, bytes, whole)),
                             init,
                         );
                         let expect: Vec<i64> = (0..bytes).map(value).collect();
                         for (r, out) in outs.iter().enumerate() {
                             assert_eq!(
                                 out, &expect,
-                                "size {size} wires {wires} bytes {bytes} root {root} rank {r}"
+                                "size {size} wires {wires} bytes {bytes} whole {whole} root {root} rank {r}"
                             );
                         }
                     }

@@ -420,7 +420,7 @@ pub(super) fn join(config: &Config, invitation: Invitation) -> Result<Group> {
     let local = stream
         .local_addr()
         .map_err(|e| Error::io(0, "joining a group", e))?;
-    let listener = crate::os::listen_tcp(SocketAddr::new(local.ip(), 0))
+    let listener = crate::transport::tcp::congestion::listen(SocketAddr::new(local.ip(), 0))
         .map_err(|e| Error::io(0, "listening for the group's connections", e))?;
     let own = listener
         .local_addr()

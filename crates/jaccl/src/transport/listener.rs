@@ -17,6 +17,7 @@ use crate::auth::{self, Admission, AuthError, Claim, Identity, Purpose};
 use crate::error::{Error, Result};
 use crate::os::{RetryDelay, accept_tcp, deadline_after, remaining};
 use crate::transport::questions::{self, Answer, Answers};
+use crate::transport::tcp::congestion;
 use crate::transport::tcp::link::{MIN_STAGING, STAGING_PER_RANK, TcpLink};
 
 /// TCP connections made after start-up: when a call first needs them (to a rank off the
@@ -244,7 +245,7 @@ impl JobListener {
         let addr = self
             .address(peer)
             .ok_or_else(|| format!("rank {peer} published no TCP address"))?;
-        let mut stream = TcpStream::connect_timeout(&addr, within).map_err(|e| e.to_string())?;
+        let mut stream = congestion::connect(addr, within).map_err(|e| e.to_string())?;
         let claim = Claim {
             purpose,
             rank: self.me.rank,
@@ -595,7 +596,7 @@ pub(crate) fn dial(
         let left = remaining(deadline);
         let attempt = match left.is_zero() {
             true => Err(io::Error::new(io::ErrorKind::TimedOut, "no time left")),
-            false => TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(1))),
+            false => congestion::connect(addr, left.min(Duration::from_secs(1))),
         };
         let mut stream = match attempt {
             Ok(stream) => stream,

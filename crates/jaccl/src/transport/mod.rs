@@ -103,6 +103,15 @@ pub(crate) trait Link: Send {
         consume: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Result<usize, LinkError>;
 
+    /// Receives at most `dst.len()` bytes into `dst`, in order; returns how many. For bytes
+    /// that are only copied: a transport may put them there without a stop on the way.
+    fn try_recv_into(&mut self, dst: &mut [u8]) -> Result<usize, LinkError> {
+        self.try_recv(dst.len(), &mut |bytes| {
+            crate::reduce::copy(&mut dst[..bytes.len()], bytes);
+            bytes.len()
+        })
+    }
+
     /// True when re-checking the link costs no system call: waits on it also yield the CPU
     /// between checks before sleeping (see [`crate::wait`]).
     fn in_memory(&self) -> bool;

@@ -113,6 +113,7 @@ impl Collectives {
         self.shape.on_hosts = hosts.even();
         self.shape.host_blocks = hosts.blocks();
         self.shape.scattered_hosts = hosts.count() > 1 && !hosts.contiguous();
+        self.shape.shared_hosts = hosts.count() > 1 && hosts.count() < self.geometry.size;
         self.hosts = (hosts.count() > 1).then(|| hosts.clone());
     }
 
@@ -377,8 +378,10 @@ impl Collectives {
                 let plans = tree::broadcast(&g, self.hosts.as_ref(), root, data.len());
                 Rounds::new(&mut self.net, &plans, call).run_all(data)
             }
-            Broadcast::Chain => {
-                let plan = ring::broadcast(&g, root, &ring::broadcast_lanes(&g, data.len()));
+            choice @ (Broadcast::Chain | Broadcast::WholeChains) => {
+                let whole = choice == Broadcast::WholeChains;
+                let lanes = ring::broadcast_lanes(&g, data.len(), whole);
+                let plan = ring::broadcast(&g, root, &lanes);
                 self.net.run(&plan, bufs(data), None, call)
             }
         }

@@ -40,6 +40,9 @@ pub(crate) struct Shape {
     /// than once per host: broadcasts and reduces take trees, which cross to each host once,
     /// at every size below the two levels' ([`Shape::broadcast`], [`Shape::reduce`]).
     pub(crate) scattered_hosts: bool,
+    /// The ranks are on more than one host and some host holds several: the ring's hops
+    /// between hosts carry what its hops within a host do.
+    pub(crate) shared_hosts: bool,
 }
 
 /// Messages up to this many bytes use one direction on one wire (as upstream).
@@ -75,6 +78,26 @@ const FLAT_BROADCAST_MAX: usize = 2048;
 /// where loopback's ties begin, as on a real link the root's ⌈log2 N⌉ sends cost bandwidth
 /// that loopback does not show.
 const TREE_BROADCAST_MAX: usize = 256 * 1024;
+
+/// From this many ranks (all on one host, or each on its own), broadcasts of more than
+/// [`MANY_RANKS_TREE_BROADCAST_MAX`] go along the ring with all of the data each way, each
+/// direction to half the ranks (`Broadcast::WholeChains`), up to [`WHOLE_CHAINS_PER_HOP`] ×
+/// (N − 1) bytes; the ring's halves of the data each all the way round (`Broadcast::Chain`)
+/// above. The pipeline fills in a hop per rank: whole chains halve the hops and double the
+/// bytes each link carries, which pays while a hop costs more than moving the other half
+/// (about `(N − 1) × per-hop` bytes, the hop's cost as bytes of transfer; 128 KiB here).
+/// Measured over TCP on loopback after connections within the host were unpaced (`jaccl bench
+/// --op broadcast --dtype u8`, µs, 2 runs, 2026-12-07, the whole chains against the tree up to
+/// 256 KiB and the split chain above): 16 ranks 16 KiB 55-61 against 45-46, 64 KiB 108-123
+/// against 128-133, 256 KiB 369-463 against 410-495, 1 MiB 1760-1778 against 2342-2379, 4 MiB
+/// 9971-10 054 against 9549-10 710; 32 ranks 64 KiB 224-226 against 300-330, 1 MiB 3828-4021
+/// against 4584-4822, 4 MiB 25.1-28.8 ms against 28.8-32.4; 64 ranks 64 KiB 482-524 against
+/// 606-608, 256 KiB 1709-1765 against 2097-2256, 4 MiB 58.5-64.9 ms against 63.5-64.9. Not on
+/// hosts of several ranks each, where the whole chains would cross between hosts with all of
+/// the data one way where the split chain crosses with half each way.
+const MANY_RANKS: usize = 16;
+const MANY_RANKS_TREE_BROADCAST_MAX: usize = 32 * 1024;
+const WHOLE_CHAINS_PER_HOP: usize = 128 * 1024;
 
 /// Reduces of at most this many bytes go up a binomial tree (`Rooted::Tree`) rather than
 /// through an all-reduce: ⌈log2 N⌉ rounds in which every other rank sends once and is done,
@@ -148,13 +171,17 @@ const RABENSEIFNER_MIN: usize = 32 * 1024;
 
 /// All-reduces up to this many bytes per rank among `ranks` ranks take Rabenseifner's
 /// algorithm rather than the ring, whose 2(N − 1) rounds cost more the more ranks there are:
-/// 192 KiB up to 8 ranks, 24 KiB per rank beyond. Measured over TCP on loopback (µs,
-/// Rabenseifner against the ring): 4 ranks 128 KiB 136 against 203, 256 KiB 312 against 267;
-/// 8 ranks 128 KiB 622 against 790, 256 KiB 1205 against 1064; 16 ranks 256 KiB 2863 against
-/// 3515, 512 KiB 5428 against 4784; 32 ranks 512 KiB 13.3 ms against 19.3, 1 MiB 31.6 against
-/// 25.1; 64 ranks 1 MiB 75 ms against 88, 2 MiB 130 against 114.
+/// 384 KiB up to 8 ranks, 48 KiB per rank beyond. Measured over TCP on loopback (`jaccl bench
+/// --dtype u8`, µs, Rabenseifner against the ring, 2 runs each, 2026-12-07, connections within
+/// the host unpaced: `crate::transport::tcp::congestion`): 4 ranks 128 KiB 98 against 236-253,
+/// 256 KiB 188-202 against 211-214, 512 KiB 381-430 against 364-386; 8 ranks 256 KiB 581
+/// against 819-872, 512 KiB and 1 MiB alike; 16 ranks 512 KiB 2443-2744 against 3477-3668,
+/// 1 MiB 4545-5074 against 4858-5515, 2 MiB 10 308-11 187 against 8807-10 526; 32 ranks 1 MiB
+/// 12.8-14.1 ms against 17.3-19.4, 2 MiB 32.6-33.4 against 29.9-31.3; 64 ranks 2 MiB 79.5-83.9
+/// against 89.2-90.7, 4 MiB 154-163 against 135-145; 128 ranks 4 MiB 342-355 against 368-378.
+/// (Measured with paced connections, the limit had been 24 KiB per rank.)
 fn rabenseifner_max(ranks: usize) -> usize {
-    24 * 1024 * ranks.max(8)
+    48 * 1024 * ranks.max(8)
 }
 
 /// All-gathers of at most this many bytes in all among `ranks` ranks take Bruck's ⌈log2 N⌉
@@ -310,8 +337,12 @@ pub(crate) enum Broadcast {
     Flat,
     /// Rounds of a binomial tree over the mesh's channels: ⌈log2 size⌉ messages deep.
     Tree,
-    /// Pipelined along the ring from the root ([`crate::algo::ring::broadcast_lanes`]).
+    /// Pipelined along the ring from the root, half of the data each way all the way round
+    /// ([`crate::algo::ring::broadcast_lanes`]).
     Chain,
+    /// Pipelined along the ring from the root, all of the data each way, each direction to
+    /// half the ranks.
+    WholeChains,
 }
 
 /// A rooted collective (reduce, gather, scatter).
@@ -512,11 +543,29 @@ impl Shape {
             Broadcast::Direct
         } else if (self.mesh || !self.rdma)
             && self.size > 3
-            && (bytes <= TREE_BROADCAST_MAX || self.scattered_hosts)
+            && (bytes <= self.tree_broadcast_max() || self.scattered_hosts)
         {
             Broadcast::Tree
+        } else if self.many_ranks_alike()
+            && bytes <= WHOLE_CHAINS_PER_HOP.saturating_mul(self.size - 1)
+        {
+            Broadcast::WholeChains
         } else {
             Broadcast::Chain
+        }
+    }
+
+    /// Whether the choices for many ranks apply: [`MANY_RANKS`] or more over TCP, all on one
+    /// host or each on its own.
+    fn many_ranks_alike(&self) -> bool {
+        self.size >= MANY_RANKS && !self.rdma && !self.shared_hosts && !self.scattered_hosts
+    }
+
+    /// The largest broadcast that goes down the tree.
+    fn tree_broadcast_max(&self) -> usize {
+        match self.many_ranks_alike() {
+            true => MANY_RANKS_TREE_BROADCAST_MAX,
+            false => TREE_BROADCAST_MAX,
         }
     }
 

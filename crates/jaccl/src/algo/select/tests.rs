@@ -12,6 +12,7 @@ fn shape(size: usize, mesh: bool, pairs: bool) -> Shape {
         on_hosts: false,
         host_blocks: None,
         scattered_hosts: false,
+        shared_hosts: false,
     }
 }
 
@@ -188,6 +189,33 @@ fn each_size_has_its_algorithm() {
     assert_eq!(four.broadcast(TREE_BROADCAST_MAX + 1), Broadcast::Chain);
     assert_eq!(rdma.broadcast(8), Broadcast::Chain);
     assert_eq!(three.broadcast(8), Broadcast::Chain);
+    // Among many ranks on one host (or each on its own), the tree only for small messages,
+    // then all of the data each way to half the ranks while the hops cost more than bytes.
+    let many = shape(64, false, false);
+    assert_eq!(
+        many.broadcast(MANY_RANKS_TREE_BROADCAST_MAX),
+        Broadcast::Tree
+    );
+    let whole_max = WHOLE_CHAINS_PER_HOP * 63;
+    assert_eq!(
+        many.broadcast(MANY_RANKS_TREE_BROADCAST_MAX + 1),
+        Broadcast::WholeChains
+    );
+    assert_eq!(many.broadcast(whole_max), Broadcast::WholeChains);
+    assert_eq!(many.broadcast(whole_max + 1), Broadcast::Chain);
+    let hosts_of_many = Shape {
+        shared_hosts: true,
+        ..many
+    };
+    assert_eq!(hosts_of_many.broadcast(TREE_BROADCAST_MAX), Broadcast::Tree);
+    assert_eq!(
+        hosts_of_many.broadcast(TREE_BROADCAST_MAX + 1),
+        Broadcast::Chain
+    );
+    assert_eq!(
+        shape(15, false, false).broadcast(TREE_BROADCAST_MAX),
+        Broadcast::Tree
+    );
     // On hosts whose ranks alternate, the trees at every size (the two levels take over above).
     let scattered = Shape {
         scattered_hosts: true,

@@ -50,7 +50,7 @@ impl TcpConnector {
     /// The listener cannot be made.
     pub(crate) fn new(ip: IpAddr) -> io::Result<TcpConnector> {
         Ok(TcpConnector {
-            how: How::Listening(crate::os::listen_tcp(SocketAddr::new(ip, 0))?),
+            how: How::Listening(super::congestion::listen(SocketAddr::new(ip, 0))?),
         })
     }
 

@@ -103,14 +103,14 @@ fn collectives_at_every_size_up_to_17() {
 
 /// Broadcasts among 16 and 17 ranks over TCP, where each kind runs: the tree (up to 32 KiB),
 /// all of the data each way to half the ranks (above, up to 128 KiB per hop), the ring's
-/// halves all the way round (above that); lengths of odd bytes, from the first, a middle and
-/// the last rank, bytes that are only copied going straight from the kernel into the output.
-/// Against the root's data on every rank.
+/// halves all the way round (above that); on one wire and on three; lengths of odd bytes, from
+/// the first, a middle and the last rank, bytes that are only copied going straight from the
+/// kernel into the output (from 64 KiB). Against the root's data on every rank.
 #[test]
 fn broadcasts_of_every_kind_among_many_ranks() {
-    for size in [16, 17] {
-        with_group(Net::Tcp, size, 1, |g| {
-            for len in [20_001, 40_001, 2_200_003] {
+    for (size, wires) in [(16, 1), (17, 1), (16, 3)] {
+        with_group(Net::Tcp, size, wires, |g| {
+            for len in [20_001, 40_001, 1_000_003, 2_200_003] {
                 for root in [0, size / 2, size - 1] {
                     let expect: Vec<u8> = (0..len).map(|k| ((k * 31 + root) % 251) as u8).collect();
                     let mut data = match g.rank() == root {

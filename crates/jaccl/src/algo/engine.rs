@@ -145,6 +145,14 @@ pub(crate) struct Execution<'a> {
     lanes: Vec<LaneState>,
     /// What each channel waited for in the last pass.
     wants: Vec<Interest>,
+    /// The channels this plan receives on.
+    receiving: Vec<usize>,
+    /// The channels this plan does not receive on that go to a peer it receives from: read
+    /// ahead while the call waits for that peer.
+    siblings: Vec<usize>,
+    /// Whether the last pass read ahead beyond the plan's channels and `siblings` (it was
+    /// blocked sending), so `wants` may be set anywhere.
+    wide: bool,
 }
 
 impl<'a> Execution<'a> {
@@ -177,6 +185,17 @@ impl<'a> Execution<'a> {
                 state.incoming = Some((expect, [0u8; HEADER_LEN], 0));
             }
         }
+        let mut receiving: Vec<usize> = plan.transfers.iter().filter_map(|t| t.rx).collect();
+        receiving.extend(&plan.headers_both_ways);
+        receiving.sort_unstable();
+        receiving.dedup();
+        let mut peers: Vec<usize> = receiving.iter().map(|&c| channels[c].peer).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        let siblings = (0..channels.len())
+            .filter(|&i| peers.binary_search(&channels[i].peer).is_ok())
+            .filter(|i| receiving.binary_search(i).is_err())
+            .collect();
         Execution {
             plan,
             bufs,
@@ -185,16 +204,37 @@ impl<'a> Execution<'a> {
             headers,
             lanes: vec![LaneState::default(); plan.transfers.len()],
             wants: vec![Interest::default(); channels.len()],
+            receiving,
+            siblings,
+            wide: false,
         }
+    }
+
+    /// The channels whose `wants` a pass may have set: the plan's and their siblings (every
+    /// channel after a pass that read ahead wide).
+    fn touched(&self) -> impl Iterator<Item = usize> + '_ {
+        let all = self.wide.then_some(0..self.wants.len());
+        let some = (!self.wide).then(|| self.headers.channels.iter().chain(&self.siblings));
+        all.into_iter()
+            .flatten()
+            .chain(some.into_iter().flatten().copied())
     }
 
     /// One pass over the lanes: sends what may be sent, then merges what has arrived. Returns
     /// whether any byte moved; afterwards [`Execution::wants`] says what each channel waits for.
     pub(crate) fn pass(&mut self, channels: &mut [Channel]) -> Result<bool> {
         let (plan, call) = (self.plan, self.call);
+        match self.wide {
+            true => self.wants.fill(Interest::default()),
+            false => {
+                for &i in self.headers.channels.iter().chain(&self.siblings) {
+                    self.wants[i] = Interest::default();
+                }
+            }
+        }
+        self.wide = false;
         let wants = &mut self.wants;
         let headers = &mut self.headers;
-        wants.fill(Interest::default());
         // Sends first: our header leaves on every channel (with the first data where there is
         // some) before any check of a peer's header can fail this call, so that the peers see
         // a `Mismatch` too rather than only a closed connection.
@@ -235,21 +275,26 @@ impl<'a> Execution<'a> {
         // in a call of its own (it called something else), the deadlock search sees nothing on
         // its way and names it, while data of this call still on its way (a TCP
         // retransmission, say) keeps it from doing so.
-        if !progress {
-            let writing = wants.iter().any(|w| w.write);
-            // The peers this call waits to receive from (found once: a group has a channel
-            // to every rank, so a search per channel would cost N² per pass).
-            let awaited: Vec<usize> = (0..channels.len())
-                .filter(|&j| wants[j].read && plan.receives_on(j))
-                .map(|j| channels[j].peer)
-                .collect();
+        // Only sends and headers set `wants.write`, on the plan's channels.
+        if !progress && headers.channels.iter().any(|&i| wants[i].write) {
+            self.wide = true;
             for i in 0..channels.len() {
-                let awaits = awaited.contains(&channels[i].peer);
-                if plan.receives_on(i) || !(writing || awaits) {
-                    continue;
+                if self.receiving.binary_search(&i).is_err() {
+                    progress |= channels[i].read_ahead_idle() > 0;
+                    wants[i].read = channels[i].reads_ahead();
                 }
-                progress |= channels[i].read_ahead_idle() > 0;
-                wants[i].read = channels[i].reads_ahead();
+            }
+        } else if !progress {
+            for &i in &self.siblings {
+                let peer = channels[i].peer;
+                let awaits = self
+                    .receiving
+                    .iter()
+                    .any(|&j| wants[j].read && channels[j].peer == peer);
+                if awaits {
+                    progress |= channels[i].read_ahead_idle() > 0;
+                    wants[i].read = channels[i].reads_ahead();
+                }
             }
         }
         Ok(progress)
@@ -468,10 +513,10 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
                 ),
             });
         }
-        let in_memory = channels
-            .iter()
-            .zip(exec.wants())
-            .all(|(ch, w)| !w.any() || ch.link.in_memory());
+        let wants = exec.wants();
+        let in_memory = exec
+            .touched()
+            .all(|i| !wants[i].any() || channels[i].link.in_memory());
         match backoff.idle(in_memory) {
             Idle::Retry => {}
             Idle::TimedOut => return Err(call.timed_out()),
@@ -492,8 +537,9 @@ fn drive(exec: &mut Execution<'_>, channels: &mut [Channel], liveness: &Liveness
 fn peer_in_a_collective(channels: &[Channel], exec: &Execution<'_>) -> Result<Option<usize>> {
     let plan = exec.plan;
     let used = |i: usize| plan.receives_on(i) || plan.transfers.iter().any(|t| t.tx == Some(i));
-    for (i, (ch, want)) in channels.iter().zip(exec.wants()).enumerate() {
-        if want.any() && used(i) && ch.peer_ahead(exec.call)? {
+    for i in exec.touched() {
+        let ch = &channels[i];
+        if exec.wants[i].any() && used(i) && ch.peer_ahead(exec.call)? {
             return Ok(Some(ch.peer));
         }
     }

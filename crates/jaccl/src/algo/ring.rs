@@ -223,20 +223,27 @@ pub(crate) struct ChainLane {
 /// The lanes of a broadcast of `bytes` from a root. Large messages: both directions on every
 /// wire, each lane a slice of the data that goes all the way round (`size − 1` hops), so every
 /// link carries half the data each way. Small ones, or `whole`: all of it each way, half the
-/// ranks on each side (⌈(size − 1)/2⌉ hops).
+/// ranks on each side (⌈(size − 1)/2⌉ hops), each direction's data cut over the wires of a
+/// large message.
 pub(crate) fn broadcast_lanes(g: &Geometry, bytes: usize, whole: bool) -> Vec<ChainLane> {
     let n = g.size;
     let lanes = select::lanes(bytes, bytes, 1, g.wires);
     if whole || lanes.dirs == 1 {
-        return [(0, (n - 1).div_ceil(2)), (1, (n - 1) / 2)]
+        let sides = [(0, (n - 1).div_ceil(2)), (1, (n - 1) / 2)];
+        return sides
             .into_iter()
             .filter(|&(_, reach)| reach > 0)
-            .map(|(dir, reach)| ChainLane {
-                dir,
-                wire: 0,
-                off: 0,
-                len: bytes,
-                reach,
+            .flat_map(|(dir, reach)| {
+                (0..lanes.wires).map(move |wire| {
+                    let slice = lane_slice(bytes, lanes.wires, wire);
+                    ChainLane {
+                        dir,
+                        wire,
+                        off: slice.start,
+                        len: slice.len(),
+                        reach,
+                    }
+                })
             })
             .collect();
     }

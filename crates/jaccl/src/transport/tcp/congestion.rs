@@ -41,27 +41,33 @@ pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 /// # Errors
 /// What connect(2) reports, or the timeout.
 pub(crate) fn connect(addr: SocketAddr, within: Duration) -> io::Result<TcpStream> {
-    let domain = socket2::Domain::for_address(addr);
-    let socket = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-    if is_this_hosts(addr.ip()) {
-        set(&socket, WITHIN_HOST);
-    }
+    let socket = socket_to(addr)?;
     socket.connect_timeout(&addr.into(), within)?;
     Ok(socket.into())
 }
 
+/// A TCP socket to connect to `addr`: set to Reno if `addr` is this host's.
+fn socket_to(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let domain = socket2::Domain::for_address(addr);
+    let socket = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    if is_this_hosts(addr) {
+        set(&socket, WITHIN_HOST);
+    }
+    Ok(socket)
+}
+
 /// Gives a data connection the algorithm for where its peer is: Reno within this host (a no-op
-/// for connections made by [`connect`] or accepted by [`listen`]'s listener), the system's
-/// default to another host.
+/// for connections made by [`connect`] or accepted by [`listen`]'s listener); to another host,
+/// the system's default in place of the Reno it inherited from [`listen`]'s listener (an
+/// algorithm a route gave it, `ip route ... congctl`, is kept).
 pub(crate) fn choose(socket: &TcpStream) -> io::Result<()> {
     let (local, peer) = (socket.local_addr()?.ip(), socket.peer_addr()?.ip());
-    match within_host(local, peer) {
-        true => set(socket, WITHIN_HOST),
-        false => {
-            if let Some(default) = system_default() {
-                set(socket, default);
-            }
-        }
+    if within_host(local, peer) {
+        set(socket, WITHIN_HOST);
+    } else if let Some(default) = system_default()
+        && rustix::net::sockopt::tcp_congestion(socket).is_ok_and(|c| c == WITHIN_HOST)
+    {
+        set(socket, default);
     }
     Ok(())
 }
@@ -100,15 +106,18 @@ fn within_host(local: IpAddr, peer: IpAddr) -> bool {
     peer.is_loopback() || peer == local
 }
 
-/// Whether `ip` is one of this host's addresses: a loopback one, or one a socket can bind to.
-fn is_this_hosts(ip: IpAddr) -> bool {
-    ip.is_loopback()
+/// Whether `addr` is one of this host's addresses: a loopback one, or one a socket can bind to
+/// (with its IPv6 scope: a link-local address binds only on its interface).
+fn is_this_hosts(addr: SocketAddr) -> bool {
+    let mut local = addr;
+    local.set_port(0);
+    addr.ip().is_loopback()
         || socket2::Socket::new(
-            socket2::Domain::for_address(SocketAddr::new(ip, 0)),
+            socket2::Domain::for_address(local),
             socket2::Type::STREAM,
             None,
         )
-        .and_then(|s| s.bind(&SocketAddr::new(ip, 0).into()))
+        .and_then(|s| s.bind(&local.into()))
         .is_ok()
 }
 
@@ -129,17 +138,24 @@ mod tests {
         assert!(within_host(ip("10.0.0.1"), ip("10.0.0.1")));
         assert!(!within_host(ip("10.0.0.1"), ip("10.0.0.2")));
         assert!(!within_host(ip("fd00::1"), ip("fd00::2")));
-        assert!(is_this_hosts(ip("127.0.0.1")));
-        // TEST-NET-3 (RFC 5737): never a host's own address.
-        assert!(!is_this_hosts(ip("203.0.113.7")));
+        assert!(is_this_hosts("127.0.0.1:9".parse().unwrap()));
+        assert!(is_this_hosts("[::1]:9".parse().unwrap()));
     }
 
+    /// Reno is on the connecting socket before it connects, and on the accepted one as it comes
+    /// out of accept(2) (inherited from the listener); `choose` keeps it. (Where the system's
+    /// default is Reno, this cannot tell.)
     #[test]
     fn connections_within_the_host_are_reno_before_they_open() {
         let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
         assert_eq!(algorithm(&listener), WITHIN_HOST);
         let addr = listener.local_addr().unwrap();
-        let connected = connect(addr, Duration::from_secs(5)).unwrap();
+        let socket = socket_to(addr).unwrap();
+        assert_eq!(algorithm(&socket), WITHIN_HOST);
+        socket
+            .connect_timeout(&addr.into(), Duration::from_secs(5))
+            .unwrap();
+        let connected: TcpStream = socket.into();
         listener.set_nonblocking(false).unwrap();
         let accepted = listener.accept().unwrap().0;
         for socket in [&connected, &accepted] {

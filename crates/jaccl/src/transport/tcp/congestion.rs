@@ -59,7 +59,7 @@ fn socket_to(addr: SocketAddr) -> io::Result<socket2::Socket> {
 /// Gives a data connection the algorithm for where its peer is: Reno within this host (a no-op
 /// for connections made by [`connect`] or accepted by [`listen`]'s listener); to another host,
 /// the system's default in place of the Reno it inherited from [`listen`]'s listener (an
-/// algorithm a route gave it, `ip route ... congctl`, is kept).
+/// algorithm other than Reno that a route gave it, `ip route ... congctl`, is kept).
 pub(crate) fn choose(socket: &TcpStream) -> io::Result<()> {
     let (local, peer) = (socket.local_addr()?.ip(), socket.peer_addr()?.ip());
     if within_host(local, peer) {

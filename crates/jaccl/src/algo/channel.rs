@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use rustix::event::PollFd;
 
 use crate::op_header::HEADER_LEN;
-use crate::transport::{Interest, Link, LinkError};
+use crate::transport::{Interest, Link, LinkError, copying_into};
 
 /// One link to one peer, with the count of operations started on it in each direction (the
 /// `seq` of the operation headers), and the bytes read ahead of the calls that will use them.
@@ -172,10 +172,7 @@ impl Channel {
         dst: &mut [u8],
     ) -> std::result::Result<usize, LinkError> {
         if self.early_pos < self.early.len() {
-            return self.try_recv(dst.len(), &mut |bytes| {
-                crate::reduce::copy(&mut dst[..bytes.len()], bytes);
-                bytes.len()
-            });
+            return self.try_recv(dst.len(), &mut copying_into(dst));
         }
         let n = self.link.try_recv_into(dst)?;
         self.bytes_received += n as u64;

@@ -106,10 +106,7 @@ pub(crate) trait Link: Send {
     /// Receives at most `dst.len()` bytes into `dst`, in order; returns how many. For bytes
     /// that are only copied: a transport may put them there without a stop on the way.
     fn try_recv_into(&mut self, dst: &mut [u8]) -> Result<usize, LinkError> {
-        self.try_recv(dst.len(), &mut |bytes| {
-            crate::reduce::copy(&mut dst[..bytes.len()], bytes);
-            bytes.len()
-        })
+        self.try_recv(dst.len(), &mut copying_into(dst))
     }
 
     /// True when re-checking the link costs no system call: waits on it also yield the CPU
@@ -124,6 +121,15 @@ pub(crate) trait Link: Send {
 
     /// Undoes [`Link::arm`] after the sleep (or when another link was ready).
     fn disarm(&mut self);
+}
+
+/// A consumer for [`Link::try_recv`] that copies what it is offered into `dst`, from its start
+/// (`dst` takes at most its length: the caller offers no more).
+pub(crate) fn copying_into(dst: &mut [u8]) -> impl FnMut(&[u8]) -> usize + '_ {
+    |bytes| {
+        crate::reduce::copy(&mut dst[..bytes.len()], bytes);
+        bytes.len()
+    }
 }
 
 /// The place of a link not made yet (to a rank off the ring, made when a call first needs it):

@@ -13,7 +13,7 @@ use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 
 use crate::error::Result;
-use crate::transport::{Interest, Link, LinkError, Readiness};
+use crate::transport::{Interest, Link, LinkError, Readiness, copying_into};
 
 /// Receive staging per rank, split over its receiving links: headers, small messages and
 /// bytes that are reduced arrive through it, several in one system call; with four ranks
@@ -139,10 +139,7 @@ impl Link for TcpLink {
     /// ([`DIRECT_MIN`]), sparing the copy out of the staging.
     fn try_recv_into(&mut self, dst: &mut [u8]) -> Result<usize, LinkError> {
         if self.head < self.tail || dst.len() < DIRECT_MIN {
-            return self.try_recv(dst.len(), &mut |bytes| {
-                crate::reduce::copy(&mut dst[..bytes.len()], bytes);
-                bytes.len()
-            });
+            return self.try_recv(dst.len(), &mut copying_into(dst));
         }
         receive(&self.socket, dst)
     }

@@ -51,6 +51,10 @@ pub struct Cluster {
     /// host's ranks outnumber its cores, each round waits for the other ranks sharing a core
     /// to make theirs.
     pub cpu_per_message: f64,
+    /// How much more [`Cluster::cpu_per_message`] costs each time the ranks per core double
+    /// (0.8: 1.8 times at 2 a core, 5 times at 32): the more processes take turns on a core,
+    /// the less of each one's memory is still in the caches when its turn comes.
+    pub cpu_per_message_growth: f64,
     /// The link between hosts: each host's port, each way, which its ranks share (with a
     /// host per rank, the link between any two ranks).
     pub link: LinkSpeed,
@@ -84,10 +88,11 @@ impl Cluster {
             hosts: ranks,
             cores: None,
             cpu_per_message: Cluster::DEFAULT_CPU_PER_MESSAGE,
+            cpu_per_message_growth: Cluster::DEFAULT_CPU_PER_MESSAGE_GROWTH,
             link,
             within_host: LinkSpeed::MEASURED_SHARED_MEMORY,
             direct_copy_rate: Cluster::DEFAULT_DIRECT_COPY_RATE,
-            network_copy_rate: LinkSpeed::MEASURED_LOOPBACK.bytes_per_second(),
+            network_copy_rate: Cluster::DEFAULT_NETWORK_COPY_RATE,
             chooses_by_model: true,
             reduce_rate: Cluster::DEFAULT_REDUCE_RATE,
             wires: crate::Config::DEFAULT_WIRES,
@@ -106,7 +111,17 @@ impl Cluster {
 
     /// A core's time per message there when ranks share cores (docs/algorithms.md, "The cost
     /// model").
-    pub const DEFAULT_CPU_PER_MESSAGE: f64 = 12e-6;
+    pub const DEFAULT_CPU_PER_MESSAGE: f64 = 2e-6;
+
+    /// What a core moves per second through the kernel to other hosts there (pretend hosts:
+    /// veth pairs, a switch namespace, tc's token bucket), fitted to the two-level and flat
+    /// all-reduces of 4 × 2 and 3 × 2 pretend hosts at 10 Gbit/s, where 2 cores set the pace.
+    pub const DEFAULT_NETWORK_COPY_RATE: f64 = 2.2e9;
+
+    /// Its growth per doubling of the ranks per core there: fitted with
+    /// [`Cluster::DEFAULT_CPU_PER_MESSAGE`] to 8-byte all-reduces among 2 to 64 ranks on 2
+    /// cores, 3.6 to 9.4 µs a rank a round.
+    pub const DEFAULT_CPU_PER_MESSAGE_GROWTH: f64 = 0.8;
 
     /// Ranks per core, where a host's ranks outnumber its cores (else 1).
     fn crowding(&self) -> f64 {
@@ -155,10 +170,15 @@ impl Cluster {
         }
     }
 
+    /// What one of the other ranks on a core costs a round when `c` ranks share each core.
+    fn turn(&self, c: f64) -> f64 {
+        self.cpu_per_message * (1.0 + self.cpu_per_message_growth * c.log2())
+    }
+
     /// What a rank's `tally` costs here, its host's ranks moving `host_remote` bytes through
     /// the host's port, its bytes within the host copied at `copy_rate`: with `c` ranks per
-    /// core, a round also waits for the `c − 1` others on its core, and every byte copied or
-    /// reduced costs `c` times (they take turns on the core).
+    /// core, a round also waits for the `c − 1` others on its core ([`Cluster::turn`]), and
+    /// every byte copied or reduced costs `c` times (they take turns on the core).
     fn cost(&self, tally: &Tally, host_remote: usize, copy_rate: f64) -> Cost {
         let c = self.crowding();
         let local_rounds = tally.rounds.saturating_sub(tally.remote_rounds);
@@ -170,7 +190,7 @@ impl Cluster {
         Cost {
             latency: tally.remote_rounds as f64 * self.link.latency_seconds()
                 + local_rounds as f64 * self.within_host.latency_seconds()
-                + tally.rounds as f64 * (c - 1.0) * self.cpu_per_message,
+                + tally.rounds as f64 * (c - 1.0) * self.turn(c),
             network: host_remote as f64 / self.link.bytes_per_second(),
             cores: c * (local / copy_rate.max(1.0) + through_kernel),
             reducing: c * tally.reduced as f64 / self.reduce_rate,

@@ -26,12 +26,12 @@ pub struct LinkSpeed {
 
 impl LinkSpeed {
     /// TCP between the ranks of the 2-core machine jaccl is measured on (loopback), per rank:
-    /// the latency of a message (an 8-byte all-reduce between 2 ranks, one swap: 6.5–8 µs) and
-    /// the bandwidth of copies through the kernel that fits the all-reduces of 4–64 ranks
-    /// there (docs/algorithms.md, "The cost model").
+    /// the latency of a message (an 8-byte all-reduce between 2 ranks, one swap: 3.3–3.5 µs)
+    /// and the bandwidth of copies through the kernel that fits the all-reduces, all-gathers
+    /// and all-to-alls of 4–64 ranks there (docs/algorithms.md, "The cost model").
     pub const MEASURED_LOOPBACK: LinkSpeed = LinkSpeed {
-        latency: Duration::from_micros(7),
-        bandwidth: 2_200_000_000,
+        latency: Duration::from_nanos(3500),
+        bandwidth: 6_000_000_000,
     };
 
     /// A link through shared memory between two ranks of one host of that machine, as a ring

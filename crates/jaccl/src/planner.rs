@@ -423,6 +423,7 @@ pub fn predict(op: Collective, bytes: usize, cluster: &Cluster) -> Vec<Predictio
     let shape = Shape {
         on_hosts: cluster.even_hosts(),
         host_blocks: cluster.host_blocks(),
+        shared_hosts: cluster.hosts > 1 && cluster.hosts < n,
         ..g.shape(false, false)
     };
     let block = bytes / n;

@@ -85,7 +85,7 @@ fn collectives_at_every_size_up_to_17() {
         let digests = with_group(Net::Tcp, size, 1, |g| {
             let mut d = all_reduce_case::<f32>(g, &[1, 13, 4099, 16_411, 100_003]);
             d.extend(all_reduce_case::<i64>(g, &[2, 5003]));
-            d.extend(all_gather_case::<f32>(g, &[1, 7, 3001, 40_000]));
+            d.extend(all_gather_case::<f32>(g, &[1, 7, 3001, 4_500, 40_000]));
             d.extend(all_gather_case::<u8>(g, &[5]));
             g.barrier()
                 .unwrap_or_else(|e| panic!("barrier among {size}: {e}"));

@@ -186,17 +186,28 @@ fn rabenseifner_max(ranks: usize) -> usize {
 
 /// All-gathers of at most this many bytes in all among `ranks` ranks take Bruck's ⌈log2 N⌉
 /// rounds (from 6 ranks, where they are no more than the both-ways gather's ⌈(N − 1)/2⌉ hops,
-/// unless the ranks pair up for recursive doubling): 64 KiB, or 4 KiB per rank beyond 16
-/// ranks. Larger ones take the gather's and the ring's pipelined lanes, which send both ways.
-/// Measured over TCP on loopback (`jaccl bench --op all-gather`, µs, the output's size, Bruck
-/// against the both-ways gather and the ring): 5 ranks 60 B 54 against 43 and 63; 6 ranks
-/// 4 KiB 58 against 90 and 75, 64 KiB 105 against 215 and 247, 256 KiB 464 against 306 and
-/// 454; 8 ranks 64 B 85 against 130 and 148, 64 KiB 199 against 251 and 368, 256 KiB 800
-/// against 387 and 617; 16 ranks 64 KiB 559 against 685 and 680; 32 ranks 32 KiB 1496 against
-/// 2456 and 2293, 128 KiB 3185 against 3016 and 3478; 64 ranks 128 KiB 8.3 ms against 15.6
-/// and 13.8, 512 KiB 23.0 against 27.0 and 20.4.
-fn bruck_max(ranks: usize) -> usize {
-    (4 * 1024 * ranks).max(64 * 1024)
+/// unless the ranks pair up for recursive doubling): 16 KiB per rank. Larger ones take the
+/// gather's and the ring's pipelined lanes, which send both ways. Measured over TCP on
+/// loopback (`jaccl bench --op all-gather`, µs, the output's size, Bruck against the both-ways
+/// gather and the ring, best of 2, 2026-12-07): 6 ranks 96 KiB 85 against 90 and 160; 8 ranks
+/// 128 KiB 185 against 203 and 311, 256 KiB 313 against 257 and 506; 12 ranks 192 KiB 500
+/// against 544 and 617; 16 ranks 128 KiB 528 against 654 and 714, 256 KiB 845 against 912 and
+/// 975, 512 KiB 1319 against 1346 and 1567; 32 ranks 256 KiB 1978 against 3386 and 3461,
+/// 512 KiB 3103 against 4165 and 4296, 1 MiB 6122 against 5654 and 6353; 64 ranks 512 KiB 9315
+/// against 16 301 and 14 068, 1 MiB 18 903 against 21 572 and 20 396, 2 MiB 37 347 against
+/// 30 403 and 30 429. (Measured while TCP within a host was paced, 2026-12-05, the crossing
+/// was at 4 KiB per rank: docs/algorithms.md, "All-gather".) Where several hosts each hold
+/// several ranks (`shared_hosts`), 4 KiB in all: Bruck's partners at distances 2, 4, … are on
+/// other hosts far more often than the gather's ring neighbours, so its rounds cross the
+/// hosts' ports with several times the bytes. On 2 × 4 pretend hosts at 1 Gbit/s (Bruck
+/// against the gather, µs): 512 B 61 against 49, 2 KiB 56 against 58, 8 KiB 189 against 63,
+/// 64 KiB 1448 against 486; on 4 × 2 at 1 Gbit/s 16 KiB 237 against 128, 64 KiB 898 against
+/// 512; at 10 Gbit/s the two within 15% of each other from 512 B to 64 KiB.
+fn bruck_max(ranks: usize, shared_hosts: bool) -> usize {
+    match shared_hosts {
+        true => 4 * 1024,
+        false => 16 * 1024 * ranks,
+    }
 }
 
 /// All-to-alls among at least this many ranks take Bruck's rounds for small blocks: among
@@ -207,16 +218,22 @@ fn bruck_max(ranks: usize) -> usize {
 const BRUCK_ALL_TO_ALL_MIN_RANKS: usize = 8;
 
 /// All-to-alls of less than this many bytes per rank (all its blocks, each padded to the
-/// largest of any rank) among `ranks` ranks take Bruck's rounds, 2 KiB × N, where the two
+/// largest of any rank) among `ranks` ranks take Bruck's rounds, 4 KiB × N, where the two
 /// tie or Bruck's begins to lose: each round moves half the blocks, `⌈log2 N⌉·N/2` in all against
 /// the pairwise exchange's N − 1, so past that the bytes cost more than the messages saved.
-/// Measured (as [`BRUCK_ALL_TO_ALL_MIN_RANKS`], each rank's input): 8 ranks 4 KiB 100 against
-/// 123, 16 KiB 165 against 168, 64 KiB 347 against 206; 16 ranks 8 KiB 319 against 587, 32 KiB
-/// 701 against 695, 128 KiB 2514 against 949; 32 ranks 16 KiB 1579 against 3230, 64 KiB 3459
-/// against 3102; 64 ranks 512 B 3841 against 17 235, 32 KiB 5524 against 14 883, 128 KiB
-/// 21 207 against 26 886.
-fn bruck_all_to_all_max(ranks: usize) -> usize {
-    2 * 1024 * ranks
+/// Measured (as [`BRUCK_ALL_TO_ALL_MIN_RANKS`], each rank's input, best of 2, 2026-12-07):
+/// 8 ranks 16 KiB 80 against 134, 32 KiB 121 against 142, 64 KiB 275 against 145; 16 ranks
+/// 32 KiB 470 against 558, 64 KiB 708 against 688, 128 KiB 1142 against 803; 32 ranks 64 KiB
+/// 1845 against 2431, 128 KiB 3036 against 2697; 64 ranks 128 KiB 9294 against 11 740, 256
+/// KiB 15 638 against 18 454, 512 KiB 39 056 against 23 793. (While TCP within a host was
+/// paced, 2026-12-05, the two tied at 2 KiB × N.) Where several hosts each hold several ranks
+/// (`shared_hosts`), 2 KiB × N: Bruck's extra bytes share each host's port, and on 2 × 4
+/// pretend hosts at 1 Gbit/s its rounds took 490 µs at 16 KiB and 738 at 24 KiB against the
+/// pairwise exchange's 298 and 443 (on 4 × 2 at 10 Gbit/s, 105-118 and 135-136 against 175
+/// and 189-207: there the saved messages win, but the job cannot tell its link's speed).
+fn bruck_all_to_all_max(ranks: usize, shared_hosts: bool) -> usize {
+    let per_block = if shared_hosts { 2 * 1024 } else { 4 * 1024 };
+    per_block * ranks
 }
 
 /// Two ranks reduce-scatter up to this many bytes of input in one swap; larger inputs take the
@@ -503,7 +520,7 @@ impl Shape {
         let bruck = links && !self.pairs && self.size >= 6 && block > 0 && !self.in_one_step(total);
         if self.direct {
             AllGather::Direct
-        } else if bruck && total <= bruck_max(self.size) {
+        } else if bruck && total <= bruck_max(self.size, self.shared_hosts) {
             AllGather::Bruck
         } else if total > GATHER_LIMIT {
             AllGather::Ring
@@ -638,7 +655,8 @@ impl Shape {
         } else if links
             && self.size >= BRUCK_ALL_TO_ALL_MIN_RANKS
             && largest > 0
-            && largest.saturating_mul(self.size) < bruck_all_to_all_max(self.size)
+            && largest.saturating_mul(self.size)
+                < bruck_all_to_all_max(self.size, self.shared_hosts)
         {
             AllToAll::Bruck
         } else {

@@ -113,12 +113,18 @@ fn each_size_has_its_algorithm() {
         assert_eq!(s.all_reduce(64 * 1024), AllReduce::Rabenseifner);
         assert_eq!(s.barrier(), Barrier::Doubling);
     }
-    // Bruck's all-gather from 6 ranks, up to its limit.
-    for size in [6, 8, 12, 64] {
-        let s = shape(size, false, false);
+    // Bruck's all-gather from 6 ranks, up to its limit: 16 KiB per rank, 4 KiB in all where
+    // hosts share ports.
+    for (size, shared_hosts) in [(6, false), (8, false), (12, false), (64, false), (8, true)] {
+        let s = Shape {
+            shared_hosts,
+            ..shape(size, false, false)
+        };
+        let most = bruck_max(size, shared_hosts) / size;
+        assert_eq!(most, if shared_hosts { 512 } else { 16 * 1024 });
         assert_eq!(s.all_gather(8), AllGather::Bruck, "{size} ranks");
-        assert_eq!(s.all_gather(bruck_max(size) / size), AllGather::Bruck);
-        assert_ne!(s.all_gather(bruck_max(size) / size + 1), AllGather::Bruck);
+        assert_eq!(s.all_gather(most), AllGather::Bruck);
+        assert_ne!(s.all_gather(most + 1), AllGather::Bruck);
     }
     assert_eq!(
         shape(5, false, false).all_gather(8),
@@ -126,9 +132,14 @@ fn each_size_has_its_algorithm() {
     );
     // Bruck's all-to-all from 8 ranks, up to its limit (the largest block × N); fewer
     // ranks pairwise, every rank sharing memory directly, RDMA rings unmeasured.
-    for size in [8, 13, 64] {
-        let s = shape(size, false, size == 64);
-        let most = bruck_all_to_all_max(size) / size - 1;
+    // Where hosts share ports, to half the block.
+    for (size, shared_hosts) in [(8, false), (13, false), (64, false), (8, true), (16, true)] {
+        let s = Shape {
+            shared_hosts,
+            ..shape(size, false, size == 64)
+        };
+        let most = bruck_all_to_all_max(size, shared_hosts) / size - 1;
+        assert_eq!(most + 1, if shared_hosts { 2048 } else { 4096 });
         assert_eq!(s.all_to_all(1), AllToAll::Bruck, "{size} ranks");
         assert_eq!(s.all_to_all(most), AllToAll::Bruck);
         assert_eq!(s.all_to_all(most + 1), AllToAll::Pairwise);

@@ -18,7 +18,7 @@ rows = []
 for n in map(int, ns):
     for op in ops:
         lo, hi = sizes(op, n)
-        key = f"{cache}/{op}-{n}.txt" if cache else None
+        key = f"{cache}/{op}-{n}-best-of-{runs}.txt" if cache else None
         if key and os.path.exists(key):
             out = open(key).read()
         else:

@@ -114,13 +114,16 @@ impl Cluster {
     pub const DEFAULT_CPU_PER_MESSAGE: f64 = 2e-6;
 
     /// What a core moves per second through the kernel to other hosts there (pretend hosts:
-    /// veth pairs, a switch namespace, tc's token bucket), fitted to the two-level and flat
-    /// all-reduces of 4 × 2 and 3 × 2 pretend hosts at 10 Gbit/s, where 2 cores set the pace.
+    /// veth pairs, a switch namespace, tc's token bucket): the figure the pretend-host tables
+    /// of 2026-12-06 were predicted with (then also loopback's), kept when loopback's was
+    /// fitted again, as those predictions were already 1.3-1.6 times low where 2 cores set
+    /// the pace (docs/algorithms.md).
     pub const DEFAULT_NETWORK_COPY_RATE: f64 = 2.2e9;
 
     /// Its growth per doubling of the ranks per core there: fitted with
     /// [`Cluster::DEFAULT_CPU_PER_MESSAGE`] to 8-byte all-reduces among 2 to 64 ranks on 2
-    /// cores, 3.6 to 9.4 µs a rank a round.
+    /// cores (a round measured 3.6 to 9.4 µs for each rank on a core at 2 to 32 a core; the
+    /// fit gives 3.6 to 10).
     pub const DEFAULT_CPU_PER_MESSAGE_GROWTH: f64 = 0.8;
 
     /// Ranks per core, where a host's ranks outnumber its cores (else 1).

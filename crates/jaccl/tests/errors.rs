@@ -495,13 +495,17 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
             g.all_reduce(&[1u16; 100_000], &mut [0u16; 100_000], op)
         });
         expect_mismatch(size, odd, r);
-        // Reduce-scatters of different lengths (recursive halving at 4 and 8 ranks).
-        let r = with_group_timeout(net, size, 1, timeout, |g| {
-            let len = if g.rank() == odd { 3 } else { 5 };
-            let input = vec![1f64; len * g.size()];
-            g.reduce_scatter(&input, &mut vec![0f64; len], ReduceOp::Sum)
-        });
-        expect_mismatch(size, odd, r);
+        // Reduce-scatters of different lengths (recursive halving at 4 and 8 ranks), and at
+        // 8 ranks over TCP, a length past halving's limit (the ring) against halving's, both
+        // ways round: the halving ranks show the ring neighbours their header first.
+        for (odd_len, len) in [(3, 5), (10_000, 5), (5, 10_000)] {
+            let r = with_group_timeout(net, size, 1, timeout, |g| {
+                let len = if g.rank() == odd { odd_len } else { len };
+                let input = vec![1f64; len * g.size()];
+                g.reduce_scatter(&input, &mut vec![0f64; len], ReduceOp::Sum)
+            });
+            expect_mismatch(size, odd, r);
+        }
         // Across pretend hosts of equal size, all-reduces of 512 KiB and more go in two levels: a
         // length on either side of that, or `Avg` against `Sum` there, is still a mismatch
         // that the neighbours name.

@@ -29,6 +29,7 @@ pub(crate) mod engine;
 #[cfg(test)]
 mod fake;
 pub(crate) mod geometry;
+pub(crate) mod halving;
 pub(crate) mod host_doubling;
 pub(crate) mod hosts;
 pub(crate) mod mesh;

@@ -16,7 +16,7 @@ use super::plan::Span;
 use super::pricing::ByModel;
 use super::select::{AllGather, AllReduce, Barrier, Broadcast, ReduceScatter, Rooted, Shape};
 use super::shared_memory::{Direct, equal_blocks};
-use super::{bruck, doubling, host_doubling, mesh, p2p, rabenseifner, ring, tree};
+use super::{bruck, doubling, halving, host_doubling, mesh, p2p, rabenseifner, ring, tree};
 use crate::config::LinkSpeed;
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Result};
@@ -306,17 +306,16 @@ impl Collectives {
                 Ok(())
             }
             ReduceScatter::Halving => {
-                let partners = partners(&g, call)?;
-                doubling::reduce_scatter(
-                    &mut self.net,
-                    &g,
-                    &mut self.scratch,
-                    input,
-                    output,
-                    reducer,
-                    call,
-                    &partners,
-                )
+                // Beyond 4 ranks, nearest first over any links; 2 and 4 in the ring's pairs.
+                let (net, scratch) = (&mut self.net, &mut self.scratch);
+                match g.size > 4 {
+                    true => halving::reduce_scatter(net, &g, scratch, input, output, reducer, call),
+                    false => {
+                        let partners = partners(&g, call)?;
+                        let (i, o) = (input, output);
+                        doubling::reduce_scatter(net, &g, scratch, i, o, reducer, call, &partners)
+                    }
+                }
             }
             ReduceScatter::Ring => {
                 let elem = reducer.elem_size();

@@ -197,17 +197,16 @@ fn rabenseifner_max(ranks: usize) -> usize {
 /// against 16 301 and 14 068, 1 MiB 18 903 against 21 572 and 20 396, 2 MiB 37 347 against
 /// 30 403 and 30 429. (Measured while TCP within a host was paced, 2026-12-05, the crossing
 /// was at 4 KiB per rank: docs/algorithms.md, "All-gather".) Where several hosts each hold
-/// several ranks (`shared_hosts`), 4 KiB in all: Bruck's partners at distances 2, 4, … are on
-/// other hosts far more often than the gather's ring neighbours, so its rounds cross the
-/// hosts' ports with several times the bytes. On 2 × 4 pretend hosts at 1 Gbit/s (Bruck
-/// against the gather, µs): 512 B 61 against 49, 2 KiB 56 against 58, 8 KiB 189 against 63,
-/// 64 KiB 1448 against 486; on 4 × 2 at 1 Gbit/s 16 KiB 237 against 128, 64 KiB 898 against
-/// 512; at 10 Gbit/s the two within 15% of each other from 512 B to 64 KiB.
+/// several ranks (`shared_hosts`), 512 B per rank (4 KiB at 8 ranks, where it was measured):
+/// Bruck's partners at distances 2, 4, … are on other hosts far more often than the gather's
+/// ring neighbours where hosts hold ranks in blocks, so its rounds cross the hosts' ports with
+/// several times the bytes. On 2 × 4 pretend hosts at 1 Gbit/s (Bruck against the gather,
+/// µs): 512 B 61 against 49, 2 KiB 56 against 58, 8 KiB 189 against 63, 64 KiB 1448 against
+/// 486; on 4 × 2 at 1 Gbit/s 16 KiB 237 against 128, 64 KiB 898 against 512; at 10 Gbit/s the
+/// two within 15% of each other from 512 B to 64 KiB.
 fn bruck_max(ranks: usize, shared_hosts: bool) -> usize {
-    match shared_hosts {
-        true => 4 * 1024,
-        false => 16 * 1024 * ranks,
-    }
+    let per_rank = if shared_hosts { 512 } else { 16 * 1024 };
+    per_rank * ranks
 }
 
 /// All-to-alls among at least this many ranks take Bruck's rounds for small blocks: among
@@ -234,6 +233,19 @@ const BRUCK_ALL_TO_ALL_MIN_RANKS: usize = 8;
 fn bruck_all_to_all_max(ranks: usize, shared_hosts: bool) -> usize {
     let per_block = if shared_hosts { 2 * 1024 } else { 4 * 1024 };
     per_block * ranks
+}
+
+/// A power of two of ranks that do not pair up on the ring or the mesh (8 or more, over TCP)
+/// reduce-scatter up to this many bytes of input by recursive halving over links made on first
+/// use (`super::halving`): 16 KiB per rank, at most 512 KiB. Measured over TCP on loopback
+/// (`jaccl bench --op reduce-scatter`, the input, µs, halving against the ring, best of 3,
+/// 2026-12-07): 8 ranks 512 B 54 against 91, 64 KiB 104 against 225, 128 KiB 185 against 303,
+/// 256 KiB 363 against 415, 512 KiB 684 against 631; 16 ranks 1 KiB 165 against 327, 128 KiB
+/// 559 against 687, 256 KiB 931 against 862, 512 KiB 1536 against 1190; best of 2: 32 ranks
+/// 2 KiB 507 against 1323, 64 KiB 1080 against 1612, 512 KiB 3530 against 3745; 64 ranks 4 KiB
+/// 1683 against 5276, 256 KiB 5025 against 8081, 512 KiB 8833 against 13 488.
+fn halving_over_links_max(ranks: usize) -> usize {
+    (16 * 1024 * ranks).min(GATHER_LIMIT)
 }
 
 /// Two ranks reduce-scatter up to this many bytes of input in one swap; larger inputs take the
@@ -708,11 +720,21 @@ impl Shape {
             ReduceScatter::Direct
         } else if self.in_one_step(total) {
             ReduceScatter::Exchange
-        } else if self.pairs && block > 0 && total <= halving_max {
+        } else if block > 0
+            && ((self.pairs && total <= halving_max)
+                || (self.halves_over_links() && total <= halving_over_links_max(self.size)))
+        {
             ReduceScatter::Halving
         } else {
             ReduceScatter::Ring
         }
+    }
+
+    /// Whether a power of two of ranks that do not pair up on the ring or the mesh halve over
+    /// links made on first use ([`halving_over_links_max`]). Not where several hosts each hold
+    /// several ranks: the first steps send half the input across from every rank of a host.
+    fn halves_over_links(&self) -> bool {
+        self.size.is_power_of_two() && !self.rdma && !self.shared_hosts
     }
 }
 

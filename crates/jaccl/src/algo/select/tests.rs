@@ -113,9 +113,17 @@ fn each_size_has_its_algorithm() {
         assert_eq!(s.all_reduce(64 * 1024), AllReduce::Rabenseifner);
         assert_eq!(s.barrier(), Barrier::Doubling);
     }
-    // Bruck's all-gather from 6 ranks, up to its limit: 16 KiB per rank, 4 KiB in all where
-    // hosts share ports.
-    for (size, shared_hosts) in [(6, false), (8, false), (12, false), (64, false), (8, true)] {
+    // Bruck's all-gather from 6 ranks, up to its limit: 16 KiB per rank, 512 B where hosts
+    // share ports.
+    let cases = [
+        (6, false),
+        (8, false),
+        (12, false),
+        (64, false),
+        (8, true),
+        (64, true),
+    ];
+    for (size, shared_hosts) in cases {
         let s = Shape {
             shared_hosts,
             ..shape(size, false, false)
@@ -196,6 +204,27 @@ fn each_size_has_its_algorithm() {
         ReduceScatter::Ring
     );
     assert_eq!(mesh8.reduce_scatter(8), ReduceScatter::Exchange);
+    // A power of two of ranks halves over links made on first use, up to its limit; other
+    // counts, RDMA rings and hosts that share ports take the ring.
+    for size in [8, 32, 64, 1024] {
+        let s = shape(size, false, false);
+        let most = halving_over_links_max(size) / size;
+        assert_eq!(most, (16 * 1024).min(GATHER_LIMIT / size));
+        assert_eq!(s.reduce_scatter(8), ReduceScatter::Halving, "{size} ranks");
+        assert_eq!(s.reduce_scatter(most), ReduceScatter::Halving);
+        assert_eq!(s.reduce_scatter(most + 1), ReduceScatter::Ring);
+        let shared = Shape {
+            shared_hosts: true,
+            ..s
+        };
+        assert_eq!(shared.reduce_scatter(8), ReduceScatter::Ring);
+        let rdma = Shape { rdma: true, ..s };
+        assert_eq!(rdma.reduce_scatter(8), ReduceScatter::Ring);
+    }
+    assert_eq!(
+        shape(12, false, false).reduce_scatter(8),
+        ReduceScatter::Ring
+    );
     assert_eq!(four.broadcast(TREE_BROADCAST_MAX), Broadcast::Tree);
     assert_eq!(four.broadcast(TREE_BROADCAST_MAX + 1), Broadcast::Chain);
     assert_eq!(rdma.broadcast(8), Broadcast::Chain);

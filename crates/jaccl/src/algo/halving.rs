@@ -1,6 +1,7 @@
 //! Reduce-scatter by recursive halving among a power of two of ranks, over links made on first
-//! use (or the mesh's): `log2 N` messages per rank where the ring takes `N − 1` hops, the same
-//! bytes. The partners are recursive doubling's, nearest first (rank `r ^ 1`, then `r ^ 2`,
+//! use (where the ranks pair up on the ring or the mesh, `super::doubling::reduce_scatter`
+//! halves with those partners): `log2 N` messages per rank where the ring takes `N − 1` hops,
+//! the same bytes. The partners are recursive doubling's, nearest first (rank `r ^ 1`, then `r ^ 2`,
 //! …), so the first step, which also shows the call's header to the ring neighbour that is no
 //! partner, pairs ring neighbours: a neighbour that called something else (or took the ring
 //! for another length) fails at once with `Mismatch`. To halve nearest first yet end on its own
@@ -136,6 +137,11 @@ mod tests {
             };
             for r in 0..size {
                 assert_eq!(plans[r].len(), steps, "{size} ranks");
+                // The first partner is a ring neighbour; the other neighbour gets the header
+                // then, and no later step sends headers alone.
+                assert!((r ^ 1) == (r + 1) % size || (r ^ 1) == (r + size - 1) % size);
+                assert_eq!(plans[r][0].headers_both_ways.len(), usize::from(size > 2));
+                assert!(plans[r][1..].iter().all(|p| p.headers_both_ways.is_empty()));
                 for (i, plan) in plans[r].iter().enumerate() {
                     let partner = r ^ (1 << i);
                     assert_eq!(spans(plan, false), spans(&plans[partner][i], true));

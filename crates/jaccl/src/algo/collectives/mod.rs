@@ -306,15 +306,15 @@ impl Collectives {
                 Ok(())
             }
             ReduceScatter::Halving => {
-                // Beyond 4 ranks, nearest first over any links; 2 and 4 in the ring's pairs.
+                // Where the ranks pair up on the ring or the mesh, with those partners; else
+                // (a power of two over links made on first use) nearest first.
                 let (net, scratch) = (&mut self.net, &mut self.scratch);
-                match g.size > 4 {
-                    true => halving::reduce_scatter(net, &g, scratch, input, output, reducer, call),
-                    false => {
-                        let partners = partners(&g, call)?;
+                match g.doubling_partners() {
+                    Some(partners) => {
                         let (i, o) = (input, output);
                         doubling::reduce_scatter(net, &g, scratch, i, o, reducer, call, &partners)
                     }
+                    None => halving::reduce_scatter(net, &g, scratch, input, output, reducer, call),
                 }
             }
             ReduceScatter::Ring => {

@@ -1,14 +1,14 @@
 //! Reduce-scatter by recursive halving among a power of two of ranks, over links made on first
 //! use (where the ranks pair up on the ring or the mesh, `super::doubling::reduce_scatter`
 //! halves with those partners): `log2 N` messages per rank where the ring takes `N − 1` hops,
-//! the same bytes. The partners are recursive doubling's, nearest first (rank `r ^ 1`, then `r ^ 2`,
-//! …), so the first step, which also shows the call's header to the ring neighbour that is no
-//! partner, pairs ring neighbours: a neighbour that called something else (or took the ring
-//! for another length) fails at once with `Mismatch`. To halve nearest first yet end on its own
-//! block, a rank works on its input's blocks in bit-reversed order (slot `s` holds block
-//! `reverse(s)`): the halves it sends are then aligned groups of slots, and its own slot,
-//! `reverse(r)`, holds block `r`. Each block is reduced on one rank only (its own partial sum
-//! first, then the partner's, step by step), so no other rank's bits need to agree with it.
+//! the same bytes. The partners are recursive doubling's, nearest first (rank `r ^ 1`, then
+//! `r ^ 2`, …), so the first step, which also shows the call's header to the ring neighbour
+//! that is no partner, pairs ring neighbours: a neighbour that called something else (or
+//! took the ring for another length) fails at once with `Mismatch`. To halve nearest first yet
+//! end on its own block, a rank works on its input's blocks in bit-reversed order (slot `s`
+//! holds block `reverse(s)`): the halves it sends are then aligned groups of slots, and its own
+//! slot, `reverse(r)`, holds block `r`. Each block is reduced on one rank only (its own partial
+//! sum first, then the partner's, step by step), so no other rank's bits need to agree with it.
 
 use std::ops::Range;
 

@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 HEADER_LEN = 64
 # Kind ids (op_header.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
 KIND = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "send_recv": 4, "barrier": 5,
@@ -30,9 +30,10 @@ def hello(purpose, rank, size, wire, group):
                                   group) + bytes(range(32)))
 
 
-def header(seq, kind, dtype, reduce, sender, count, root=0):
-    """An operation header (op_header.rs)."""
-    b = b"JCOP" + struct.pack("<IBBBxIQI", seq, KIND[kind], dtype, reduce, sender, count, root)
+def header(seq, kind, dtype, reduce, sender, count, root=0, number=0):
+    """An operation header (op_header.rs); `number`: the call's among the group's collectives."""
+    b = b"JCOP" + struct.pack("<IBBBxIQII", seq, KIND[kind], dtype, reduce, sender, count, root,
+                              number)
     # A send's header carries its whole message (here the one piece) at byte 32.
     message = struct.pack("<Q", count) if kind == "send_recv" else b""
     return b + bytes(32 - len(b)) + message + bytes(HEADER_LEN - 32 - len(message))
@@ -77,6 +78,8 @@ def main():
     seeds = {
         "wire/hello-and-header": hello(2, 1, 4, 0, 0) + header(3, "all_reduce", F32, SUM, 1, 1024),
         "wire/late-hello": hello(4, 2, 5, 0, 0) + header(0, "send_recv", U8, SUM, 2, 9),
+        "wire/earlier-call": hello(2, 1, 4, 0, 0)
+        + header(3, "all_reduce", F32, SUM, 1, 1024, number=1),
         "wire/header-mismatch": header(3, "all_gather", F32, SUM, 1, 1024)
         + header(0, "broadcast", U8, SUM, 1, 7, root=2),
         # Two ranks: rank 0's peer sends its header and two f32s on the channel it uses.

@@ -55,6 +55,7 @@ impl<'a> Input<'a> {
 fn expected_header() -> crate::op_header::Header {
     crate::op_header::Header {
         seq: 3,
+        number: 0,
         kind: crate::op_header::Kind::of(Op::AllReduce),
         dtype: Dtype::Float32,
         reduce: ReduceOp::Sum,
@@ -267,6 +268,8 @@ pub fn engine(bytes: &[u8]) {
         count,
         root,
         counts: None,
+        // The group's first collective, as the seeds' headers say.
+        number: 0,
         // A send's message is its one piece, as the seeds' headers say.
         message: if matches!(op, Op::Send | Op::Recv) {
             count

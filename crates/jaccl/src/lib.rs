@@ -25,11 +25,12 @@
 //!   reduction and lengths. Each operation sends a small header first, so a rank that calls
 //!   something else fails with [`Error::Mismatch`] instead of receiving garbage or hanging.
 //!   Comparisons are exact (tags, counts and sub-group requests whole, or by SHA-256). A rank
-//!   whose part of a call only sends (a broadcast's root) cannot tell at once that no one
-//!   receives it: two ranks that each take themselves for a broadcast's root both go on, and
+//!   whose part of a call only sends (a broadcast's root, a reduce's or gather's leaf) cannot
+//!   tell at once that no one receives it: ranks that disagree on the root may all go on, and
 //!   it shows at a later call (over shared memory, the next one that waits for every rank; over
-//!   the network, the next that uses the connection where the unread message waits), or, if no
-//!   later call comes, not at all.
+//!   the network, the next that uses the connection where the unread message waits, which
+//!   the header's number of the call in the group tells from its own), or, if no later call
+//!   comes, not at all.
 //! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
 //!   inputs give the same output on every run: each element's values are combined in an order
 //!   the algorithm fixes (which every rank picks alike from the size, the group's shape and,

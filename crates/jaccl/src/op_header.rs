@@ -12,7 +12,7 @@ use crate::error::Op;
 /// Protocol version of data connections and the side channel. Bumped on any format change,
 /// and on any change to how every rank chooses an algorithm (`algo::select`, `algo::pricing`
 /// and what it prices), which ranks of one job must do alike.
-pub(crate) const PROTOCOL_VERSION: u16 = 12;
+pub(crate) const PROTOCOL_VERSION: u16 = 13;
 
 const HEADER_MAGIC: [u8; 4] = *b"JCOP";
 
@@ -145,6 +145,11 @@ impl Kind {
 pub(crate) struct Header {
     /// Operations sent so far on this connection in this direction.
     pub(crate) seq: u32,
+    /// The call's number among its group's collectives, which every rank counts alike
+    /// (`Call::number`; 0 for point to point and in shared-memory descriptions, whose `seq`
+    /// numbers the calls): a message that a rank sent in an earlier call and no rank read
+    /// fails the call that reads it, even where that call is of the same kind.
+    pub(crate) number: u32,
     pub(crate) kind: Kind,
     pub(crate) dtype: Dtype,
     /// Meaningful for reductions only; `Sum` otherwise.
@@ -178,6 +183,7 @@ impl Header {
         b[12..16].copy_from_slice(&self.sender.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
         b[24..28].copy_from_slice(&self.root.to_le_bytes());
+        b[28..32].copy_from_slice(&self.number.to_le_bytes());
         if let Some(digest) = &self.counts {
             b[32..64].copy_from_slice(digest);
         }
@@ -211,6 +217,7 @@ impl Header {
         }
         Ok(Header {
             seq: u32_at(b, 4),
+            number: u32_at(b, 28),
             kind,
             dtype,
             reduce,
@@ -230,7 +237,8 @@ impl Header {
     /// mailbox's owner, the digest of the counts has a line of its own), or `None` when its
     /// count or root does not fit: the count takes 48 bits, the root 16 (shared memory joins
     /// ranks of one host, far fewer than 2^16, moving far fewer than 2^48 elements). Only
-    /// collectives publish there: a send's message (`message`) has no room in the words.
+    /// collectives publish there: a send's message (`message`) has no room in the words, nor
+    /// has the call number ([`Header::number`]), which `seq` stands for there.
     pub(crate) fn to_words(self) -> Option<[u64; 2]> {
         if self.count >> WORD_COUNT_BITS != 0 || self.root >> 16 != 0 || self.message != 0 {
             return None;
@@ -243,7 +251,8 @@ impl Header {
     }
 
     /// Parses [`Header::to_words`] published by rank `sender`, with the digest of the counts
-    /// it published beside them (read only for a kind that has counts).
+    /// it published beside them (read only for a kind that has counts). The words carry no
+    /// call number ([`Header::number`] 0): their `seq` numbers the calls.
     pub(crate) fn from_words(
         words: [u64; 2],
         sender: u32,
@@ -254,6 +263,7 @@ impl Header {
             Kind::from_id(byte(32)).ok_or_else(|| format!("unknown operation {}", byte(32)))?;
         Ok(Header {
             seq: words[0] as u32,
+            number: 0,
             kind,
             dtype: Dtype::from_id(byte(40))
                 .ok_or_else(|| format!("unknown dtype id {}", byte(40)))?,
@@ -267,7 +277,8 @@ impl Header {
         })
     }
 
-    /// Whether `other` describes the same call (its sequence number and sender aside).
+    /// Whether `other` describes the same call (its sequence numbers, call number and sender
+    /// aside).
     pub(crate) fn same_call(&self, other: &Header) -> bool {
         self.kind == other.kind
             && self.dtype == other.dtype
@@ -281,6 +292,14 @@ impl Header {
     /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
     pub(crate) fn mismatch(&self, got: &Header) -> Option<String> {
         let same_call = self.same_call(got);
+        if self.number != got.number {
+            return Some(format!(
+                "rank {} sent {got} in its collective #{} of the group; this rank is at #{}, \
+                 {self} (a message of an earlier call that no rank read, as ranks that disagree \
+                 on a root leave)",
+                got.sender, got.number, self.number
+            ));
+        }
         if same_call && self.seq == got.seq {
             return None;
         }
@@ -415,6 +434,7 @@ mod tests {
     fn header() -> Header {
         Header {
             seq: 7,
+            number: 0,
             kind: Kind::AllReduce,
             dtype: Dtype::Float32,
             reduce: ReduceOp::Max,
@@ -438,6 +458,17 @@ mod tests {
         assert!(msg.contains("all_reduce(max) of 5 × f32"), "{msg}");
         let later = Header { seq: 8, ..h };
         assert!(h.mismatch(&later).unwrap().contains("#8"));
+        // A call's number travels whole; an earlier call's message is no message of this one.
+        let numbered = Header {
+            number: 70_000,
+            ..h
+        };
+        assert_eq!(Header::decode(&numbered.encode()), Ok(numbered));
+        let msg = numbered.mismatch(&h).unwrap();
+        assert!(
+            msg.contains("collective #0") && msg.contains("at #70000"),
+            "{msg}"
+        );
         // What does not fit a mailbox's words is refused, never cut.
         assert_eq!(
             Header {
@@ -524,7 +555,7 @@ mod tests {
             if let Ok(h) = Header::decode(&b) {
                 let _ = h.mismatch(&header());
                 let _ = h.to_string();
-                let small = Header { count: h.count >> 16, root: h.root & 0xffff, message: 0, ..h };
+                let small = Header { count: h.count >> 16, root: h.root & 0xffff, message: 0, number: 0, ..h };
                 let words = small.to_words().unwrap();
                 let digest = h.counts.unwrap_or_default();
                 prop_assert_eq!(Header::from_words(words, h.sender, || digest), Ok(small));

@@ -577,7 +577,8 @@ fn expect(kind: Kind, all: &[Args]) -> Expect {
     // A rank that receives waits for what never comes in a collective that some rank calls
     // otherwise, or in a receive whose sender sends something else or nothing. (A rank that
     // only sends, as a broadcast's root does, may return once its data is on its way, unread:
-    // that is no disagreement yet.)
+    // that is no disagreement yet. A reduce's leaves only send too, but among at most 3 ranks
+    // every link joins ring neighbours, whose messages the barrier after reads: it fails.)
     let waits = |r: usize| {
         let a = &all[r];
         if n == 1 || invalid[r] {

@@ -308,20 +308,63 @@ fn ranks_that_disagree_on_the_link_speed_fail_at_start_up() {
     }
 }
 
-/// Reduces that go up binomial trees exchange headers both ways on every edge, so two ranks
-/// that each take the other for the root (both would only send) fail, and neither leaves its
-/// message unread for the next reduce to take as its own.
+/// Rooted calls go on once their data is on its way (the trees' headers travel with the data),
+/// so ranks that disagree on the root may all return, leaving messages unread. A later call
+/// that reads such a message fails with `Mismatch`, never taking it for its own, even where it
+/// is a reduce or gather too (the header carries the call's number in the group); every rank
+/// fails by the barrier after it. `roots[r]` is rank r's root in the first call: for 2 ranks
+/// each takes the other, for 5 the ranks fall in two trees that each complete alone.
 #[test]
-fn ranks_that_take_each_other_for_a_reduces_root_fail() {
-    let swapped = with_group_timeout(Net::Tcp, 2, 1, Duration::from_secs(20), |g| {
-        let r = g.rank();
-        let mut out = [0u32; 1];
-        let first = g.reduce(&[100 + r as u32], &mut out, ReduceOp::Sum, 1 - r);
-        let mut out = [0u32; 1];
-        let next = g.reduce(&[r as u32], &mut out, ReduceOp::Sum, 0);
-        (first.is_err(), next.is_err() || (r == 0 && out == [1]))
-    });
-    assert!(swapped.iter().all(|&(a, b)| a && b), "{swapped:?}");
+fn rooted_calls_that_disagree_on_the_root_fail_the_call_that_reads_what_they_left() {
+    for (kind, roots) in [
+        ("reduce", vec![1, 0]),
+        ("reduce", vec![3, 3, 0, 0, 3]),
+        ("gather", vec![3, 3, 0, 0, 3]),
+    ] {
+        let n = roots.len();
+        let outcomes = with_group_timeout(Net::Tcp, n, 1, Duration::from_secs(20), |g| {
+            let r = g.rank();
+            let mut calls = Vec::new();
+            let mut out = vec![0u32; n];
+            for (i, root) in [(0, roots[r]), (100, 0)] {
+                let mine = [i + r as u32];
+                calls.push(match kind {
+                    "reduce" => g.reduce(&mine, &mut out[..1], ReduceOp::Sum, root),
+                    _ => g.gather(&mine, &mut out, root),
+                });
+                // What the second call gave its root, if it returned, must be that call's.
+                let right = match kind {
+                    "reduce" => out[0] == (100..100 + n as u32).sum::<u32>(),
+                    _ => out == (100..100 + n as u32).collect::<Vec<_>>(),
+                };
+                if i == 100 && r == 0 && calls.last().is_some_and(Result::is_ok) {
+                    assert!(right, "{kind} {roots:?}: rank 0 returned {out:?}");
+                }
+            }
+            calls.push(g.barrier());
+            calls
+        });
+        for (r, calls) in outcomes.iter().enumerate() {
+            let failure = calls.iter().find_map(|c| c.as_ref().err());
+            match failure {
+                Some(Error::Mismatch { detail, .. }) => {
+                    assert!(
+                        detail.contains("collective #0"),
+                        "{kind} {roots:?} rank {r}: {detail}"
+                    );
+                }
+                Some(Error::PeerLost { .. } | Error::Closed { .. }) => {}
+                other => panic!("{kind} {roots:?} rank {r}: expected a failure, got {other:?}"),
+            }
+        }
+        // The rank that read a message left unread names it.
+        assert!(
+            outcomes.iter().any(|calls| calls
+                .iter()
+                .any(|c| matches!(c, Err(Error::Mismatch { .. })))),
+            "{kind} {roots:?}: {outcomes:?}"
+        );
+    }
 }
 
 /// Starts a group from `cfgs`, one thread per rank, and returns how each start-up ended.

@@ -25,6 +25,10 @@ pub(crate) struct Call {
     /// A send's or receive's whole message in elements (see [`Header::message`]); 0 for the
     /// collectives.
     pub(crate) message: usize,
+    /// The call's number among its group's collectives (0 for point to point): every rank
+    /// counts the same calls, so that a message no rank read in an earlier call is told from
+    /// this call's ([`Header::number`]).
+    pub(crate) number: u32,
     pub(crate) timeout: Duration,
     pub(crate) wait: WaitPolicy,
     /// Whether waits ask the caller's interrupt check (not on the progress thread).
@@ -36,6 +40,7 @@ impl Call {
     pub(crate) fn header(&self, seq: u32, sender: usize) -> Header {
         Header {
             seq,
+            number: self.number,
             kind: Kind::of(self.op),
             dtype: self.dtype,
             reduce: self.reduce,

@@ -356,6 +356,7 @@ fn call(rank: usize, op: Op, count: usize) -> Call {
         } else {
             0
         },
+        number: 0,
         timeout: Duration::from_secs(60),
         wait: WaitPolicy::SLEEP,
         interruptible: true,

@@ -2,11 +2,12 @@
 //! channels or links made on first use. Ranks are numbered by their distance from the root
 //! (`v = rank − root mod N`); in round k the ranks with `v mod 2^(k+1) = 2^k` talk to
 //! `v − 2^k`: they hand their subtree's data up (gather, reduce) or get it from there
-//! (broadcast, scatter). On the edges of gather, scatter and reduce the call's header goes
-//! both ways, so a rank returns only once its partner has shown the same call: a rank that
-//! only sent could otherwise leave its message unread (ranks that disagree on the root), for
-//! a later call of the same kind to take as its own. The broadcast's headers travel with the
-//! data only, so its root runs ahead (docs/algorithms.md, "Broadcast", on what that leaves).
+//! (broadcast, scatter). The call's header travels with the data only, so a rank that only
+//! sends goes on at once, as MPI's eager sends do: in a loop of small gathers or reduces the
+//! leaves run ahead of the root. Ranks that disagree on the root may so leave a message unread;
+//! the call that reads it later fails with `Mismatch`, as the header carries the call's number
+//! in the group (`crate::op_header::Header::number`), never taking it for its own
+//! (docs/algorithms.md, "Broadcast", on what that leaves).
 //!
 //! Blocks of gather and scatter travel in a buffer of the blocks of the rank's subtree in order
 //! of distance from the root (the rank's own first, [`subtree_blocks`]; the root's holds all),
@@ -81,16 +82,13 @@ impl Tree {
         )
     }
 
-    /// One transfer with the rank at distance `v`: sending `send`, receiving into `recv`; with
-    /// the call's header `both_ways`, so that each end checks the other's call (operation,
-    /// type, count, root) before it returns, else with the data only.
-    fn with(&self, g: &Geometry, v: usize, send: Span, recv: Span, both_ways: bool) -> Plan {
+    /// One transfer with the rank at distance `v`: sending `send`, receiving into `recv`, the
+    /// call's header with the data (the receiver checks the sender's operation, type, count,
+    /// root and call number).
+    fn with(&self, g: &Geometry, v: usize, send: Span, recv: Span) -> Plan {
         let channel = g.channel_to(self.rank_of(v), 0);
         let len = send.len.max(recv.len);
-        let (tx, rx) = match both_ways {
-            true => (true, true),
-            false => (recv.len == 0 || send.len > 0, send.len == 0 || recv.len > 0),
-        };
+        let (tx, rx) = (recv.len == 0 || send.len > 0, send.len == 0 || recv.len > 0);
         Plan {
             transfers: vec![Transfer::new(
                 tx.then_some(channel),
@@ -156,9 +154,9 @@ pub(crate) fn broadcast(
     let in_round = |t: &Tree, k: usize| {
         let step = 1 << k;
         if t.me < step && t.me + step < t.n() {
-            t.with(g, t.me + step, data, Span::EMPTY, false)
+            t.with(g, t.me + step, data, Span::EMPTY)
         } else if (step..2 * step).contains(&t.me) {
-            t.with(g, t.me - step, Span::EMPTY, data, false)
+            t.with(g, t.me - step, Span::EMPTY, data)
         } else {
             Plan::default()
         }
@@ -185,10 +183,10 @@ pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
         .map(|k| {
             if let Some(parent) = t.parent(k) {
                 let (off, len) = t.subtree(t.me, k, block);
-                t.with(g, parent, Span::output(off, len), Span::EMPTY, true)
+                t.with(g, parent, Span::output(off, len), Span::EMPTY)
             } else if let Some(child) = t.child(k) {
                 let (off, len) = t.subtree(child, k, block);
-                t.with(g, child, Span::EMPTY, Span::output(off, len), true)
+                t.with(g, child, Span::EMPTY, Span::output(off, len))
             } else {
                 Plan::default()
             }
@@ -207,10 +205,10 @@ pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
         .map(|k| {
             if let Some(parent) = t.parent(k) {
                 let (off, len) = t.subtree(t.me, k, block);
-                t.with(g, parent, Span::EMPTY, Span::output(off, len), true)
+                t.with(g, parent, Span::EMPTY, Span::output(off, len))
             } else if let Some(child) = t.child(k) {
                 let (off, len) = t.subtree(child, k, block);
-                t.with(g, child, Span::output(off, len), Span::EMPTY, true)
+                t.with(g, child, Span::output(off, len), Span::EMPTY)
             } else {
                 Plan::default()
             }
@@ -234,15 +232,9 @@ pub(crate) fn reduce(
 ) -> (Vec<Plan>, Vec<bool>) {
     let in_round = |t: &Tree, k: usize| {
         if let Some(parent) = t.parent(k) {
-            (
-                t.with(g, parent, Span::input(0, bytes), Span::EMPTY, true),
-                false,
-            )
+            (t.with(g, parent, Span::input(0, bytes), Span::EMPTY), false)
         } else if let Some(child) = t.child(k) {
-            (
-                t.with(g, child, Span::EMPTY, Span::output(0, bytes), true),
-                true,
-            )
+            (t.with(g, child, Span::EMPTY, Span::output(0, bytes)), true)
         } else {
             (Plan::default(), false)
         }

@@ -460,6 +460,7 @@ impl Group {
             root: 0,
             counts: None,
             message: 0,
+            number: 0,
             timeout: self.operation_timeout(),
             wait: self.wait,
             interruptible: !self.on_progress_thread,
@@ -607,8 +608,18 @@ impl Group {
             State::Alone => return Ok(()),
             State::Failed { error, .. } => return Err(error.clone()),
             State::Connected(c) => {
+                let collective = !matches!(call.op, Op::Send | Op::Recv);
+                let call = Call {
+                    number: if collective { c.collectives_run } else { 0 },
+                    ..call
+                };
                 let result = f(&mut c.collectives, &call);
-                if result.is_ok() && !matches!(call.op, Op::Send | Op::Recv) {
+                // A call refused for its arguments sent nothing: its retry is the same call.
+                let refused = matches!(&result, Err(e) if e.is_local_argument_error());
+                if collective && !refused {
+                    c.collectives_run = c.collectives_run.wrapping_add(1);
+                }
+                if collective && result.is_ok() {
                     c.liveness.finished_a_collective();
                 }
                 result

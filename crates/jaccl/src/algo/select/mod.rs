@@ -641,10 +641,9 @@ impl Shape {
     }
 
     /// Scatter of `block` bytes per rank from a root: down a binomial tree where it may take
-    /// one among more than 4 ranks, else along the ring, where the root goes on once it has
-    /// handed its blocks over (the tree's edges exchange headers both ways). Measured over TCP
-    /// on loopback (`jaccl bench --op scatter --dtype u8`, the root's buffer, µs, best of 2,
-    /// tree against chain): 2 ranks 8 B 4.0 against 3.2, 1 MiB 182 against 130; 4 ranks 8 B
+    /// one among more than 4 ranks, else along the ring. Measured over TCP on loopback
+    /// (`jaccl bench --op scatter --dtype u8`, the root's buffer, µs, best of 2, tree against
+    /// chain, while the tree's edges exchanged headers both ways): 2 ranks 8 B 4.0 against 3.2, 1 MiB 182 against 130; 4 ranks 8 B
     /// 13.5 against 6.7, 64 KiB 30 against 29; 8 ranks 8 B 27.7 against 27.1, 64 KiB 53
     /// against 62, 1 MiB 493 against 539; 64 ranks 4 MiB 2503 against 12 430.
     pub(crate) fn scatter(&self, _block: usize) -> Rooted {

@@ -374,7 +374,11 @@ impl Direct {
         counts: impl FnOnce() -> Digest,
         call: &Call,
     ) -> Result<()> {
-        let expect = call.header(self.described, peer);
+        // Descriptions carry no call number: `described` numbers the direct calls.
+        let expect = Header {
+            number: 0,
+            ..call.header(self.described, peer)
+        };
         let detail = match Header::from_words(words, crate::op_header::to_u32(peer), counts) {
             Ok(got) if got.same_call(&expect) && got.seq != expect.seq => Some(format!(
                 "rank {peer} is at its call #{} of the direct collectives, this rank at #{} \

@@ -2,9 +2,10 @@
 //! channels or links made on first use. Ranks are numbered by their distance from the root
 //! (`v = rank − root mod N`); in round k the ranks with `v mod 2^(k+1) = 2^k` talk to
 //! `v − 2^k`: they hand their subtree's data up (gather, reduce) or get it from there
-//! (broadcast, scatter). The call's header travels with the data only, so a rank that only
-//! sends goes on at once, as MPI's eager sends do: in a loop of small gathers or reduces the
-//! leaves run ahead of the root. Ranks that disagree on the root may so leave a message unread;
+//! (broadcast, scatter). The call's header travels with the data only (but for a gather's
+//! large messages, [`GATHER_EAGER_MAX`]), so a rank that only sends goes on at once, as MPI's
+//! eager sends do: in a loop of small gathers or reduces the leaves run ahead of the root.
+//! Ranks that disagree on the root may so leave a message unread;
 //! the call that reads it later fails with `Mismatch`, as the header carries the call's number
 //! in the group (`crate::op_header::Header::number`), never taking it for its own
 //! (docs/algorithms.md, "Broadcast", on what that leaves).
@@ -32,6 +33,17 @@ struct Stage {
     tree: Option<Tree>,
     rounds: usize,
 }
+
+/// The largest message of a gather's tree edge that goes eagerly (header with the data, the
+/// sender on at once); larger ones wait for the receiver, as MPI's rendezvous does. In a loop
+/// of gathers, leaves that ran ahead with large blocks slowed the ranks that forward them
+/// (`jaccl bench --op gather --dtype u8` over TCP, the root's buffer, µs, 2 runs, every edge
+/// eager / those over 16 KiB waiting / every edge waiting): 8 ranks 256 KiB 133-239 / 92-106
+/// / 58-126; 16 ranks 256 KiB 264-291 / 164-174 / 198-234; 32 ranks 128 KiB 186-197 / 162-165
+/// / 279-287, 32 KiB 54-61 / 62-64 / 176-206. Scatters and reduces were fastest with every edge
+/// eager (32 ranks, 256 KiB scatter 130-132 against 344-379 with 16 KiB; 32 KiB reduce 274-314
+/// against 420-510 waiting).
+const GATHER_EAGER_MAX: usize = 16 * 1024;
 
 /// ⌈log2 n⌉: the rounds of a binomial tree of `n` ranks.
 fn rounds(n: usize) -> usize {
@@ -84,11 +96,15 @@ impl Tree {
 
     /// One transfer with the rank at distance `v`: sending `send`, receiving into `recv`, the
     /// call's header with the data (the receiver checks the sender's operation, type, count,
-    /// root and call number).
-    fn with(&self, g: &Geometry, v: usize, send: Span, recv: Span) -> Plan {
+    /// root and call number), or, for a message of more than `eager_max` bytes, both ways: the
+    /// sender then goes on only once the receiver has reached the call.
+    fn with(&self, g: &Geometry, v: usize, send: Span, recv: Span, eager_max: usize) -> Plan {
         let channel = g.channel_to(self.rank_of(v), 0);
         let len = send.len.max(recv.len);
-        let (tx, rx) = (recv.len == 0 || send.len > 0, send.len == 0 || recv.len > 0);
+        let (tx, rx) = match len > eager_max {
+            true => (true, true),
+            false => (recv.len == 0 || send.len > 0, send.len == 0 || recv.len > 0),
+        };
         Plan {
             transfers: vec![Transfer::new(
                 tx.then_some(channel),
@@ -154,9 +170,9 @@ pub(crate) fn broadcast(
     let in_round = |t: &Tree, k: usize| {
         let step = 1 << k;
         if t.me < step && t.me + step < t.n() {
-            t.with(g, t.me + step, data, Span::EMPTY)
+            t.with(g, t.me + step, data, Span::EMPTY, usize::MAX)
         } else if (step..2 * step).contains(&t.me) {
-            t.with(g, t.me - step, Span::EMPTY, data)
+            t.with(g, t.me - step, Span::EMPTY, data, usize::MAX)
         } else {
             Plan::default()
         }
@@ -183,10 +199,22 @@ pub(crate) fn gather(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
         .map(|k| {
             if let Some(parent) = t.parent(k) {
                 let (off, len) = t.subtree(t.me, k, block);
-                t.with(g, parent, Span::output(off, len), Span::EMPTY)
+                t.with(
+                    g,
+                    parent,
+                    Span::output(off, len),
+                    Span::EMPTY,
+                    GATHER_EAGER_MAX,
+                )
             } else if let Some(child) = t.child(k) {
                 let (off, len) = t.subtree(child, k, block);
-                t.with(g, child, Span::EMPTY, Span::output(off, len))
+                t.with(
+                    g,
+                    child,
+                    Span::EMPTY,
+                    Span::output(off, len),
+                    GATHER_EAGER_MAX,
+                )
             } else {
                 Plan::default()
             }
@@ -205,10 +233,10 @@ pub(crate) fn scatter(g: &Geometry, root: usize, block: usize) -> Vec<Plan> {
         .map(|k| {
             if let Some(parent) = t.parent(k) {
                 let (off, len) = t.subtree(t.me, k, block);
-                t.with(g, parent, Span::EMPTY, Span::output(off, len))
+                t.with(g, parent, Span::EMPTY, Span::output(off, len), usize::MAX)
             } else if let Some(child) = t.child(k) {
                 let (off, len) = t.subtree(child, k, block);
-                t.with(g, child, Span::output(off, len), Span::EMPTY)
+                t.with(g, child, Span::output(off, len), Span::EMPTY, usize::MAX)
             } else {
                 Plan::default()
             }
@@ -232,9 +260,15 @@ pub(crate) fn reduce(
 ) -> (Vec<Plan>, Vec<bool>) {
     let in_round = |t: &Tree, k: usize| {
         if let Some(parent) = t.parent(k) {
-            (t.with(g, parent, Span::input(0, bytes), Span::EMPTY), false)
+            (
+                t.with(g, parent, Span::input(0, bytes), Span::EMPTY, usize::MAX),
+                false,
+            )
         } else if let Some(child) = t.child(k) {
-            (t.with(g, child, Span::EMPTY, Span::output(0, bytes)), true)
+            (
+                t.with(g, child, Span::EMPTY, Span::output(0, bytes), usize::MAX),
+                true,
+            )
         } else {
             (Plan::default(), false)
         }

@@ -99,21 +99,38 @@ const MANY_RANKS: usize = 16;
 const MANY_RANKS_TREE_BROADCAST_MAX: usize = 32 * 1024;
 const WHOLE_CHAINS_PER_HOP: usize = 128 * 1024;
 
-/// Reduces of at most this many bytes go up a binomial tree (`Rooted::Tree`) rather than
-/// through an all-reduce: ⌈log2 N⌉ rounds in which every other rank sends once and is done,
-/// where the all-reduce makes every rank wait for the result.
-const TREE_REDUCE_MAX: usize = 64 * 1024;
+/// Reduces of at most this many bytes per rank of the group, and of at least
+/// [`TREE_REDUCE_MIN_MAX`], go up a binomial tree (`Rooted::Tree`) rather than through an
+/// all-reduce: ⌈log2 N⌉ rounds in which every other rank sends once and is done, where the
+/// all-reduce makes every rank wait for the result; with more ranks the ring's steps grow, the
+/// tree's rounds hardly. Measured over TCP on loopback since the tree's edges send headers one
+/// way (`jaccl bench --op reduce`, µs, 2 runs, the tree against the all-reduce): 4 ranks 512 KiB
+/// 252-315 / 365-401, 1 MiB 643-748 / 737-793, 2 MiB 1403-1579 / 1464-1546; 8 ranks 512 KiB
+/// 1110-1184 / 1298-1408, 1 MiB 1752-2265 / 1742-1886; 16 ranks 1 MiB 4747-5448 / 5052-5363,
+/// 2 MiB 9991-11 345 / 7868-9281; 32 ranks 2 MiB 20 408-22 703 / 28 507-28 960, 4 MiB
+/// 51 472-54 302 / 46 801-50 905; 64 ranks 4 MiB 97 191-108 929 / 119 012-128 586, 8 MiB
+/// 251 662-335 218 / 204 350-211 808.
+const TREE_REDUCE_PER_RANK: usize = 64 * 1024;
+
+/// The tree's reach for reduces among few ranks ([`TREE_REDUCE_PER_RANK`]).
+const TREE_REDUCE_MIN_MAX: usize = 512 * 1024;
 
 /// Gathers of at most this many bytes per rank go up a binomial tree (`Rooted::Tree`); larger
 /// ones along the ring from both sides, where the root takes blocks over its two links at once
 /// (and, with 2 ranks, two connections). Measured over TCP on loopback (`jaccl bench --op
-/// gather --dtype u8`, the root's buffer, µs, best of 2, the tree against the chain, or the
-/// all-gather up to 512 KiB): 2 ranks 8 B 5.1 against 4.7, 64 KiB 17.8 against 18.0, 1 MiB 315
-/// against 191; 4 ranks 64 KiB 26 against 41, 1 MiB 741 against 267; 8 ranks 8 B 31 against
-/// 73, 64 KiB 54 against 147, 1 MiB 1202 against 538; 32 ranks 4 MiB 5319 against 5749; 64
-/// ranks 4 MiB 6116 against 12 540 (the 1 and 4 MiB figures before the tree's edges exchanged
-/// headers both ways).
+/// gather --dtype u8`, the root's buffer, µs, the tree against the chain): 2 ranks 8 B 5.1
+/// against 4.7, 64 KiB 17.8 against 18.0, 1 MiB 315 against 191; 4 ranks 64 KiB 18.5-18.8
+/// against 17.6-18.8, 256 KiB 37-67 against 39-41, 1 MiB 215-227 against 142; 8 ranks 64 KiB
+/// 36-98 against 40-44, 512 KiB 147 against 144, 1 MiB 311-334 against 223-242.
 const TREE_GATHER_PER_RANK: usize = 64 * 1024;
+
+/// Among [`MANY_RANKS`] or more (`Shape::many_ranks_alike`), gathers of at most this many
+/// bytes per rank go up the tree:
+/// the chain's hops grow with the ranks. Measured as above (2 runs): 16 ranks 4 MiB 1517-1527
+/// against 2255-2391, 8 MiB 2882 against 4119, 16 MiB 10 755-12 485 against 9975-10 207; 32
+/// ranks 4 MiB 1870-1898 against 4798-4990, 16 MiB 10 724-11 244 against 20 847-21 177; 64
+/// ranks 16 MiB 14 582-15 300 against 43 061-44 835, 32 MiB 35 749 against 86 564.
+const MANY_RANKS_TREE_GATHER_PER_RANK: usize = 512 * 1024;
 
 /// All-reduce and all-gather gather whole blocks both ways while `size × block` is at most
 /// this: fewer hops beat fewer bytes up to there (measured on loopback at 2, 4 and 8 ranks:
@@ -605,7 +622,8 @@ impl Shape {
         !self.direct && (self.mesh || !self.rdma)
     }
 
-    /// Reduce of `bytes` to a root: up a binomial tree up to [`TREE_REDUCE_MAX`] (at every size
+    /// Reduce of `bytes` to a root: up a binomial tree up to [`TREE_REDUCE_PER_RANK`] per rank
+    /// of the group, at least [`TREE_REDUCE_MIN_MAX`] (at every size
     /// on hosts the ring visits in turns, [`Shape::scattered_hosts`], and on even hosts, where
     /// it crosses to each host once as the two levels above do: 2 pretend hosts × 4 ranks,
     /// against the flat all-reduce, at 1 Gbit/s 1.00–1.02×, at 10 Gbit/s 128 KiB 1.56–1.63×,
@@ -616,7 +634,7 @@ impl Shape {
         if self.direct {
             Rooted::Direct
         } else if self.trees()
-            && (bytes <= TREE_REDUCE_MAX || self.on_hosts || self.scattered_hosts)
+            && (bytes <= self.tree_reduce_max() || self.on_hosts || self.scattered_hosts)
         {
             Rooted::Tree
         } else {
@@ -624,14 +642,25 @@ impl Shape {
         }
     }
 
+    /// The largest reduce that goes up the tree.
+    fn tree_reduce_max(&self) -> usize {
+        TREE_REDUCE_PER_RANK
+            .saturating_mul(self.size)
+            .max(TREE_REDUCE_MIN_MAX)
+    }
+
     /// Gather of `block` bytes per rank to a root: up a binomial tree where it may take one,
-    /// up to [`TREE_GATHER_PER_RANK`] per rank (the root receives every block once, in
-    /// ⌈log2 N⌉ messages), else as an all-gather while small, along the ring above.
+    /// up to [`TREE_GATHER_PER_RANK`] per rank ([`MANY_RANKS_TREE_GATHER_PER_RANK`] where the
+    /// choices for many ranks apply; the root receives every block once, in ⌈log2 N⌉
+    /// messages), else as an all-gather while small, along the ring above.
     pub(crate) fn gather(&self, block: usize) -> Rooted {
-        let total = block.saturating_mul(self.size);
+        let tree_max = match self.many_ranks_alike() {
+            true => MANY_RANKS_TREE_GATHER_PER_RANK,
+            false => TREE_GATHER_PER_RANK,
+        };
         if self.direct {
             Rooted::Direct
-        } else if self.trees() && total <= TREE_GATHER_PER_RANK.saturating_mul(self.size) {
+        } else if self.trees() && block <= tree_max {
             Rooted::Tree
         } else if block.saturating_mul(self.size) <= GATHER_LIMIT {
             Rooted::ViaAll
@@ -643,9 +672,11 @@ impl Shape {
     /// Scatter of `block` bytes per rank from a root: down a binomial tree where it may take
     /// one among more than 4 ranks, else along the ring. Measured over TCP on loopback
     /// (`jaccl bench --op scatter --dtype u8`, the root's buffer, µs, best of 2, tree against
-    /// chain, while the tree's edges exchanged headers both ways): 2 ranks 8 B 4.0 against 3.2, 1 MiB 182 against 130; 4 ranks 8 B
-    /// 13.5 against 6.7, 64 KiB 30 against 29; 8 ranks 8 B 27.7 against 27.1, 64 KiB 53
-    /// against 62, 1 MiB 493 against 539; 64 ranks 4 MiB 2503 against 12 430.
+    /// chain, while the tree's edges exchanged headers both ways): 2 ranks 8 B 4.0 against 3.2,
+    /// 1 MiB 182 against 130; 4 ranks 8 B 13.5 against 6.7, 64 KiB 30 against 29; 8 ranks 8 B
+    /// 27.7 against 27.1, 64 KiB 53 against 62, 1 MiB 493 against 539; 64 ranks 4 MiB 2503
+    /// against 12 430. With headers one way, at 3 and 4 ranks the tree was 1-6 µs faster up to
+    /// 32 KiB and slower from 256 KiB (4 ranks 256 KiB 47-51 against 35-38): left as it was.
     pub(crate) fn scatter(&self, _block: usize) -> Rooted {
         if self.direct {
             Rooted::Direct

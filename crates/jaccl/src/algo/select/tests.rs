@@ -290,3 +290,30 @@ fn each_size_has_its_algorithm() {
         DirectAllReduce::Sliced
     );
 }
+
+#[test]
+fn rooted_trees_reach_further_among_more_ranks() {
+    // Reduces: 64 KiB per rank of the group, at least 512 KiB.
+    for (size, max) in [(2, 512 << 10), (8, 512 << 10), (16, 1 << 20), (64, 4 << 20)] {
+        let s = shape(size, false, false);
+        assert_eq!(s.reduce(max), Rooted::Tree, "{size} ranks");
+        assert_eq!(s.reduce(max + 1), Rooted::ViaAll, "{size} ranks");
+    }
+    // Gathers: 64 KiB per rank, 512 KiB among 16 ranks or more on one host or each alone.
+    let (few, many) = (shape(15, false, false), shape(16, false, false));
+    assert_eq!(few.gather(TREE_GATHER_PER_RANK), Rooted::Tree);
+    assert_eq!(few.gather(TREE_GATHER_PER_RANK + 1), Rooted::Chain);
+    assert_eq!(many.gather(MANY_RANKS_TREE_GATHER_PER_RANK), Rooted::Tree);
+    assert_eq!(
+        many.gather(MANY_RANKS_TREE_GATHER_PER_RANK + 1),
+        Rooted::Chain
+    );
+    let hosts_of_many = Shape {
+        shared_hosts: true,
+        ..many
+    };
+    assert_eq!(
+        hosts_of_many.gather(TREE_GATHER_PER_RANK + 1),
+        Rooted::Chain
+    );
+}

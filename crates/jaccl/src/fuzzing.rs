@@ -64,6 +64,8 @@ fn expected_header() -> crate::op_header::Header {
         root: 0,
         counts: None,
         message: 0,
+        // The seeds' bytes 32-64 of an all-reduce: no rooted call before.
+        history: Some([0; 32]),
     }
 }
 
@@ -270,6 +272,7 @@ pub fn engine(bytes: &[u8]) {
         counts: None,
         // The group's first collective, as the seeds' headers say.
         number: 0,
+        history: [0; 32],
         // A send's message is its one piece, as the seeds' headers say.
         message: if matches!(op, Op::Send | Op::Recv) {
             count

@@ -25,12 +25,13 @@
 //!   reduction and lengths. Each operation sends a small header first, so a rank that calls
 //!   something else fails with [`Error::Mismatch`] instead of receiving garbage or hanging.
 //!   Comparisons are exact (tags, counts and sub-group requests whole, or by SHA-256). A rank
-//!   whose part of a call only sends (a broadcast's root, a reduce's or gather's leaf) cannot
-//!   tell at once that no one receives it: ranks that disagree on the root may all go on, and
-//!   it shows at a later call (over shared memory, the next one that waits for every rank; over
-//!   the network, the next that uses the connection where the unread message waits, which
-//!   the header's number of the call in the group tells from its own), or, if no later call
-//!   comes, not at all.
+//!   whose part of a call only sends (a broadcast's or scatter's root, a reduce's or gather's
+//!   leaf) cannot tell at once that no one receives it: ranks that disagree on the root may
+//!   all go on, and it shows at a later call (over shared memory, the next one that waits for
+//!   every rank; over the network, the next that reads the connection where the unread
+//!   message waits, which the header's number of the call in the group tells from its own, or
+//!   any in which two ranks that saw the group's rooted calls otherwise exchange a header,
+//!   which carries their SHA-256 digest), or, if no later call comes, not at all.
 //! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
 //!   inputs give the same output on every run: each element's values are combined in an order
 //!   the algorithm fixes (which every rank picks alike from the size, the group's shape and,
@@ -73,8 +74,11 @@
 //! - **Failure poisons the group.** After an error while data was moving, the group closes its
 //!   connections (so the failure reaches every rank promptly) and every later call returns the
 //!   same error. The others hear why through the heartbeat: a rank that fails because its peer
-//!   did names the first cause, not just a closed connection. Argument errors ([`Error::InvalidArgument`]) are found before anything is sent
-//!   and leave the group usable.
+//!   did names the first cause, not just a closed connection. Argument errors
+//!   ([`Error::InvalidArgument`]) are found before this rank sends anything and leave the
+//!   group usable; the other ranks' part of that call may be under way (a leaf's part of a
+//!   reduce is sent at once), so a rank refused alone must call it again, corrected, as its
+//!   next call, which they take as that call.
 //! - **A lost rank need not end the job.** The survivors call [`Group::shrink`] and go on
 //!   with a new group of the ranks alive (any rank may be the one lost, rank 0 included);
 //!   [`Group::agree`] agrees on a flag and on the ranks alive; [`Group::revoke`] stops every

@@ -130,8 +130,14 @@ impl Kind {
         matches!(self, Kind::AllGatherV | Kind::ReduceScatterV)
     }
 
+    /// Whether the header has room for [`Header::history`]: not where the digest of the counts
+    /// or a send's message takes its bytes.
+    pub(crate) fn has_history(self) -> bool {
+        !self.has_counts() && self != Kind::SendRecv
+    }
+
     /// Whether the operation has a root (its header's root counts).
-    fn rooted(self) -> bool {
+    pub(crate) fn rooted(self) -> bool {
         matches!(
             self,
             Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter
@@ -167,6 +173,24 @@ pub(crate) struct Header {
     /// (`count` when the message travels in one call), so that two ranks whose messages
     /// differ fail at the first piece, even when the pieces agree; 0 for the other kinds.
     pub(crate) message: u64,
+    /// The digest of the group's rooted collectives before this call ([`rooted_history`]),
+    /// where the kind has room ([`Kind::has_history`]; `None` in shared-memory descriptions):
+    /// ranks that disagreed on a root in a call that every rank completed (none waited for
+    /// what went elsewhere) fail at their next exchange of headers, whichever call it is.
+    pub(crate) history: Option<Digest>,
+}
+
+/// The digest of the rooted collectives of a group up to one numbered `number`: `before`
+/// (that of the calls before it; zeros for none) and the call's kind, type, reduction, count
+/// and root, which every rank passes alike: 51 bytes, one block of SHA-256.
+pub(crate) fn rooted_history(before: &Digest, number: u32, call: &Header) -> Digest {
+    let mut h = Sha256::new();
+    h.update(before);
+    h.update(number.to_le_bytes());
+    h.update([call.kind as u8, call.dtype.id(), call.reduce as u8]);
+    h.update(call.count.to_le_bytes());
+    h.update(call.root.to_le_bytes());
+    h.finalize().into()
 }
 
 /// Counts of shared-memory call descriptions fit in 48 bits; the root takes the other 16.
@@ -184,7 +208,11 @@ impl Header {
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
         b[24..28].copy_from_slice(&self.root.to_le_bytes());
         b[28..32].copy_from_slice(&self.number.to_le_bytes());
-        if let Some(digest) = &self.counts {
+        let digest = match self.kind.has_history() {
+            true => self.history,
+            false => self.counts,
+        };
+        if let Some(digest) = &digest {
             b[32..64].copy_from_slice(digest);
         }
         if self.kind == Kind::SendRecv {
@@ -224,12 +252,9 @@ impl Header {
             sender: u32_at(b, 12),
             count,
             root: u32_at(b, 24),
-            counts: kind.has_counts().then(|| {
-                let mut digest = [0u8; 32];
-                digest.copy_from_slice(&b[32..64]);
-                digest
-            }),
+            counts: kind.has_counts().then(|| digest_at(b, 32)),
             message,
+            history: kind.has_history().then(|| digest_at(b, 32)),
         })
     }
 
@@ -274,6 +299,7 @@ impl Header {
             root: (words[1] >> WORD_COUNT_BITS) as u32,
             counts: kind.has_counts().then(counts),
             message: 0,
+            history: None,
         })
     }
 
@@ -291,24 +317,38 @@ impl Header {
 
     /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
     pub(crate) fn mismatch(&self, got: &Header) -> Option<String> {
-        let same_call = self.same_call(got);
-        if self.number != got.number {
-            return Some(format!(
-                "rank {} sent {got} in its collective #{} of the group; this rank is at #{}, \
-                 {self} (a message of an earlier call that no rank read, as ranks that disagree \
-                 on a root leave)",
-                got.sender, got.number, self.number
-            ));
-        }
-        if same_call && self.seq == got.seq {
+        let sender = got.sender;
+        if self.same_call(got) {
+            if got.number < self.number {
+                return Some(format!(
+                    "rank {sender} sent this {self} in its collective #{} of the group, this rank \
+                     is at #{} (a message of an earlier call that no rank read, as ranks that \
+                     disagree on a root leave)",
+                    got.number, self.number
+                ));
+            }
+            if got.number > self.number {
+                return Some(format!(
+                    "rank {sender} is at its collective #{} of the group, this rank at #{} (one \
+                     of them skipped a call)",
+                    got.number, self.number
+                ));
+            }
+            if self.seq != got.seq {
+                return Some(format!(
+                    "rank {sender} is at operation #{} on this connection, this rank at #{} (one \
+                     of them skipped or repeated a call)",
+                    got.seq, self.seq
+                ));
+            }
+            if self.history.is_some() && got.history.is_some() && self.history != got.history {
+                return Some(format!(
+                    "rank {sender} and this rank described the group's earlier broadcasts, \
+                     reduces, gathers and scatters otherwise (one of them named another root, \
+                     whose messages no rank read)"
+                ));
+            }
             return None;
-        }
-        if same_call {
-            return Some(format!(
-                "rank {} is at operation #{} on this connection, this rank at #{} (one of them \
-                 skipped or repeated a call)",
-                got.sender, got.seq, self.seq
-            ));
         }
         let other_counts = Header {
             counts: self.counts,
@@ -316,15 +356,20 @@ impl Header {
         };
         if self.counts != got.counts && self.same_call(&other_counts) {
             return Some(format!(
-                "rank {} passed other counts to {} than this rank (both add up to {})",
-                got.sender,
+                "rank {sender} passed other counts to {} than this rank (both add up to {})",
                 self.kind.name(),
                 self.count
             ));
         }
+        let numbers = match self.number == got.number {
+            true => String::new(),
+            false => format!(
+                " (its collective #{} of the group, this rank's #{})",
+                got.number, self.number
+            ),
+        };
         Some(format!(
-            "rank {} called {got}; this rank called {self}",
-            got.sender
+            "rank {sender} called {got}; this rank called {self}{numbers}"
         ))
     }
 }
@@ -372,6 +417,13 @@ pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut x = [0u8; 4];
     x.copy_from_slice(&b[at..at + 4]);
     u32::from_le_bytes(x)
+}
+
+/// The 32 bytes at `at` of `b`.
+fn digest_at(b: &[u8], at: usize) -> Digest {
+    let mut digest = [0u8; 32];
+    digest.copy_from_slice(&b[at..at + 32]);
+    digest
 }
 
 /// The little-endian `u64` at `at` of `b`.
@@ -443,6 +495,7 @@ mod tests {
             root: 0,
             counts: None,
             message: 0,
+            history: Some([4; 32]),
         }
     }
 
@@ -451,7 +504,11 @@ mod tests {
         let h = header();
         assert_eq!(Header::decode(&h.encode()), Ok(h));
         let words = h.to_words().unwrap();
-        assert_eq!(Header::from_words(words, h.sender, || [9; 32]), Ok(h));
+        let described = Header { history: None, ..h };
+        assert_eq!(
+            Header::from_words(words, h.sender, || [9; 32]),
+            Ok(described)
+        );
         assert_eq!(h.mismatch(&h), None);
         let other = Header { count: 5, ..h };
         let msg = h.mismatch(&other).unwrap();
@@ -469,6 +526,28 @@ mod tests {
             msg.contains("collective #0") && msg.contains("at #70000"),
             "{msg}"
         );
+        let msg = h.mismatch(&numbered).unwrap();
+        assert!(msg.contains("skipped a call"), "{msg}");
+        // Another call, from another collective: named as such, with both numbers.
+        let barrier = Header {
+            kind: Kind::Barrier,
+            ..numbered
+        };
+        let msg = h.mismatch(&barrier).unwrap();
+        assert!(
+            msg.contains("called barrier") && msg.contains("#70000"),
+            "{msg}"
+        );
+        // The rooted calls before, exactly: one differing byte of the digest is a mismatch.
+        let mut other = [4; 32];
+        other[31] = 5;
+        let earlier = Header {
+            history: Some(other),
+            ..h
+        };
+        assert!(h.mismatch(&earlier).unwrap().contains("earlier broadcasts"));
+        let digest = |root| rooted_history(&[0; 32], 3, &Header { root, ..h });
+        assert_ne!(digest(1), digest(65537));
         // What does not fit a mailbox's words is refused, never cut.
         assert_eq!(
             Header {
@@ -487,6 +566,7 @@ mod tests {
             kind: Kind::SendRecv,
             count,
             message,
+            history: None,
             ..header()
         };
         let (sent, expected) = (piece(16, 32), piece(16, 16));
@@ -507,6 +587,7 @@ mod tests {
             count: 1,
             root: tag,
             message: 1,
+            history: None,
             ..header()
         };
         // Tags that a 16-bit fold made equal.
@@ -525,6 +606,7 @@ mod tests {
             kind: Kind::AllGatherV,
             count: counts.iter().sum::<usize>() as u64,
             counts: Some(counts_digest(counts)),
+            history: None,
             ..header()
         };
         let (a, b) = (gather_v(&[257, 0]), gather_v(&[1, 111872]));
@@ -555,7 +637,7 @@ mod tests {
             if let Ok(h) = Header::decode(&b) {
                 let _ = h.mismatch(&header());
                 let _ = h.to_string();
-                let small = Header { count: h.count >> 16, root: h.root & 0xffff, message: 0, number: 0, ..h };
+                let small = Header { count: h.count >> 16, root: h.root & 0xffff, message: 0, number: 0, history: None, ..h };
                 let words = small.to_words().unwrap();
                 let digest = h.counts.unwrap_or_default();
                 prop_assert_eq!(Header::from_words(words, h.sender, || digest), Ok(small));

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::plan::{Buf, Span};
 use crate::dtype::{Dtype, ReduceOp};
 use crate::error::{Error, Op};
-use crate::op_header::{Digest, Header, Kind};
+use crate::op_header::{Digest, Header, Kind, rooted_history};
 use crate::wait::WaitPolicy;
 
 /// What the caller asked for: names the operation in errors and headers.
@@ -29,6 +29,9 @@ pub(crate) struct Call {
     /// counts the same calls, so that a message no rank read in an earlier call is told from
     /// this call's ([`Header::number`]).
     pub(crate) number: u32,
+    /// The digest of the group's rooted collectives before this one
+    /// ([`crate::op_header::rooted_history`]; zeros before the first).
+    pub(crate) history: Digest,
     pub(crate) timeout: Duration,
     pub(crate) wait: WaitPolicy,
     /// Whether waits ask the caller's interrupt check (not on the progress thread).
@@ -38,10 +41,11 @@ pub(crate) struct Call {
 impl Call {
     /// The header of this call, as operation `seq` on a connection, sent by `sender`.
     pub(crate) fn header(&self, seq: u32, sender: usize) -> Header {
+        let kind = Kind::of(self.op);
         Header {
             seq,
             number: self.number,
-            kind: Kind::of(self.op),
+            kind,
             dtype: self.dtype,
             reduce: self.reduce,
             sender: crate::op_header::to_u32(sender),
@@ -49,7 +53,13 @@ impl Call {
             root: crate::op_header::to_u32(self.root),
             counts: self.counts,
             message: self.message as u64,
+            history: kind.has_history().then_some(self.history),
         }
+    }
+
+    /// Whether the call is a collective (which every rank counts), not a send or receive.
+    pub(crate) fn is_collective(&self) -> bool {
+        !matches!(self.op, Op::Send | Op::Recv)
     }
 
     /// The error for a wait that saw no progress for the timeout.
@@ -58,6 +68,44 @@ impl Call {
             rank: self.rank,
             op: self.op,
             after: self.timeout,
+        }
+    }
+}
+
+/// What a group counts of its calls, alike on every rank: the number of its next collective
+/// and the digest of its rooted ones so far ([`Call::number`], [`Call::history`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CallNumbers {
+    collectives: u32,
+    rooted: Digest,
+}
+
+impl CallNumbers {
+    /// `call` as the group's next: numbered (point to point: 0), with the digest of the
+    /// rooted calls before it.
+    pub(crate) fn number(&self, call: Call) -> Call {
+        Call {
+            number: if call.is_collective() {
+                self.collectives
+            } else {
+                0
+            },
+            history: self.rooted,
+            ..call
+        }
+    }
+
+    /// Counts `call` ([`CallNumbers::number`]'s) as run, unless `refused` for its arguments
+    /// (nothing sent: its retry is the same call). With `direct` collectives, which check
+    /// roots their own way and whose headers carry no digest, the digest stays as it is.
+    pub(crate) fn count(&mut self, call: &Call, refused: bool, direct: bool) {
+        if !call.is_collective() || refused {
+            return;
+        }
+        self.collectives = self.collectives.wrapping_add(1);
+        if Kind::of(call.op).rooted() && !direct {
+            let header = call.header(0, call.rank);
+            self.rooted = rooted_history(&call.history, call.number, &header);
         }
     }
 }

@@ -357,6 +357,7 @@ fn call(rank: usize, op: Op, count: usize) -> Call {
             0
         },
         number: 0,
+        history: [0; 32],
         timeout: Duration::from_secs(60),
         wait: WaitPolicy::SLEEP,
         interruptible: true,

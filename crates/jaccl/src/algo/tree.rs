@@ -7,8 +7,9 @@
 //! eager sends do: in a loop of small gathers or reduces the leaves run ahead of the root.
 //! Ranks that disagree on the root may so leave a message unread;
 //! the call that reads it later fails with `Mismatch`, as the header carries the call's number
-//! in the group (`crate::op_header::Header::number`), never taking it for its own
-//! (docs/algorithms.md, "Broadcast", on what that leaves).
+//! in the group (`crate::op_header::Header::number`), never taking it for its own, and so does
+//! any call in which two of those ranks exchange headers, which carry a digest of the rooted
+//! calls before (`Header::history`; docs/algorithms.md, "Broadcast", on what that leaves).
 //!
 //! Blocks of gather and scatter travel in a buffer of the blocks of the rank's subtree in order
 //! of distance from the root (the rank's own first, [`subtree_blocks`]; the root's holds all),

@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::algo::call::CallNumbers;
 use crate::algo::channel::Channel;
 use crate::algo::collectives::Collectives;
 use crate::algo::geometry::ring_index;
@@ -45,9 +46,8 @@ mod published;
 /// A group's connections, ready for collectives.
 pub(crate) struct Connected {
     pub(crate) collectives: Collectives,
-    /// Collectives run so far, the number of the next ([`crate::algo::call::Call::number`]):
-    /// every rank counts the same calls (those refused for their arguments alone not).
-    pub(crate) collectives_run: u32,
+    /// What the group counts of its calls, alike on every rank.
+    pub(crate) numbers: CallNumbers,
     /// This rank's shared memory, if it has any peer on this host.
     pub(crate) shm: Option<Shm>,
     /// The transport to each peer this rank has links to from start-up: the left neighbour,
@@ -306,7 +306,7 @@ fn set_up(
         .map_err(|e| Error::io(rank, "starting the heartbeat", e))?;
     let connected = Connected {
         collectives,
-        collectives_run: 0,
+        numbers: CallNumbers::default(),
         shm: shared,
         peers,
         hosts,

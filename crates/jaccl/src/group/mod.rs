@@ -461,6 +461,7 @@ impl Group {
             counts: None,
             message: 0,
             number: 0,
+            history: [0; 32],
             timeout: self.operation_timeout(),
             wait: self.wait,
             interruptible: !self.on_progress_thread,
@@ -601,25 +602,19 @@ impl Group {
         call: Call,
         f: impl FnOnce(&mut Collectives, &Call) -> Result<()>,
     ) -> Result<()> {
-        let rank = self.rank;
+        let (rank, shares_memory) = (self.rank, self.shares_memory);
         let mut state = state_of(&mut self.state, self.progress.as_ref(), rank)?;
         let failure = &self.failure;
         let result = match &mut *state {
             State::Alone => return Ok(()),
             State::Failed { error, .. } => return Err(error.clone()),
             State::Connected(c) => {
-                let collective = !matches!(call.op, Op::Send | Op::Recv);
-                let call = Call {
-                    number: if collective { c.collectives_run } else { 0 },
-                    ..call
-                };
+                let call = c.numbers.number(call);
                 let result = f(&mut c.collectives, &call);
                 // A call refused for its arguments sent nothing: its retry is the same call.
                 let refused = matches!(&result, Err(e) if e.is_local_argument_error());
-                if collective && !refused {
-                    c.collectives_run = c.collectives_run.wrapping_add(1);
-                }
-                if collective && result.is_ok() {
+                c.numbers.count(&call, refused, shares_memory);
+                if call.is_collective() && result.is_ok() {
                     c.liveness.finished_a_collective();
                 }
                 result

@@ -374,9 +374,10 @@ impl Direct {
         counts: impl FnOnce() -> Digest,
         call: &Call,
     ) -> Result<()> {
-        // Descriptions carry no call number: `described` numbers the direct calls.
+        // Descriptions carry no call number (`described` numbers the direct calls) nor history.
         let expect = Header {
             number: 0,
+            history: None,
             ..call.header(self.described, peer)
         };
         let detail = match Header::from_words(words, crate::op_header::to_u32(peer), counts) {

@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 HEADER_LEN = 64
 # Kind ids (op_header.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
 KIND = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "send_recv": 4, "barrier": 5,
@@ -76,10 +76,13 @@ def table(infos):
 
 def main():
     seeds = {
-        "wire/hello-and-header": hello(2, 1, 4, 0, 0) + header(3, "all_reduce", F32, SUM, 1, 1024),
+        "wire/hello-and-header": hello(2, 1, 4, 0, 0)
+        + header(3, "all_reduce", F32, SUM, 1, 1024, number=1),
         "wire/late-hello": hello(4, 2, 5, 0, 0) + header(0, "send_recv", U8, SUM, 2, 9),
         "wire/earlier-call": hello(2, 1, 4, 0, 0)
-        + header(3, "all_reduce", F32, SUM, 1, 1024, number=1),
+        + header(3, "all_reduce", F32, SUM, 1, 1024, number=0),
+        "wire/later-call": hello(2, 1, 4, 0, 0)
+        + header(3, "all_reduce", F32, SUM, 1, 1024, number=2),
         "wire/header-mismatch": header(3, "all_gather", F32, SUM, 1, 1024)
         + header(0, "broadcast", U8, SUM, 1, 7, root=2),
         # Two ranks: rank 0's peer sends its header and two f32s on the channel it uses.

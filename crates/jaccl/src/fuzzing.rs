@@ -55,7 +55,7 @@ impl<'a> Input<'a> {
 fn expected_header() -> crate::op_header::Header {
     crate::op_header::Header {
         seq: 3,
-        number: 0,
+        number: 1,
         kind: crate::op_header::Kind::of(Op::AllReduce),
         dtype: Dtype::Float32,
         reduce: ReduceOp::Sum,

@@ -30,8 +30,9 @@
 //!   all go on, and it shows at a later call (over shared memory, the next one that waits for
 //!   every rank; over the network, the next that reads the connection where the unread
 //!   message waits, which the header's number of the call in the group tells from its own, or
-//!   any in which two ranks that saw the group's rooted calls otherwise exchange a header,
-//!   which carries their SHA-256 digest), or, if no later call comes, not at all.
+//!   any in which two ranks that saw the group's rooted calls otherwise exchange a header: the
+//!   headers of every collective but `all_gather_v` and `reduce_scatter_v` carry their
+//!   SHA-256 digest, those of send and receive none), or, if no such call comes, not at all.
 //! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
 //!   inputs give the same output on every run: each element's values are combined in an order
 //!   the algorithm fixes (which every rank picks alike from the size, the group's shape and,

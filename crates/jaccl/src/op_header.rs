@@ -12,7 +12,7 @@ use crate::error::Op;
 /// Protocol version of data connections and the side channel. Bumped on any format change,
 /// and on any change to how every rank chooses an algorithm (`algo::select`, `algo::pricing`
 /// and what it prices), which ranks of one job must do alike.
-pub(crate) const PROTOCOL_VERSION: u16 = 13;
+pub(crate) const PROTOCOL_VERSION: u16 = 14;
 
 const HEADER_MAGIC: [u8; 4] = *b"JCOP";
 
@@ -174,9 +174,10 @@ pub(crate) struct Header {
     /// differ fail at the first piece, even when the pieces agree; 0 for the other kinds.
     pub(crate) message: u64,
     /// The digest of the group's rooted collectives before this call ([`rooted_history`]),
-    /// where the kind has room ([`Kind::has_history`]; `None` in shared-memory descriptions):
-    /// ranks that disagreed on a root in a call that every rank completed (none waited for
-    /// what went elsewhere) fail at their next exchange of headers, whichever call it is.
+    /// where the kind has room ([`Kind::has_history`]: not send/recv, `all_gather_v` nor
+    /// `reduce_scatter_v`; `None` in shared-memory descriptions): ranks that disagreed on a
+    /// root in a call that every rank completed (none waited for what went elsewhere) fail
+    /// at their next exchange of such headers.
     pub(crate) history: Option<Digest>,
 }
 
@@ -318,22 +319,24 @@ impl Header {
     /// How `self` (what this rank expects) and `got` (what the peer sent) differ, if they do.
     pub(crate) fn mismatch(&self, got: &Header) -> Option<String> {
         let sender = got.sender;
+        // Call numbers wrap: the nearer way round tells which is older.
+        let ahead = got.number.wrapping_sub(self.number) as i32;
+        if ahead < 0 {
+            return Some(format!(
+                "rank {sender} sent {got} as its collective #{} of the group; this rank is at \
+                 #{}, {self}: a message of an earlier call that no rank read (ranks that \
+                 disagree on a root leave such), or rank {sender} skipped a call",
+                got.number, self.number
+            ));
+        }
+        if ahead > 0 {
+            return Some(format!(
+                "rank {sender} is at its collective #{} of the group, this rank at #{}: this \
+                 rank skipped a call, or the two disagreed on a root in #{}",
+                got.number, self.number, self.number
+            ));
+        }
         if self.same_call(got) {
-            if got.number < self.number {
-                return Some(format!(
-                    "rank {sender} sent this {self} in its collective #{} of the group, this rank \
-                     is at #{} (a message of an earlier call that no rank read, as ranks that \
-                     disagree on a root leave)",
-                    got.number, self.number
-                ));
-            }
-            if got.number > self.number {
-                return Some(format!(
-                    "rank {sender} is at its collective #{} of the group, this rank at #{} (one \
-                     of them skipped a call)",
-                    got.number, self.number
-                ));
-            }
             if self.seq != got.seq {
                 return Some(format!(
                     "rank {sender} is at operation #{} on this connection, this rank at #{} (one \
@@ -345,7 +348,7 @@ impl Header {
                 return Some(format!(
                     "rank {sender} and this rank described the group's earlier broadcasts, \
                      reduces, gathers and scatters otherwise (one of them named another root, \
-                     whose messages no rank read)"
+                     count or type, and no rank read its messages)"
                 ));
             }
             return None;
@@ -361,15 +364,8 @@ impl Header {
                 self.count
             ));
         }
-        let numbers = match self.number == got.number {
-            true => String::new(),
-            false => format!(
-                " (its collective #{} of the group, this rank's #{})",
-                got.number, self.number
-            ),
-        };
         Some(format!(
-            "rank {sender} called {got}; this rank called {self}{numbers}"
+            "rank {sender} called {got}; this rank called {self}"
         ))
     }
 }
@@ -528,14 +524,23 @@ mod tests {
         );
         let msg = h.mismatch(&numbered).unwrap();
         assert!(msg.contains("skipped a call"), "{msg}");
-        // Another call, from another collective: named as such, with both numbers.
+        // An earlier call's message of another kind is named, with both numbers; numbers
+        // wrap, so the one before 0 is older.
         let barrier = Header {
             kind: Kind::Barrier,
-            ..numbered
+            ..h
         };
+        let msg = numbered.mismatch(&barrier).unwrap();
+        assert!(msg.contains("sent barrier as its collective #0"), "{msg}");
+        let wrapped = Header {
+            number: u32::MAX,
+            ..h
+        };
+        assert!(h.mismatch(&wrapped).unwrap().contains("earlier call"));
+        // Another call in the same collective: both named.
         let msg = h.mismatch(&barrier).unwrap();
         assert!(
-            msg.contains("called barrier") && msg.contains("#70000"),
+            msg.contains("called barrier; this rank called all_reduce"),
             "{msg}"
         );
         // The rooted calls before, exactly: one differing byte of the digest is a mismatch.

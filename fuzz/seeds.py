@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 HEADER_LEN = 64
 # Kind ids (op_header.rs), ReduceOp ids (dtype.rs), Dtype ids (dtype.rs).
 KIND = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "send_recv": 4, "barrier": 5,

@@ -43,9 +43,11 @@
 //!   copied; the small gathers: `((a0 ⊕ a1) ⊕ a2) ⊕ …`; recursive doubling: pairs, then pairs
 //!   of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕ …`; Rabenseifner's halving then doubling: each block
 //!   reduced once, on the rank that owns it, its own partial first in each halving step, and
-//!   copied (docs/algorithms.md, per algorithm). A reduce of up to 64 KiB over the network (at
-//!   every size below the two levels' on hosts of equal size or whose ranks are not
-//!   consecutive) goes up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root (on
+//!   copied (docs/algorithms.md, per algorithm). A reduce-scatter's block takes the ring's
+//!   order, or halving's: the input of the rank that halves, its extra rank's, then each
+//!   partner's partial sum in step order. A reduce of up to 64 KiB per rank of the group, at
+//!   least 512 KiB, over the network (at every size below the two levels' on hosts of equal
+//!   size or whose ranks are not consecutive) goes up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root (on
 //!   several hosts, each host's ranks so by distance from the host's head, then the heads'
 //!   results by distance from the root's host): the same from run to run for the same root,
 //!   not always the bits of an all-reduce of the same inputs. An all-reduce or reduce of 512

@@ -12,7 +12,7 @@ use crate::error::Op;
 /// Protocol version of data connections and the side channel. Bumped on any format change,
 /// and on any change to how every rank chooses an algorithm (`algo::select`, `algo::pricing`
 /// and what it prices), which ranks of one job must do alike.
-pub(crate) const PROTOCOL_VERSION: u16 = 14;
+pub(crate) const PROTOCOL_VERSION: u16 = 15;
 
 const HEADER_MAGIC: [u8; 4] = *b"JCOP";
 

@@ -76,7 +76,9 @@ fn all_reduce_every_dtype_op_size_and_wires() {
 /// among any number of ranks (5 or more; the ranks beyond a power of two hand over their
 /// vectors before and take the result after), the both-ways gather, Rabenseifner's halving
 /// then doubling (64 KiB, in blocks of uneven length) and the ring past it. All-gather:
-/// Bruck's rounds (6 ranks or more), the gathers and the ring. The barrier. Then every other
+/// Bruck's rounds (6 ranks or more), the gathers and the ring. Reduce-scatter: recursive
+/// halving (3 ranks or more, those beyond a power of two folded in) up to 16 KiB per rank, the
+/// ring past it. The barrier. Then every other
 /// collective once, the rooted ones from every root, with uneven counts (some empty). Against
 /// the reference and across ranks.
 #[test]
@@ -87,6 +89,8 @@ fn collectives_at_every_size_up_to_17() {
             d.extend(all_reduce_case::<i64>(g, &[2, 5003]));
             d.extend(all_gather_case::<f32>(g, &[1, 7, 3001, 4_500, 40_000]));
             d.extend(all_gather_case::<u8>(g, &[5]));
+            reduce_scatter_case::<f32>(g, &[1, 3, 1001, 4097]);
+            reduce_scatter_case::<i64>(g, &[2]);
             g.barrier()
                 .unwrap_or_else(|e| panic!("barrier among {size}: {e}"));
             let roots: Vec<usize> = (0..size).collect();

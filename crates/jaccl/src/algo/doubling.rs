@@ -88,7 +88,7 @@ pub(crate) fn neighbours_apart(g: &Geometry, peers: &[usize]) -> Vec<usize> {
 /// order it runs them ([`around_hand_over`]): each step swaps the whole partial result.
 pub(crate) fn all_reduce_plans(g: &Geometry, role: &DoublingRole, bytes: usize) -> Vec<Plan> {
     let (input, output) = (Span::input(0, bytes), Span::output(0, bytes));
-    around_hand_over(g, role, bytes, |partners| {
+    around_hand_over(g, role, bytes, output, |partners| {
         partners
             .iter()
             .map(|&p| with_peer(g, p, input, output))
@@ -96,23 +96,25 @@ pub(crate) fn all_reduce_plans(g: &Geometry, role: &DoublingRole, bytes: usize) 
     })
 }
 
-/// The rounds of an all-reduce of `bytes` among any number of ranks for a rank in `role`: for
-/// a rank that hands over its vector, sending it and receiving the result; for one that
-/// doubles, taking in its extra rank's vector (if any), the `steps` among the doubling ranks
-/// (`steps(partners)`), and handing the extra rank the result. The first round also exchanges
-/// headers with the ring neighbours no round talks to ([`neighbours_apart`]).
+/// The rounds of a collective among any number of ranks that hand over `handed` bytes of input
+/// (an all-reduce's vector, a reduce-scatter's every block) for a rank in `role`: for a rank
+/// that hands over, sending them and receiving its result (`back`'s length); for one that
+/// doubles, taking in its extra rank's input (if any), the `steps` among the doubling ranks
+/// (`steps(partners)`), and handing the extra rank its result (`back`). The first round also
+/// exchanges headers with the ring neighbours no round talks to ([`neighbours_apart`]).
 pub(crate) fn around_hand_over(
     g: &Geometry,
     role: &DoublingRole,
-    bytes: usize,
+    handed: usize,
+    back: Span,
     steps: impl FnOnce(&[usize]) -> Vec<Plan>,
 ) -> Vec<Plan> {
-    let (input, output) = (Span::input(0, bytes), Span::output(0, bytes));
+    let (input, output) = (Span::input(0, handed), Span::output(0, handed));
     let (mut plans, peers): (Vec<Plan>, Vec<usize>) = match role {
         DoublingRole::HandOver { to } => (
             vec![
                 with_peer(g, *to, input, Span::EMPTY),
-                with_peer(g, *to, Span::EMPTY, output),
+                with_peer(g, *to, Span::EMPTY, Span::output(0, back.len)),
             ],
             vec![*to],
         ),
@@ -121,7 +123,7 @@ pub(crate) fn around_hand_over(
             let plans = match *extra {
                 Some(e) => std::iter::once(with_peer(g, e, Span::EMPTY, output))
                     .chain(steps)
-                    .chain(std::iter::once(with_peer(g, e, output, Span::EMPTY)))
+                    .chain(std::iter::once(with_peer(g, e, back, Span::EMPTY)))
                     .collect(),
                 None => steps,
             };

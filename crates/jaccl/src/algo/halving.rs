@@ -1,21 +1,28 @@
-//! Reduce-scatter by recursive halving among a power of two of ranks, over links made on first
-//! use (where the ranks pair up on the ring or the mesh, `super::doubling::reduce_scatter`
-//! halves with those partners): `log2 N` messages per rank where the ring takes `N − 1` hops,
-//! the same bytes. The partners are recursive doubling's, nearest first (rank `r ^ 1`, then
-//! `r ^ 2`, …), so the first step, which also shows the call's header to the ring neighbour
-//! that is no partner, pairs ring neighbours: a neighbour that called something else (or
-//! took the ring for another length) fails at once with `Mismatch`. To halve nearest first yet
-//! end on its own block, a rank works on its input's blocks in bit-reversed order (slot `s`
-//! holds block `reverse(s)`): the halves it sends are then aligned groups of slots, and its own
-//! slot, `reverse(r)`, holds block `r`. Each block is reduced on one rank only (its own partial
-//! sum first, then the partner's, step by step), so no other rank's bits need to agree with it.
+//! Reduce-scatter by recursive halving among any number of ranks, over links made on first use
+//! (where the ranks pair up on the ring or the mesh, `super::doubling::reduce_scatter` halves
+//! with those partners): `log2 N` messages per rank where the ring takes `N − 1` hops, the same
+//! bytes. The partners are recursive doubling's ([`Geometry::doubling_role`]), nearest first,
+//! so the first step, which also shows the call's header to the ring neighbour that is no
+//! partner, pairs ring neighbours: a neighbour that called something else (or took the ring for
+//! another length) fails at once with `Mismatch`. Among a count that is not a power of two `p`,
+//! the ranks beyond it hand their whole input to the rank above, which reduces the two inputs
+//! and halves for both, then hands back the extra rank's block: 2 + log2 p rounds, the extra
+//! ranks' input sent once more.
+//!
+//! A doubling rank stands for its own block and its extra rank's (a pair's blocks are
+//! neighbours, so its *slot* is one range of the input). To halve nearest first yet end on its
+//! own slot, a rank lays its input's slots out in scratch in bit-reversed order (slot `s` holds
+//! the blocks of doubling index `reverse(s)`): the halves it sends are then aligned groups of
+//! slots, and its own slot lands at `reverse(index)`. Each block is reduced on one rank only
+//! (the extra rank's input after the own, then each partner's partial sum step by step), so no
+//! other rank's bits need to agree with it.
 
 use std::ops::Range;
 
 use super::call::Call;
-use super::doubling::{aligned_blocks, neighbours_apart, with_peer};
+use super::doubling::{aligned_blocks, around_hand_over, hand_over, with_peer};
 use super::engine::{Network, Rounds, Scratch};
-use super::geometry::Geometry;
+use super::geometry::{DoublingRole, Geometry};
 use super::plan::{Plan, Span};
 use crate::error::Result;
 use crate::reduce::{Reducer, copy};
@@ -28,42 +35,84 @@ fn reversed(i: usize, bits: u32) -> usize {
     }
 }
 
-/// The steps of halving among `size` ranks (a power of two).
-fn steps(g: &Geometry) -> u32 {
-    g.size.trailing_zeros()
+/// Where each doubling rank's blocks lie in scratch, in slot order, for blocks of `bytes`.
+struct Slots {
+    /// The halving steps: log2 of the doubling ranks.
+    steps: u32,
+    /// The slot of this rank.
+    me: usize,
+    /// Slot `s` is the scratch bytes `offsets[s]..offsets[s + 1]`.
+    offsets: Vec<usize>,
+    /// Slot `s` holds the input bytes `sources[s]`.
+    sources: Vec<Range<usize>>,
 }
 
-/// The byte range of the aligned group of 2^k slots around `slot`, of `bytes` each.
-fn group(slot: usize, k: usize, bytes: usize) -> Range<usize> {
-    let slots = aligned_blocks(slot, k);
-    slots.start * bytes..slots.end * bytes
-}
-
-/// The rounds of a rank whose output holds `bytes`: in the step with the partner whose slot
-/// differs in bit `k` (from the highest bit down, so the nearest rank first), send the group of
-/// 2^k slots around the partner's, receive the group around its own.
-pub(crate) fn reduce_scatter_plans(g: &Geometry, bytes: usize) -> Vec<Plan> {
-    let steps = steps(g) as usize;
-    let me = reversed(g.rank, steps as u32);
-    let mut plans: Vec<Plan> = (0..steps)
-        .rev()
-        .map(|k| {
-            let partner = g.rank ^ (1 << (steps - 1 - k));
-            let (theirs, mine) = (group(me ^ (1 << k), k, bytes), group(me, k, bytes));
-            let send = Span::input(theirs.start, theirs.len());
-            with_peer(g, partner, send, Span::output(mine.start, mine.len()))
-        })
-        .collect();
-    let partners: Vec<usize> = (0..steps).map(|k| g.rank ^ (1 << k)).collect();
-    if let Some(first) = plans.first_mut() {
-        first.headers_both_ways = neighbours_apart(g, &partners);
+impl Slots {
+    fn new(g: &Geometry, bytes: usize) -> Slots {
+        let steps = g.size.checked_ilog2().unwrap_or(0);
+        let pairs = g.size - (1 << steps);
+        // The ranks doubling index `i` stands for ([`Geometry::doubling_role`]): a pair's, the
+        // extra rank first, or its own.
+        let blocks = |i: usize| match i < pairs {
+            true => 2 * i..2 * i + 2,
+            false => i + pairs..i + pairs + 1,
+        };
+        let index = match g.rank < 2 * pairs {
+            true => g.rank / 2,
+            false => g.rank - pairs,
+        };
+        let sources: Vec<Range<usize>> = (0..1 << steps)
+            .map(|s| blocks(reversed(s, steps)))
+            .map(|b| b.start * bytes..b.end * bytes)
+            .collect();
+        let offsets = std::iter::once(0)
+            .chain(sources.iter().scan(0, |end, r| {
+                *end += r.len();
+                Some(*end)
+            }))
+            .collect();
+        Slots {
+            steps,
+            me: reversed(index, steps),
+            offsets,
+            sources,
+        }
     }
-    plans
+
+    /// The scratch bytes of the aligned group of 2^k slots around `slot`.
+    fn group(&self, slot: usize, k: usize) -> Range<usize> {
+        let slots = aligned_blocks(slot, k);
+        self.offsets[slots.start]..self.offsets[slots.end]
+    }
+}
+
+/// The rounds of a rank in `role` whose output holds `bytes`: in the step with the partner whose
+/// slot differs in bit `k` (from the highest bit down, so the nearest rank first), send the
+/// group of 2^k slots around the partner's, receive the group around its own; before and after,
+/// the hand-over of an extra rank's input and its block.
+pub(crate) fn reduce_scatter_plans(g: &Geometry, role: &DoublingRole, bytes: usize) -> Vec<Plan> {
+    let slots = Slots::new(g, bytes);
+    // An extra rank's block comes first in its partner's slot.
+    let back = Span::input(slots.offsets[slots.me], bytes);
+    around_hand_over(g, role, g.size * bytes, back, |partners| {
+        (0..slots.steps as usize)
+            .rev()
+            .zip(partners)
+            .map(|(k, &partner)| {
+                let (theirs, mine) = (
+                    slots.group(slots.me ^ (1 << k), k),
+                    slots.group(slots.me, k),
+                );
+                let send = Span::input(theirs.start, theirs.len());
+                with_peer(g, partner, send, Span::output(mine.start, mine.len()))
+            })
+            .collect()
+    })
 }
 
 /// Reduces the `size` blocks of `input` over every rank, leaving block `rank` in `output`
-/// ([`reduce_scatter_plans`]). Scratch holds the input in slot order, reduced in place step
-/// by step, and what each partner sends.
+/// ([`reduce_scatter_plans`]). Scratch holds the input in slot order (with an extra rank's
+/// reduced in), reduced in place step by step, and what the extra rank or each partner sends.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce_scatter(
     net: &mut Network,
@@ -74,27 +123,44 @@ pub(crate) fn reduce_scatter(
     reducer: &Reducer,
     call: &Call,
 ) -> Result<()> {
-    let (bytes, steps) = (output.len(), steps(g));
-    if steps == 0 {
+    let bytes = output.len();
+    let role = g.doubling_role();
+    let plans = reduce_scatter_plans(g, &role, bytes);
+    let mut rounds = Rounds::new(net, &plans, call);
+    let extra = match role {
+        DoublingRole::HandOver { .. } => return hand_over(&mut rounds, Some(input), output),
+        DoublingRole::Double { extra, .. } => extra.is_some(),
+    };
+    let slots = Slots::new(g, bytes);
+    if slots.steps == 0 {
         copy(output, &input[..bytes]);
         return Ok(());
     }
-    let me = reversed(g.rank, steps);
-    let plans = reduce_scatter_plans(g, bytes);
     let all = scratch.bytes(2 * g.size * bytes);
-    let (slots, theirs) = all.split_at_mut(g.size * bytes);
-    for (s, slot) in slots.chunks_exact_mut(bytes.max(1)).enumerate() {
-        let block = reversed(s, steps) * bytes;
-        copy(slot, &input[block..block + bytes]);
+    let (laid_out, theirs) = all.split_at_mut(g.size * bytes);
+    if extra {
+        rounds.run(0, &mut *theirs, None)?;
     }
-    let mut rounds = Rounds::new(net, &plans, call);
-    for (i, k) in (0..steps as usize).rev().enumerate() {
-        let mine = group(me, k, bytes);
-        rounds.run(i, &mut *theirs, Some(&*slots))?;
-        match k {
-            0 => reducer.combine(output, &slots[mine.clone()], &theirs[mine]),
-            _ => reducer.accumulate(&mut slots[mine.clone()], &theirs[mine]),
+    for (s, source) in slots.sources.iter().enumerate() {
+        let slot = &mut laid_out[slots.offsets[s]..slots.offsets[s + 1]];
+        match extra {
+            true => reducer.combine(slot, &input[source.clone()], &theirs[source.clone()]),
+            false => copy(slot, &input[source.clone()]),
         }
+    }
+    let first = usize::from(extra);
+    for (i, k) in (0..slots.steps as usize).rev().enumerate() {
+        let mine = slots.group(slots.me, k);
+        rounds.run(first + i, &mut *theirs, Some(&*laid_out))?;
+        match k == 0 && !extra {
+            true => reducer.combine(output, &laid_out[mine.clone()], &theirs[mine]),
+            false => reducer.accumulate(&mut laid_out[mine.clone()], &theirs[mine]),
+        }
+    }
+    if extra {
+        let own = slots.offsets[slots.me] + bytes;
+        copy(output, &laid_out[own..own + bytes]);
+        rounds.run(first + slots.steps as usize, output, Some(&*laid_out))?;
     }
     Ok(())
 }
@@ -103,12 +169,14 @@ pub(crate) fn reduce_scatter(
 mod tests {
     use super::*;
 
-    /// Partners send each other exactly what the other receives, the first step pairs ring
-    /// neighbours, and the last leaves each rank the slot of its own block.
+    /// Among any number of ranks: partners send each other exactly what the other receives,
+    /// the first step pairs ring neighbours, an extra rank's input and block go whole to and
+    /// from the rank above, and each doubling rank ends on the slot of its own block (and its
+    /// extra rank's), the slots tiling the input.
     #[test]
     fn partners_agree_and_each_rank_ends_on_its_own_block() {
-        for (size, mesh) in [2, 8, 16, 64, 256]
-            .into_iter()
+        for (size, mesh) in (2..=40)
+            .chain([64, 100, 256])
             .flat_map(|n| [(n, false), (n, true)])
         {
             let g = |rank| Geometry {
@@ -117,39 +185,79 @@ mod tests {
                 wires: 2,
                 mesh,
             };
+            if g(0).doubling_partners().is_some() {
+                continue;
+            }
             let bytes = 24;
-            let steps = steps(&g(0)) as usize;
+            let at = format!("{size} ranks, mesh {mesh}");
+            let roles: Vec<DoublingRole> = (0..size).map(|r| g(r).doubling_role()).collect();
             let plans: Vec<Vec<Plan>> = (0..size)
-                .map(|r| reduce_scatter_plans(&g(r), bytes))
+                .map(|r| reduce_scatter_plans(&g(r), &roles[r], bytes))
                 .collect();
             let spans = |p: &Plan, recv: bool| -> Vec<(usize, usize)> {
                 p.transfers
                     .iter()
-                    .map(|t| {
-                        if recv {
-                            t.steps[0].recv
-                        } else {
-                            t.steps[0].send
-                        }
+                    .map(|t| match recv {
+                        true => t.steps[0].recv,
+                        false => t.steps[0].send,
                     })
                     .map(|s| (s.off, s.len))
                     .collect()
             };
-            for r in 0..size {
-                assert_eq!(plans[r].len(), steps, "{size} ranks");
-                // The first partner is a ring neighbour; the other neighbour gets the header
-                // then, and no later step sends headers alone.
-                assert!((r ^ 1) == (r + 1) % size || (r ^ 1) == (r + size - 1) % size);
-                assert_eq!(plans[r][0].headers_both_ways.len(), usize::from(size > 2));
-                assert!(plans[r][1..].iter().all(|p| p.headers_both_ways.is_empty()));
-                for (i, plan) in plans[r].iter().enumerate() {
-                    let partner = r ^ (1 << i);
-                    assert_eq!(spans(plan, false), spans(&plans[partner][i], true));
+            let mut tiles = Vec::new();
+            for (r, role) in roles.iter().enumerate() {
+                let (extra, partners) = match role {
+                    DoublingRole::HandOver { to } => {
+                        assert_eq!(plans[r].len(), 2, "{at}: rank {r}");
+                        assert_eq!(spans(&plans[r][0], false), spans(&plans[*to][0], true));
+                        let back = plans[*to].last().expect("rounds");
+                        let lens = |spans: Vec<(usize, usize)>| spans.iter().map(|s| s.1).sum();
+                        let back_len: usize = lens(spans(back, false));
+                        assert_eq!(lens(spans(&plans[r][1], true)), back_len, "{at}");
+                        assert_eq!(back_len, bytes, "{at}: rank {r}");
+                        let slots = Slots::new(&g(*to), bytes);
+                        assert_eq!(slots.sources[slots.me].start, r * bytes, "{at}: rank {r}");
+                        continue;
+                    }
+                    DoublingRole::Double { extra, partners } => (extra.is_some(), partners),
+                };
+                // The first round talks to a ring neighbour.
+                let first = plans[r][0].transfers[0].tx.or(plans[r][0].transfers[0].rx);
+                let neighbours = [g(r).left_channel(0), g(r).right_channel(0)];
+                assert!(
+                    first.is_some_and(|c| neighbours.contains(&c)),
+                    "{at}: rank {r}"
+                );
+                let slots = Slots::new(&g(r), bytes);
+                assert_eq!(
+                    plans[r].len(),
+                    slots.steps as usize + 2 * usize::from(extra)
+                );
+                for (i, &partner) in partners.iter().enumerate() {
+                    let of = |rank: usize| i + usize::from(plans[rank].len() > partners.len());
+                    let (mine, theirs) = (&plans[r][of(r)], &plans[partner][of(partner)]);
+                    assert_eq!(
+                        spans(mine, false),
+                        spans(theirs, true),
+                        "{at}: {r} to {partner}"
+                    );
                 }
-                let me = reversed(r, steps as u32);
-                assert_eq!(reversed(me, steps as u32), r);
-                assert_eq!(group(me, 0, bytes), me * bytes..(me + 1) * bytes);
+                let own = &slots.sources[slots.me];
+                assert!(own.contains(&(r * bytes)), "{at}: rank {r}");
+                assert_eq!(
+                    own.len(),
+                    (1 + usize::from(extra)) * bytes,
+                    "{at}: rank {r}"
+                );
+                tiles.push(own.clone());
             }
+            tiles.sort_by_key(|r| r.start);
+            let mut next = 0;
+            for range in tiles {
+                assert_eq!(range.start, next, "{at}");
+                next = range.end;
+            }
+            assert_eq!(next, size * bytes, "{at}");
         }
     }
 }

@@ -66,7 +66,8 @@ pub(crate) fn all_reduce_plans(
     count: usize,
     elem: usize,
 ) -> Vec<Plan> {
-    around_hand_over(g, role, count * elem, |partners| {
+    let bytes = count * elem;
+    around_hand_over(g, role, bytes, Span::output(0, bytes), |partners| {
         let partners = by_block_bit(g, partners);
         let (steps, me) = (partners.len(), doubling_index(g.rank, &partners));
         let group = |index: usize, k: usize| group_bytes(count, elem, 1 << steps, index, k);

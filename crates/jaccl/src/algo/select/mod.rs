@@ -252,9 +252,11 @@ fn bruck_all_to_all_max(ranks: usize, shared_hosts: bool) -> usize {
     per_block * ranks
 }
 
-/// A power of two of ranks that do not pair up on the ring or the mesh (8 or more, over TCP)
-/// reduce-scatter up to this many bytes of input by recursive halving over links made on first
-/// use (`super::halving`): 16 KiB per rank, at most 512 KiB. Measured over TCP on loopback
+/// Ranks that do not pair up on the ring or the mesh (3 or more, over TCP, but 4) reduce-scatter
+/// up to this many bytes of input by recursive halving over links made on first use
+/// (`super::halving`; those beyond a power of two folded in): 16 KiB per rank, at most 512 KiB.
+/// With a fold (one run each, 2026-12-07): 7 ranks 112 KiB 245 against 259, 12 ranks 192 KiB
+/// 697 against 744, 48 ranks 512 KiB 6364 against 14 149. A power of two, measured over TCP on loopback
 /// (`jaccl bench --op reduce-scatter`, the input, µs, halving against the ring, best of 3,
 /// 2026-12-07): 8 ranks 512 B 54 against 91, 64 KiB 104 against 225, 128 KiB 185 against 303,
 /// 256 KiB 363 against 415, 512 KiB 684 against 631; 16 ranks 1 KiB 165 against 327, 128 KiB
@@ -760,11 +762,12 @@ impl Shape {
         }
     }
 
-    /// Whether a power of two of ranks that do not pair up on the ring or the mesh halve over
-    /// links made on first use ([`halving_over_links_max`]). Not where several hosts each hold
-    /// several ranks: the first steps send half the input across from every rank of a host.
+    /// Whether ranks that do not pair up on the ring or the mesh halve over links made on first
+    /// use ([`halving_over_links_max`]; those beyond a power of two folded in). Not where
+    /// several hosts each hold several ranks: the first steps send half the input across from
+    /// every rank of a host.
     fn halves_over_links(&self) -> bool {
-        self.size.is_power_of_two() && !self.rdma && !self.shared_hosts
+        !self.rdma && !self.shared_hosts
     }
 }
 

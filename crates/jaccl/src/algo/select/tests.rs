@@ -204,9 +204,10 @@ fn each_size_has_its_algorithm() {
         ReduceScatter::Ring
     );
     assert_eq!(mesh8.reduce_scatter(8), ReduceScatter::Exchange);
-    // A power of two of ranks halves over links made on first use, up to its limit; other
-    // counts, RDMA rings and hosts that share ports take the ring.
-    for size in [8, 32, 64, 1024] {
+    // Ranks that do not pair up halve over links made on first use, up to their limit (any
+    // count: those beyond a power of two fold in); RDMA rings and hosts that share ports take
+    // the ring.
+    for size in [3, 8, 12, 32, 48, 64, 1000, 1024] {
         let s = shape(size, false, false);
         let most = halving_over_links_max(size) / size;
         assert_eq!(most, (16 * 1024).min(GATHER_LIMIT / size));
@@ -221,10 +222,6 @@ fn each_size_has_its_algorithm() {
         let rdma = Shape { rdma: true, ..s };
         assert_eq!(rdma.reduce_scatter(8), ReduceScatter::Ring);
     }
-    assert_eq!(
-        shape(12, false, false).reduce_scatter(8),
-        ReduceScatter::Ring
-    );
     assert_eq!(four.broadcast(TREE_BROADCAST_MAX), Broadcast::Tree);
     assert_eq!(four.broadcast(TREE_BROADCAST_MAX + 1), Broadcast::Chain);
     assert_eq!(rdma.broadcast(8), Broadcast::Chain);

@@ -44,8 +44,8 @@
 //!   of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕ …`; Rabenseifner's halving then doubling: each block
 //!   reduced once, on the rank that owns it, its own partial first in each halving step, and
 //!   copied (docs/algorithms.md, per algorithm). A reduce-scatter's block takes the ring's
-//!   order, or halving's: the input of the rank that halves, its extra rank's, then each
-//!   partner's partial sum in step order. A reduce of up to 64 KiB per rank of the group, at
+//!   order, rank order (the mesh's one step), or halving's: the input of the rank that
+//!   halves, its extra rank's, then each partner's partial sum in step order. A reduce of up to 64 KiB per rank of the group, at
 //!   least 512 KiB, over the network (at every size below the two levels' on hosts of equal
 //!   size or whose ranks are not consecutive) goes up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root (on
 //!   several hosts, each host's ranks so by distance from the host's head, then the heads'

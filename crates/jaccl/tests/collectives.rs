@@ -89,7 +89,7 @@ fn collectives_at_every_size_up_to_17() {
             d.extend(all_reduce_case::<i64>(g, &[2, 5003]));
             d.extend(all_gather_case::<f32>(g, &[1, 7, 3001, 4_500, 40_000]));
             d.extend(all_gather_case::<u8>(g, &[5]));
-            reduce_scatter_case::<f32>(g, &[1, 3, 1001, 4097]);
+            reduce_scatter_case::<f32>(g, &[1, 3, 1001, 4096, 4097]);
             reduce_scatter_case::<i64>(g, &[2]);
             g.barrier()
                 .unwrap_or_else(|e| panic!("barrier among {size}: {e}"));

@@ -377,6 +377,48 @@ fn rooted_calls_that_disagree_on_the_root_fail_the_call_that_reads_what_they_lef
     }
 }
 
+/// Ranks that wait for links made on first use, or for a rank that hands its input over,
+/// from ranks in another call: the deadlock search sees those waits too, so every rank fails
+/// well before the timeout (before, each of these waited for it). At 4 ranks, reduces whose
+/// roots disagree (a rank waits for a tree partner's connection that never comes), then a
+/// barrier; at 6, one rank's reduce or gather to rank 0 among the others' reduce-scatter,
+/// which hands the input of ranks 0 and 2 over to ranks 1 and 3.
+#[test]
+fn waits_for_links_and_hand_overs_are_seen_by_the_deadlock_search() {
+    let cases: [(usize, &[usize], &str); 6] = [
+        (4, &[0, 1, 0, 0], "reduce"),
+        (4, &[3, 1, 0, 3], "reduce"),
+        (4, &[1, 1, 2, 2], "reduce"),
+        (6, &[0], "reduce"),
+        (6, &[2], "reduce"),
+        (6, &[0], "gather"),
+    ];
+    for (n, roots, kind) in cases {
+        let outcomes = with_group_timeout(Net::Tcp, n, 1, Duration::from_secs(120), |g| {
+            let r = g.rank();
+            let (input, mut out) = (vec![1u32; n], vec![0u32; n]);
+            let first = match (roots.len(), kind) {
+                (1, _) if r != roots[0] => g.reduce_scatter(&input, &mut out[..1], ReduceOp::Sum),
+                (1, "gather") => g.gather(&input[..1], &mut out, 0),
+                (1, _) => g.reduce(&input[..1], &mut out[..1], ReduceOp::Sum, 0),
+                _ => g.reduce(&input[..1], &mut out[..1], ReduceOp::Sum, roots[r]),
+            };
+            [first, g.barrier()]
+        });
+        let at = format!("{n} ranks, {kind} {roots:?}");
+        for (r, calls) in outcomes.iter().enumerate() {
+            match calls.iter().find_map(|c| c.as_ref().err()) {
+                Some(Error::Timeout { .. }) | None => panic!("{at}: rank {r}: {calls:?}"),
+                Some(_) => {}
+            }
+        }
+        let seen = |c: &jaccl::Result<()>| {
+            matches!(c, Err(Error::Deadlock { .. } | Error::Mismatch { .. }))
+        };
+        assert!(outcomes.iter().flatten().any(seen), "{at}: {outcomes:?}");
+    }
+}
+
 /// Starts a group from `cfgs`, one thread per rank, and returns how each start-up ended.
 fn init_all(cfgs: Vec<Config>) -> Vec<jaccl::Result<()>> {
     std::thread::scope(|s| {
@@ -548,7 +590,7 @@ fn different_lengths_ops_types_or_reductions_give_mismatch() {
             g.all_reduce(&[1u16; 100_000], &mut [0u16; 100_000], op)
         });
         expect_mismatch(size, odd, r);
-        // Reduce-scatters of different lengths (recursive halving at 4 and 8 ranks), and at
+        // Reduce-scatters of different lengths (recursive halving from 3 ranks), and at
         // 8 ranks over TCP, a length past halving's limit (the ring) against halving's, both
         // ways round: the halving ranks show the ring neighbours their header first.
         for (odd_len, len) in [(3, 5), (10_000, 5), (5, 10_000)] {

@@ -22,7 +22,7 @@ use super::channel::{Channel, lost};
 use super::plan::{Merge, Plan, Transfer};
 use super::waiting::{BlockedReport, PeerAhead, flows, sleep};
 use crate::error::{Error, Result};
-use crate::liveness::Liveness;
+use crate::liveness::{Flow, Liveness};
 use crate::op_header::{HEADER_LEN, Header};
 use crate::reduce::Reducer;
 use crate::transport::{Interest, Link};
@@ -343,13 +343,16 @@ pub(crate) struct Network {
 /// Makes links after start-up, when a call first needs them (`crate::connect::late`).
 pub(crate) trait LateLinks: Send {
     /// One link to each of `peers`, every one of which is calling this for this rank in a
-    /// matching call; waits end by `call`'s timeout, or by `liveness` (a lost peer).
+    /// matching call; waits end by `call`'s timeout, or by `liveness` (a lost peer, or the
+    /// deadlock search, to which a wait reports the traffic over the links made so far,
+    /// `known`, as [`super::waiting::flows`] gives it).
     ///
     /// # Errors
     /// A link could not be made; the call's timeout; what liveness found.
     fn open(
         &mut self,
         peers: &[usize],
+        known: Vec<Flow>,
         call: &Call,
         liveness: &Liveness,
     ) -> Result<Vec<Box<dyn Link>>>;
@@ -389,7 +392,9 @@ impl Network {
             return Err(Error::io(call.rank, call.op, bug));
         };
         let peers: Vec<usize> = unopened.iter().map(|&c| self.channels[c].peer()).collect();
-        let links = late.open(&peers, call, &self.liveness)?;
+        let idle = vec![Interest::default(); self.channels.len()];
+        let known = flows(&self.channels, &idle);
+        let links = late.open(&peers, known, call, &self.liveness)?;
         for (c, link) in unopened.into_iter().zip(links) {
             self.channels[c].open(link);
         }

@@ -85,10 +85,12 @@ impl<'a> BlockedReport<'a> {
     }
 }
 
-/// Each peer's traffic over `channels` and what the call waits for from it (`wants`).
+/// Each peer's traffic over the open `channels` and what the call waits for from it (`wants`).
+/// Channels not opened yet (made on first use) are left out: a flow to a peer says this rank
+/// has a connection to it.
 pub(crate) fn flows(channels: &[Channel], wants: &[Interest]) -> Vec<Flow> {
     let mut flows: Vec<Flow> = Vec::new();
-    for (ch, want) in channels.iter().zip(wants) {
+    for (ch, want) in channels.iter().zip(wants).filter(|(ch, _)| ch.is_open()) {
         let i = match flows.iter().position(|f| f.peer == ch.peer) {
             Some(i) => i,
             None => {

@@ -6,7 +6,9 @@
 //! other (`crate::auth`), to the listener each rank published at start-up, and kept for the
 //! life of the group. The lower rank connects; the higher one takes the connection from its
 //! acceptor thread ([`JobListener`]), so neither waits for the other to reach its call to
-//! connect. Every wait ends by the call's timeout, or by liveness when a peer is lost.
+//! connect. Every wait ends by the call's timeout, or by liveness when a peer is lost or the
+//! deadlock search finds that the peers it waits for will never connect (each blocked in a
+//! call that does not, as when ranks disagree on the root of a tree).
 
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
@@ -16,9 +18,10 @@ use rustix::event::{PollFd, PollFlags};
 
 use crate::algo::call::Call;
 use crate::algo::engine::LateLinks;
+use crate::algo::waiting::BlockedReport;
 use crate::config::Transport;
 use crate::error::{Error, Op, Result};
-use crate::liveness::Liveness;
+use crate::liveness::{Flow, Liveness};
 use crate::os::{deadline_after, poll};
 use crate::transport::Link;
 use crate::transport::listener::{DialError, JobListener};
@@ -57,6 +60,7 @@ impl LateLinks for Late {
     fn open(
         &mut self,
         peers: &[usize],
+        known: Vec<Flow>,
         call: &Call,
         liveness: &Liveness,
     ) -> Result<Vec<Box<dyn Link>>> {
@@ -94,6 +98,7 @@ impl LateLinks for Late {
             *slot = Some(Box::new(link));
         }
         // Then what the lower ones open, as it arrives.
+        let mut blocked = BlockedReport::new(liveness);
         loop {
             for (slot, &peer) in links.iter_mut().zip(peers) {
                 if slot.is_none()
@@ -103,12 +108,14 @@ impl LateLinks for Late {
                         .map_err(|why| failed(peer, why))?
                 {
                     *slot = Some(Box::new(link));
+                    blocked.withdraw();
                 }
             }
             if links.iter().all(Option::is_some) {
                 break;
             }
             go_on()?;
+            blocked.report(call.op, || waits(&known, peers, &links), None);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(call.timed_out());
@@ -152,4 +159,27 @@ impl LateLinks for Late {
     fn arrivals(&self) -> BorrowedFd<'_> {
         self.tcp.arrivals()
     }
+}
+
+/// What a wait for the links to `peers` reports to the deadlock search: the traffic over the
+/// links made before (`known`), a flow to each peer whose link is made (`links`), so a peer that
+/// waits for it sees it coming, and a wait for each other to connect.
+fn waits(known: &[Flow], peers: &[usize], links: &[Option<Box<dyn Link>>]) -> Vec<Flow> {
+    let mut flows = known.to_vec();
+    for (&peer, link) in peers.iter().zip(links) {
+        let waiting = link.is_none();
+        let flow = Flow {
+            reading: waiting,
+            connecting: waiting,
+            ..Flow::new(peer)
+        };
+        match flows.iter_mut().find(|f| f.peer == peer) {
+            Some(f) => {
+                f.reading |= flow.reading;
+                f.connecting |= flow.connecting;
+            }
+            None => flows.push(flow),
+        }
+    }
+    flows
 }

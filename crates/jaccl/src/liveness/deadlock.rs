@@ -9,7 +9,8 @@ use super::{Blocked, Flow};
 /// `None` for a rank that has left the group) can never move again. A blocked rank moves only
 /// when bytes reach it from a peer it reads from, or when such a peer takes the bytes it waits
 /// to send, or (in a direct collective) when a peer it waits for has published the stamp it
-/// waits for. A rank that waits on a peer that has left fails soon (`PeerLost`), as does a send
+/// waits for, or (waiting for a connection made on first use) when the peer has connected:
+/// its report then has a flow to this rank. A rank that waits on a peer that has left fails soon (`PeerLost`), as does a send
 /// or receive that waits on a peer already in a direct collective (`Mismatch`): both count as
 /// moving. If no rank can move, nothing ever will: every rank is in a call, and publishes or
 /// sends more only after that call moved.
@@ -29,9 +30,11 @@ fn deadlocked(reports: &[Option<&Blocked>]) -> bool {
             let Some(Some(peer)) = reports.get(f.peer) else {
                 return false; // it has left (or is unknown): this rank fails
             };
-            let coming = flows
-                .get(&(f.peer, rank))
-                .is_some_and(|back| back.sent > f.received || back.writing);
+            let back = flows.get(&(f.peer, rank));
+            let coming = match f.connecting {
+                true => back.is_some_and(|back| !back.connecting),
+                false => back.is_some_and(|back| back.sent > f.received || back.writing),
+            };
             let arrived = match b.awaits {
                 Some(target) => peer.stamp >= target,
                 None => peer.stamp > b.stamp,
@@ -61,6 +64,7 @@ fn describe(reports: &[Option<&Blocked>]) -> String {
                 .filter(|f| if sending { f.writing } else { f.reading })
                 .map(|f| match (sending, b.awaits) {
                     (true, _) => format!("rank {} to take its data", f.peer),
+                    (false, _) if f.connecting => format!("rank {} to connect", f.peer),
                     (false, Some(_)) => format!("rank {} to join", f.peer),
                     (false, None) => format!("data from rank {}", f.peer),
                 })
@@ -169,6 +173,7 @@ impl DeadlockWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::liveness::Flow;
     use crate::liveness::tests::blocked;
 
     /// Every rank's report, none left.
@@ -206,6 +211,42 @@ mod tests {
             detail.contains("rank 1 in recv waits for rank 0 to take its data"),
             "{detail}"
         );
+    }
+
+    /// A rank that waits for a peer to connect moves once the peer has: the peer's report then
+    /// has a flow to it.
+    #[test]
+    fn a_wait_for_a_connection_moves_once_the_peer_connected() {
+        let connecting = |b: Blocked| Blocked {
+            flows: b
+                .flows
+                .iter()
+                .map(|f| Flow {
+                    connecting: f.reading,
+                    ..*f
+                })
+                .collect(),
+            ..b
+        };
+        // Rank 2 waits for rank 0 to connect; rank 0 reads from rank 1, rank 1 from rank 0.
+        let group = |connected: bool| {
+            let mut zero = vec![(1, 0, 0, true, false)];
+            if connected {
+                zero.push((2, 0, 0, false, false));
+            }
+            [
+                blocked(1, &zero),
+                blocked(1, &[(0, 0, 0, true, false)]),
+                connecting(blocked(1, &[(0, 0, 0, true, false)])),
+            ]
+        };
+        assert!(deadlocked(&all(&group(false))));
+        let detail = describe(&all(&group(false)));
+        assert!(
+            detail.contains("rank 2 in recv waits for rank 0 to connect"),
+            "{detail}"
+        );
+        assert!(!deadlocked(&all(&group(true))));
     }
 
     #[test]

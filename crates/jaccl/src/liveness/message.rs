@@ -105,7 +105,11 @@ impl Message {
                     m.extend(to_u32(f.peer).to_le_bytes());
                     m.extend(f.sent.to_le_bytes());
                     m.extend(f.received.to_le_bytes());
-                    m.push(u8::from(f.reading) | u8::from(f.writing) << 1);
+                    m.push(
+                        u8::from(f.reading)
+                            | u8::from(f.writing) << 1
+                            | u8::from(f.connecting) << 2,
+                    );
                 }
                 m
             }
@@ -170,6 +174,7 @@ impl Message {
                         received,
                         reading: flags & 1 != 0,
                         writing: flags & 2 != 0,
+                        connecting: flags & 4 != 0,
                     });
                 }
                 let blocked = Blocked {
@@ -332,7 +337,10 @@ mod tests {
             at in 0usize..600,
             byte in any::<u8>(),
         ) {
-            let report = Blocked { stamp, awaits, ..blocked(episode, &flows) };
+            let mut report = Blocked { stamp, awaits, ..blocked(episode, &flows) };
+            for f in &mut report.flows {
+                f.connecting = f.reading && !f.writing;
+            }
             let beat = Message::Beat(Some((round, report)));
             let whole = beat.framed();
             prop_assert_eq!(decode(&mut whole.clone()), Ok(vec![beat]));

@@ -197,6 +197,10 @@ pub(crate) struct Flow {
     pub(crate) reading: bool,
     /// The call waits until `peer` takes bytes (the connection is full).
     pub(crate) writing: bool,
+    /// The call waits for `peer` to open a connection to this rank, made on first use
+    /// (`crate::connect::late`); `reading` too. The peer's report then has a flow to this rank
+    /// once it has one.
+    pub(crate) connecting: bool,
 }
 
 impl Flow {
@@ -208,6 +212,7 @@ impl Flow {
             received: 0,
             reading: false,
             writing: false,
+            connecting: false,
         }
     }
 }
@@ -667,6 +672,7 @@ mod tests {
             flows: flows
                 .iter()
                 .map(|&(peer, sent, received, reading, writing)| Flow {
+                    connecting: false,
                     peer,
                     sent,
                     received,

@@ -419,6 +419,39 @@ fn waits_for_links_and_hand_overs_are_seen_by_the_deadlock_search() {
     }
 }
 
+/// The other side: ranks that wait for links made on first use from a rank still computing
+/// (it reports nothing), or that took theirs and wait for data, are no deadlock, however long
+/// they wait: 12 ranks' pairwise all-to-all (every pair gets a link; 8 KiB blocks) with each
+/// rank starting up to 3 s late (several rounds of reports), then rooted calls, against the
+/// reference.
+#[test]
+fn ranks_that_wait_for_a_late_rank_to_connect_are_no_deadlock() {
+    let n = 12;
+    let outcomes = with_group(Net::Tcp, n, 1, |g| {
+        let r = g.rank();
+        std::thread::sleep(Duration::from_millis((r * 7 % n) as u64 * 250));
+        let block = 2048;
+        let input: Vec<u32> = (0..n * block).map(|i| (r * n * block + i) as u32).collect();
+        let mut out = vec![0u32; n * block];
+        g.all_to_all(&input, &mut out)?;
+        let expect =
+            (0..n).flat_map(|s| (0..block).map(move |i| (s * n * block + r * block + i) as u32));
+        assert!(out.iter().copied().eq(expect), "rank {r}");
+        for root in [n - 1, 5] {
+            std::thread::sleep(Duration::from_millis((r * 5 % n) as u64 * 100));
+            let mut sum = [0u32];
+            g.reduce(&[r as u32], &mut sum, ReduceOp::Sum, root)?;
+            if r == root {
+                assert_eq!(sum[0], (0..n as u32).sum::<u32>());
+            }
+        }
+        g.barrier()
+    });
+    for (r, outcome) in outcomes.iter().enumerate() {
+        assert!(outcome.is_ok(), "rank {r}: {outcome:?}");
+    }
+}
+
 /// Starts a group from `cfgs`, one thread per rank, and returns how each start-up ended.
 fn init_all(cfgs: Vec<Config>) -> Vec<jaccl::Result<()>> {
     std::thread::scope(|s| {

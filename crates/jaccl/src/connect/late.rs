@@ -163,23 +163,41 @@ impl LateLinks for Late {
 
 /// What a wait for the links to `peers` reports to the deadlock search: the traffic over the
 /// links made before (`known`), a flow to each peer whose link is made (`links`), so a peer that
-/// waits for it sees it coming, and a wait for each other to connect.
+/// waits for it sees it coming, and a wait for each other to connect. A rank off the ring has
+/// one channel, whose link this makes, so `known` has no flow to any of `peers`.
 fn waits(known: &[Flow], peers: &[usize], links: &[Option<Box<dyn Link>>]) -> Vec<Flow> {
-    let mut flows = known.to_vec();
-    for (&peer, link) in peers.iter().zip(links) {
+    let made = peers.iter().zip(links).map(|(&peer, link)| {
         let waiting = link.is_none();
-        let flow = Flow {
+        Flow {
             reading: waiting,
             connecting: waiting,
             ..Flow::new(peer)
-        };
-        match flows.iter_mut().find(|f| f.peer == peer) {
-            Some(f) => {
-                f.reading |= flow.reading;
-                f.connecting |= flow.connecting;
-            }
-            None => flows.push(flow),
         }
+    });
+    known.iter().copied().chain(made).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::Unopened;
+
+    /// The links made before keep their traffic, a link made gives a plain flow (the peer
+    /// waiting for it sees it coming), a link awaited a connecting one.
+    #[test]
+    fn a_wait_reports_the_links_made_and_those_awaited() {
+        let known = Flow {
+            sent: 64,
+            received: 8,
+            ..Flow::new(1)
+        };
+        let made: Option<Box<dyn Link>> = Some(Box::new(Unopened { peer: 4 }));
+        let flows = waits(&[known], &[4, 6], &[made, None]);
+        let awaited = Flow {
+            reading: true,
+            connecting: true,
+            ..Flow::new(6)
+        };
+        assert_eq!(flows, [known, Flow::new(4), awaited]);
     }
-    flows
 }

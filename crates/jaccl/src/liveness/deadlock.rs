@@ -247,6 +247,13 @@ mod tests {
             "{detail}"
         );
         assert!(!deadlocked(&all(&group(true))));
+        // Rank 0 connected and waits to read from rank 2, which has not taken the link yet.
+        let dialed = [
+            blocked(1, &[(1, 0, 0, false, false), (2, 64, 0, true, false)]),
+            blocked(1, &[(0, 0, 0, true, false)]),
+            connecting(blocked(1, &[(0, 0, 0, true, false)])),
+        ];
+        assert!(!deadlocked(&all(&dialed)));
     }
 
     #[test]

@@ -34,27 +34,27 @@
 //!   headers of every collective but `all_gather_v` and `reduce_scatter_v` carry their
 //!   SHA-256 digest, those of send and receive none), or, if no such call comes, not at all.
 //! - **Bit-identical results.** Every rank ends an all-reduce with the same bits, and the same
-//!   inputs give the same output on every run: each element's values are combined in an order
-//!   the algorithm fixes (which every rank picks alike from the size, the group's shape and,
-//!   with [`Config::link`](config::Config#structfield.link), the element size and the links'
-//!   figures: setting `JACCL_LINK` may change the algorithm, and so a float sum's last bits),
-//!   and every rank either builds that same expression or receives its result. The ring:
-//!   around the ring from the rank after the one that completes the chunk, reduced once and
-//!   copied; the small gathers: `((a0 ⊕ a1) ⊕ a2) ⊕ …`; recursive doubling: pairs, then pairs
-//!   of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕ …`; Rabenseifner's halving then doubling: each block
-//!   reduced once, on the rank that owns it, its own partial first in each halving step, and
-//!   copied (docs/algorithms.md, per algorithm). A reduce-scatter's block takes the ring's
-//!   order, rank order (the mesh's one step), or halving's: the input of the rank that
-//!   halves, its extra rank's, then each partner's partial sum in step order. A reduce of up to 64 KiB per rank of the group, at
-//!   least 512 KiB, over the network (at every size below the two levels' on hosts of equal
-//!   size or whose ranks are not consecutive) goes up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root (on
-//!   several hosts, each host's ranks so by distance from the host's head, then the heads'
-//!   results by distance from the root's host): the same from run to run for the same root,
-//!   not always the bits of an all-reduce of the same inputs. An all-reduce or reduce of 512
-//!   KiB or more, or a reduce-scatter of 1 MiB or more, among hosts that each hold the same
-//!   number of ranks, at least 2 ([`Group::hosts`]), goes in two levels: each element reduced
-//!   within its host first (the host's reduce-scatter), then across hosts (the all-reduce,
-//!   reduce or reduce-scatter of the ranks of one local rank), in those algorithms' orders.
+//!   inputs give the same output on every run: each element's values are combined in an order the
+//!   algorithm fixes (which every rank picks alike from the size, the group's shape and, with
+//!   [`Config::link`](config::Config#structfield.link), the element size and the links' figures:
+//!   setting `JACCL_LINK` may change the algorithm, and so a float sum's last bits), and every rank
+//!   either builds that same expression or receives its result. The ring: around the ring from the
+//!   rank after the one that completes the chunk, reduced once and copied; the small gathers: `((a0
+//!   ⊕ a1) ⊕ a2) ⊕ …`; recursive doubling: pairs, then pairs of pairs, `((a0 ⊕ a1) ⊕ (a2 ⊕ a3)) ⊕
+//!   …`; Rabenseifner's halving then doubling: each block reduced once, on the rank that owns it,
+//!   its own partial first in each halving step, and copied (docs/algorithms.md, per algorithm). A
+//!   reduce-scatter's block takes the ring's order, rank order (the mesh's one step), or halving's:
+//!   the input of the rank that halves, its extra rank's, then each partner's partial sum in step
+//!   order. A reduce of up to 64 KiB per rank of the group, at least 512 KiB, over the network (at
+//!   every size below the two levels' on hosts of equal size or whose ranks are not consecutive)
+//!   goes up a binomial tree, `((v0 ⊕ v1) ⊕ (v2 ⊕ v3)) ⊕ …` by distance `v` from the root (on
+//!   several hosts, each host's ranks so by distance from the host's head, then the heads' results
+//!   by distance from the root's host): the same from run to run for the same root, not always the
+//!   bits of an all-reduce of the same inputs. An all-reduce or reduce of 512 KiB or more, or a
+//!   reduce-scatter of 1 MiB or more, among hosts that each hold the same number of ranks, at least
+//!   2 ([`Group::hosts`]), goes in two levels: each element reduced within its host first (the
+//!   host's reduce-scatter), then across hosts (the all-reduce, reduce or reduce-scatter of the
+//!   ranks of one local rank), in those algorithms' orders.
 //! - **Integers** wrap on overflow. **`bool`** travels as one byte: sum and max are OR, min is
 //!   AND; received bytes are normalised, never turned into an invalid `bool`.
 //! - **Floats**: max and min propagate NaN (like `numpy.maximum`), and order `-0 < +0`, so the

@@ -1,14 +1,13 @@
 //! Reduce-scatter by recursive halving among any number of ranks, over links made on first use
-//! (where the ranks pair up on the ring or the mesh, `super::doubling::reduce_scatter` halves
-//! with those partners): `log2 N` messages per rank where the ring takes `N − 1` hops, the same
-//! bytes. The partners are recursive doubling's ([`Geometry::doubling_role`]), nearest first,
-//! so the first step, which also shows the call's header to the ring neighbour that is no
-//! partner, pairs ring neighbours: a neighbour that called something else (or took the ring for
-//! another length) fails at once with `Mismatch` (an extra rank, which only sends in its first
-//! round, through its partner or the deadlock search). Among a count that is not a power of two `p`,
-//! the ranks beyond it hand their whole input to the rank above, which reduces the two inputs
-//! and halves for both, then hands back the extra rank's block: 2 + log2 p rounds, the extra
-//! ranks' input sent once more.
+//! (where the ranks pair up on the ring or the mesh, `super::doubling::reduce_scatter` halves with
+//! those partners): `log2 N` messages per rank where the ring takes `N − 1` hops, the same bytes.
+//! The partners are recursive doubling's ([`Geometry::doubling_role`]), nearest first, so the first
+//! step, which also shows the call's header to the ring neighbour that is no partner, pairs ring
+//! neighbours: a neighbour that called something else (or took the ring for another length) fails
+//! at once with `Mismatch` (an extra rank, which only sends in its first round, through its partner
+//! or the deadlock search). Among a count that is not a power of two `p`, the ranks beyond it hand
+//! their whole input to the rank above, which reduces the two inputs and halves for both, then
+//! hands back the extra rank's block: 2 + log2 p rounds, the extra ranks' input sent once more.
 //!
 //! A doubling rank stands for its own block and its extra rank's (a pair's blocks are
 //! neighbours, so its *slot* is one range of the input). To halve nearest first yet end on its

@@ -5,15 +5,15 @@ use std::collections::HashMap;
 
 use super::{Blocked, Flow};
 
-/// Whether ranks blocked as `reports` say (every rank of the group, by rank, at one instant;
-/// `None` for a rank that has left the group) can never move again. A blocked rank moves only
-/// when bytes reach it from a peer it reads from, or when such a peer takes the bytes it waits
-/// to send, or (in a direct collective) when a peer it waits for has published the stamp it
-/// waits for, or (waiting for a connection made on first use) when the peer has connected:
-/// its report then has a flow to this rank. A rank that waits on a peer that has left fails soon (`PeerLost`), as does a send
-/// or receive that waits on a peer already in a direct collective (`Mismatch`): both count as
-/// moving. If no rank can move, nothing ever will: every rank is in a call, and publishes or
-/// sends more only after that call moved.
+/// Whether ranks blocked as `reports` say (every rank of the group, by rank, at one instant; `None`
+/// for a rank that has left the group) can never move again. A blocked rank moves only when bytes
+/// reach it from a peer it reads from, or when such a peer takes the bytes it waits to send, or (in
+/// a direct collective) when a peer it waits for has published the stamp it waits for, or (waiting
+/// for a connection made on first use) when the peer has connected: its report then has a flow to
+/// this rank. A rank that waits on a peer that has left fails soon (`PeerLost`), as does a send or
+/// receive that waits on a peer already in a direct collective (`Mismatch`): both count as moving.
+/// If no rank can move, nothing ever will: every rank is in a call, and publishes or sends more
+/// only after that call moved.
 fn deadlocked(reports: &[Option<&Blocked>]) -> bool {
     let flows: HashMap<(usize, usize), &Flow> = reports
         .iter()

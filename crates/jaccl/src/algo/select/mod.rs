@@ -252,17 +252,17 @@ fn bruck_all_to_all_max(ranks: usize, shared_hosts: bool) -> usize {
     per_block * ranks
 }
 
-/// Ranks that do not pair up on the ring or the mesh (3 or more, over TCP, but 4) reduce-scatter
-/// up to this many bytes of input by recursive halving over links made on first use
-/// (`super::halving`; those beyond a power of two folded in): 16 KiB per rank, at most 512 KiB.
-/// With a fold (one run each, 2026-12-07): 7 ranks 112 KiB 245 against 259, 12 ranks 192 KiB
-/// 697 against 744, 48 ranks 512 KiB 6364 against 14 149. A power of two, measured over TCP on loopback
-/// (`jaccl bench --op reduce-scatter`, the input, µs, halving against the ring, best of 3,
-/// 2026-12-07): 8 ranks 512 B 54 against 91, 64 KiB 104 against 225, 128 KiB 185 against 303,
-/// 256 KiB 363 against 415, 512 KiB 684 against 631; 16 ranks 1 KiB 165 against 327, 128 KiB
-/// 559 against 687, 256 KiB 931 against 862, 512 KiB 1536 against 1190; best of 2: 32 ranks
-/// 2 KiB 507 against 1323, 64 KiB 1080 against 1612, 512 KiB 3530 against 3745; 64 ranks 4 KiB
-/// 1683 against 5276, 256 KiB 5025 against 8081, 512 KiB 8833 against 13 488.
+/// Ranks that do not pair up on the ring or the mesh (3 or more, over TCP, but 4) reduce-scatter up
+/// to this many bytes of input by recursive halving over links made on first use (`super::halving`;
+/// those beyond a power of two folded in): 16 KiB per rank, at most 512 KiB. With a fold (one run
+/// each, 2026-12-07): 7 ranks 112 KiB 245 against 259, 12 ranks 192 KiB 697 against 744, 48 ranks
+/// 512 KiB 6364 against 14 149. A power of two, measured over TCP on loopback (`jaccl bench --op
+/// reduce-scatter`, the input, µs, halving against the ring, best of 3, 2026-12-07): 8 ranks 512 B
+/// 54 against 91, 64 KiB 104 against 225, 128 KiB 185 against 303, 256 KiB 363 against 415, 512 KiB
+/// 684 against 631; 16 ranks 1 KiB 165 against 327, 128 KiB 559 against 687, 256 KiB 931 against
+/// 862, 512 KiB 1536 against 1190; best of 2: 32 ranks 2 KiB 507 against 1323, 64 KiB 1080 against
+/// 1612, 512 KiB 3530 against 3745; 64 ranks 4 KiB 1683 against 5276, 256 KiB 5025 against 8081,
+/// 512 KiB 8833 against 13 488.
 fn halving_over_links_max(ranks: usize) -> usize {
     (16 * 1024 * ranks).min(GATHER_LIMIT)
 }

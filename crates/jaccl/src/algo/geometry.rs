@@ -210,20 +210,15 @@ impl Geometry {
             };
         }
         let (r, n) = (self.rank, self.size);
-        let p = 1usize << n.checked_ilog2().unwrap_or(0);
-        let paired = 2 * n.saturating_sub(p);
+        let paired = 2 * n.saturating_sub(largest_power_of_two(n));
         if r < paired && r % 2 == 0 {
             return DoublingRole::HandOver { to: r + 1 };
         }
-        let index = if r < paired { r / 2 } else { r - paired / 2 };
-        let rank_of = |i: usize| match i < paired / 2 {
-            true => 2 * i + 1,
-            false => i + paired / 2,
-        };
+        let index = folded_index(n, r);
         DoublingRole::Double {
             extra: (r < paired).then(|| r - 1),
-            partners: (0..p.trailing_zeros())
-                .map(|k| rank_of(index ^ (1 << k)))
+            partners: (0..largest_power_of_two(n).trailing_zeros())
+                .map(|k| folded_ranks(n, index ^ (1 << k)).end - 1)
                 .collect(),
         }
     }
@@ -257,6 +252,31 @@ pub(crate) enum DoublingRole {
     },
     /// Hands its vector to `to` (the rank above), which hands back the result.
     HandOver { to: usize },
+}
+
+/// The largest power of two up to `n` (1 for none).
+fn largest_power_of_two(n: usize) -> usize {
+    1 << n.checked_ilog2().unwrap_or(0)
+}
+
+/// The ranks that doubling index `i` stands for among `n` ranks whose extra ranks fold in
+/// ([`Geometry::doubling_role`]): a pair's (the extra rank first) or its own.
+pub(crate) fn folded_ranks(n: usize, i: usize) -> Range<usize> {
+    let pairs = n.saturating_sub(largest_power_of_two(n));
+    match i < pairs {
+        true => 2 * i..2 * i + 2,
+        false => i + pairs..i + pairs + 1,
+    }
+}
+
+/// The doubling index of rank `r` among `n` ranks whose extra ranks fold in (for an extra
+/// rank, its partner's): the inverse of [`folded_ranks`].
+pub(crate) fn folded_index(n: usize, r: usize) -> usize {
+    let pairs = n.saturating_sub(largest_power_of_two(n));
+    match r < 2 * pairs {
+        true => r / 2,
+        false => r - pairs,
+    }
 }
 
 /// Blocks of `block` bytes, one per rank, from rank order (`ranked`) into the order of their

@@ -22,7 +22,7 @@ use std::ops::Range;
 use super::call::Call;
 use super::doubling::{aligned_blocks, around_hand_over, hand_over, with_peer};
 use super::engine::{Network, Rounds, Scratch};
-use super::geometry::{DoublingRole, Geometry};
+use super::geometry::{DoublingRole, Geometry, folded_index, folded_ranks};
 use super::plan::{Plan, Span};
 use crate::error::Result;
 use crate::reduce::{Reducer, copy};
@@ -37,6 +37,7 @@ fn reversed(i: usize, bits: u32) -> usize {
 
 /// Where each doubling rank's blocks lie in scratch, in slot order, for blocks of `bytes`.
 struct Slots {
+    bytes: usize,
     /// The halving steps: log2 of the doubling ranks.
     steps: u32,
     /// The slot of this rank.
@@ -50,19 +51,8 @@ struct Slots {
 impl Slots {
     fn new(g: &Geometry, bytes: usize) -> Slots {
         let steps = g.size.checked_ilog2().unwrap_or(0);
-        let pairs = g.size - (1 << steps);
-        // The ranks doubling index `i` stands for ([`Geometry::doubling_role`]): a pair's, the
-        // extra rank first, or its own.
-        let blocks = |i: usize| match i < pairs {
-            true => 2 * i..2 * i + 2,
-            false => i + pairs..i + pairs + 1,
-        };
-        let index = match g.rank < 2 * pairs {
-            true => g.rank / 2,
-            false => g.rank - pairs,
-        };
         let sources: Vec<Range<usize>> = (0..1 << steps)
-            .map(|s| blocks(reversed(s, steps)))
+            .map(|s| folded_ranks(g.size, reversed(s, steps)))
             .map(|b| b.start * bytes..b.end * bytes)
             .collect();
         let offsets = std::iter::once(0)
@@ -72,8 +62,9 @@ impl Slots {
             }))
             .collect();
         Slots {
+            bytes,
             steps,
-            me: reversed(index, steps),
+            me: reversed(folded_index(g.size, g.rank), steps),
             offsets,
             sources,
         }
@@ -86,12 +77,12 @@ impl Slots {
     }
 }
 
-/// The rounds of a rank in `role` whose output holds `bytes`: in the step with the partner whose
-/// slot differs in bit `k` (from the highest bit down, so the nearest rank first), send the
-/// group of 2^k slots around the partner's, receive the group around its own; before and after,
-/// the hand-over of an extra rank's input and its block.
-pub(crate) fn reduce_scatter_plans(g: &Geometry, role: &DoublingRole, bytes: usize) -> Vec<Plan> {
-    let slots = Slots::new(g, bytes);
+/// The rounds of a rank in `role` laid out as `slots`: in the step with the partner whose slot
+/// differs in bit `k` (from the highest bit down, so the nearest rank first), send the group of
+/// 2^k slots around the partner's, receive the group around its own; before and after, the
+/// hand-over of an extra rank's input and its block.
+fn reduce_scatter_plans(g: &Geometry, role: &DoublingRole, slots: &Slots) -> Vec<Plan> {
+    let bytes = slots.bytes;
     // An extra rank's block comes first in its partner's slot.
     let back = Span::input(slots.offsets[slots.me], bytes);
     around_hand_over(g, role, g.size * bytes, back, |partners| {
@@ -125,13 +116,13 @@ pub(crate) fn reduce_scatter(
 ) -> Result<()> {
     let bytes = output.len();
     let role = g.doubling_role();
-    let plans = reduce_scatter_plans(g, &role, bytes);
+    let slots = Slots::new(g, bytes);
+    let plans = reduce_scatter_plans(g, &role, &slots);
     let mut rounds = Rounds::new(net, &plans, call);
     let extra = match role {
         DoublingRole::HandOver { .. } => return hand_over(&mut rounds, Some(input), output),
         DoublingRole::Double { extra, .. } => extra.is_some(),
     };
-    let slots = Slots::new(g, bytes);
     if slots.steps == 0 {
         copy(output, &input[..bytes]);
         return Ok(());
@@ -192,7 +183,7 @@ mod tests {
             let at = format!("{size} ranks, mesh {mesh}");
             let roles: Vec<DoublingRole> = (0..size).map(|r| g(r).doubling_role()).collect();
             let plans: Vec<Vec<Plan>> = (0..size)
-                .map(|r| reduce_scatter_plans(&g(r), &roles[r], bytes))
+                .map(|r| reduce_scatter_plans(&g(r), &roles[r], &Slots::new(&g(r), bytes)))
                 .collect();
             let spans = |p: &Plan, recv: bool| -> Vec<(usize, usize)> {
                 p.transfers
